@@ -1,0 +1,237 @@
+//! Backends hold the *durable* state of the device: pages that have left
+//! the write buffer, NVM words that were persisted, zone and block records,
+//! the fault overlay and the lifetime counters. The volatile part (the write
+//! buffer, unpersisted NVM words, open zones) lives in
+//! [`crate::FlashEmulator`], which is the same for every backend.
+//!
+//! Pages are addressed by their physical index:
+//! `(zone * zone_blocks + block_in_zone) * block_pages + page_in_block`.
+
+use std::collections::BTreeMap;
+
+use crate::counters::Counters;
+use crate::error::Result;
+use crate::geometry::Geometry;
+
+/// A zone's state as it survives power loss. An open zone comes back closed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DurableCondition {
+    Empty,
+    Closed,
+    Full,
+    ReadOnly,
+    Offline,
+}
+
+impl DurableCondition {
+    pub(crate) fn to_byte(self) -> u8 {
+        match self {
+            DurableCondition::Empty => 0,
+            DurableCondition::Closed => 1,
+            DurableCondition::Full => 2,
+            DurableCondition::ReadOnly => 3,
+            DurableCondition::Offline => 4,
+        }
+    }
+
+    pub(crate) fn from_byte(byte: u8) -> Option<DurableCondition> {
+        Some(match byte {
+            0 => DurableCondition::Empty,
+            1 => DurableCondition::Closed,
+            2 => DurableCondition::Full,
+            3 => DurableCondition::ReadOnly,
+            4 => DurableCondition::Offline,
+            _ => return None,
+        })
+    }
+}
+
+/// The durable part of a zone.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ZoneRecord {
+    pub condition: DurableCondition,
+    /// Pages below this are durable.
+    pub write_pointer: u32,
+    /// Pages the zone holds: its good blocks (at its last reset) times
+    /// `block_pages`.
+    pub capacity_pages: u32,
+}
+
+/// Wear and health of one erase block.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BlockRecord {
+    pub erase_count: u32,
+    /// Reads since the last erase, for read disturb (saturating).
+    pub reads_since_erase: u32,
+    /// Simulated time of the first program since the last erase, for
+    /// retention age.
+    pub programmed_at_ns: u64,
+    /// Set when a power cut interrupted this block's erase: its pages read
+    /// back partially erased and it has an added bit error rate until it is
+    /// erased completely. The seed reproduces the garbage.
+    pub interrupted_erase_seed: Option<u64>,
+    /// The block has failed (factory, program or erase) and is retired at
+    /// the zone's next reset.
+    pub bad: bool,
+    /// The block is not part of its zone's current page numbering (it was
+    /// bad at the zone's last reset).
+    pub excluded: bool,
+}
+
+/// What the medium really holds at a page, where it differs from what was
+/// programmed there. The pristine data stays in the backend untouched.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PageFault {
+    /// A power cut interrupted the program: each bit that should have gone
+    /// from 1 to 0 did so with probability one half.
+    Torn { seed: u64 },
+    /// The program went to another page: this one still reads erased.
+    LostWrite,
+    /// The page was disturbed (paired-page corruption): bits flipped at
+    /// `rate_ppm` parts per million.
+    Disturbed { seed: u64, rate_ppm: u32 },
+    /// The medium holds exactly these bytes (data then OOB): the result of a
+    /// misdirected write over-programming this page.
+    Stored { media: Box<[u8]> },
+}
+
+/// The fault overlay: physical page index to what the medium really holds.
+pub type Overlay = BTreeMap<u64, PageFault>;
+
+/// Most overlay entries of any kind; a fault past this is counted in
+/// `faults_suppressed` instead of being recorded.
+pub const OVERLAY_ENTRIES_MAX: usize = 16_384;
+/// Most overlay entries that carry a whole page of bytes.
+pub const OVERLAY_STORED_PAGES_MAX: usize = 64;
+const _: () = assert!(OVERLAY_STORED_PAGES_MAX <= OVERLAY_ENTRIES_MAX);
+
+/// Everything a backend holds durably, as loaded when a device opens.
+#[derive(Clone, Debug)]
+pub struct DurableState {
+    pub zones: Vec<ZoneRecord>,
+    pub blocks: Vec<BlockRecord>,
+    pub overlay: Overlay,
+    pub counters: Counters,
+    pub clock_ns: u64,
+    pub nvm: Vec<u8>,
+}
+
+/// Where durable state goes. Methods are called in an order that keeps the
+/// backend consistent if the process dies between any two of them: pages
+/// before the zone records that make them durable, a zone record with a
+/// write pointer of zero before any page of a freshly reset zone.
+pub trait Backend {
+    /// Reads the pristine data and OOB of a durable page slot.
+    fn read_page(&mut self, physical: u64, data: &mut [u8], oob: &mut [u8]) -> Result<()>;
+    /// Reads the pristine OOB of a durable page slot.
+    fn read_oob(&mut self, physical: u64, oob: &mut [u8]) -> Result<()>;
+    /// Stores a page slot durably.
+    fn write_page(&mut self, physical: u64, data: &[u8], oob: &[u8]) -> Result<()>;
+    /// Drops the contents of a zone's page slots (they read as erased once
+    /// the zone record says so; this only frees space).
+    fn erase_zone(&mut self, zone: u32) -> Result<()>;
+    /// Stores persisted NVM bytes.
+    fn write_nvm(&mut self, offset: u64, bytes: &[u8]) -> Result<()>;
+    fn write_zone_record(&mut self, zone: u32, record: &ZoneRecord) -> Result<()>;
+    fn write_block_record(&mut self, block: u64, record: &BlockRecord) -> Result<()>;
+    fn write_overlay(&mut self, overlay: &Overlay) -> Result<()>;
+    /// Lifetime counters and the simulated clock.
+    fn write_summary(&mut self, counters: &Counters, clock_ns: u64) -> Result<()>;
+    /// Makes everything written so far survive a host crash, where the
+    /// backend can (the memory backend cannot and need not).
+    fn sync(&mut self) -> Result<()>;
+}
+
+/// Pages in host memory, allocated a zone at a time on first use and freed
+/// on reset, so an empty device costs almost nothing.
+pub struct MemoryBackend {
+    geometry: Geometry,
+    slot_bytes: usize,
+    zone_slots: Vec<Option<Box<[u8]>>>,
+}
+
+impl MemoryBackend {
+    pub fn new(geometry: Geometry) -> MemoryBackend {
+        MemoryBackend {
+            geometry,
+            slot_bytes: (geometry.page_size_bytes + geometry.oob_size_bytes) as usize,
+            zone_slots: (0..geometry.zone_count).map(|_| None).collect(),
+        }
+    }
+
+    fn locate(&self, physical: u64) -> (usize, usize) {
+        let zone_pages = self.geometry.zone_pages();
+        let zone = (physical / zone_pages) as usize;
+        let offset = (physical % zone_pages) as usize * self.slot_bytes;
+        (zone, offset)
+    }
+}
+
+impl Backend for MemoryBackend {
+    fn read_page(&mut self, physical: u64, data: &mut [u8], oob: &mut [u8]) -> Result<()> {
+        let (zone, offset) = self.locate(physical);
+        match &self.zone_slots[zone] {
+            Some(slots) => {
+                let page = data.len();
+                data.copy_from_slice(&slots[offset..offset + page]);
+                oob.copy_from_slice(&slots[offset + page..offset + page + oob.len()]);
+            }
+            None => {
+                data.fill(0xFF);
+                oob.fill(0xFF);
+            }
+        }
+        Ok(())
+    }
+
+    fn read_oob(&mut self, physical: u64, oob: &mut [u8]) -> Result<()> {
+        let (zone, offset) = self.locate(physical);
+        let page = self.geometry.page_size_bytes as usize;
+        match &self.zone_slots[zone] {
+            Some(slots) => oob.copy_from_slice(&slots[offset + page..offset + page + oob.len()]),
+            None => oob.fill(0xFF),
+        }
+        Ok(())
+    }
+
+    fn write_page(&mut self, physical: u64, data: &[u8], oob: &[u8]) -> Result<()> {
+        let (zone, offset) = self.locate(physical);
+        let zone_bytes = self.geometry.zone_pages() as usize * self.slot_bytes;
+        let slots =
+            self.zone_slots[zone].get_or_insert_with(|| vec![0xFF; zone_bytes].into_boxed_slice());
+        slots[offset..offset + data.len()].copy_from_slice(data);
+        slots[offset + data.len()..offset + data.len() + oob.len()].copy_from_slice(oob);
+        Ok(())
+    }
+
+    fn erase_zone(&mut self, zone: u32) -> Result<()> {
+        self.zone_slots[zone as usize] = None;
+        Ok(())
+    }
+
+    fn write_nvm(&mut self, _offset: u64, _bytes: &[u8]) -> Result<()> {
+        // The emulator keeps the durable NVM image itself; memory has no
+        // second copy to update.
+        Ok(())
+    }
+
+    fn write_zone_record(&mut self, _zone: u32, _record: &ZoneRecord) -> Result<()> {
+        Ok(())
+    }
+
+    fn write_block_record(&mut self, _block: u64, _record: &BlockRecord) -> Result<()> {
+        Ok(())
+    }
+
+    fn write_overlay(&mut self, _overlay: &Overlay) -> Result<()> {
+        Ok(())
+    }
+
+    fn write_summary(&mut self, _counters: &Counters, _clock_ns: u64) -> Result<()> {
+        Ok(())
+    }
+
+    fn sync(&mut self) -> Result<()> {
+        Ok(())
+    }
+}

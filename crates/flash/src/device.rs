@@ -1,0 +1,1360 @@
+//! [`FlashEmulator`]: the volatile half of the device (write buffer, open
+//! zones, unpersisted NVM words), the device rules, fault injection and
+//! power cuts, over any [`Backend`] that holds the durable half.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+
+use rand::{Rng, SeedableRng};
+use rand_distr::{Binomial, Distribution};
+use rand_pcg::Pcg64Mcg;
+
+use crate::backend::{
+    Backend, BlockRecord, DurableCondition, DurableState, MemoryBackend, Overlay, PageFault,
+    ZoneRecord, OVERLAY_ENTRIES_MAX, OVERLAY_STORED_PAGES_MAX,
+};
+use crate::counters::Counters;
+use crate::error::{DeviceError, Result};
+use crate::faults::FaultConfig;
+use crate::geometry::{Geometry, PageAddress, NVM_WORD_BYTES};
+use crate::timing::{Clock, TimingConfig};
+use crate::{FlashDevice, PageState, ZoneReport, ZoneState};
+
+/// Pages the device's volatile write buffer holds by default (4 MiB of 4 KiB
+/// pages, the order of an SSD controller's DRAM buffer share per namespace).
+pub const WRITE_BUFFER_PAGES_DEFAULT: u32 = 1024;
+/// Largest write buffer accepted.
+pub const WRITE_BUFFER_PAGES_MAX: u32 = 1 << 16;
+const _: () = assert!(WRITE_BUFFER_PAGES_DEFAULT <= WRITE_BUFFER_PAGES_MAX);
+
+/// Salt that separates the factory bad block draw from the runtime stream.
+const FACTORY_BAD_BLOCK_SALT: u64 = 0xBAD_B10C;
+
+/// How the emulator behaves; nothing here is stored in an image.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DeviceOptions {
+    pub faults: FaultConfig,
+    pub timing: TimingConfig,
+    /// Accepted pages held volatile before the device makes the oldest
+    /// durable on its own (a real controller drains its buffer too).
+    pub write_buffer_pages: u32,
+    /// Image backend: make each flush survive a host crash (fdatasync).
+    pub host_sync: bool,
+}
+
+impl Default for DeviceOptions {
+    fn default() -> Self {
+        DeviceOptions {
+            faults: FaultConfig::none(0),
+            timing: TimingConfig::default(),
+            write_buffer_pages: WRITE_BUFFER_PAGES_DEFAULT,
+            host_sync: false,
+        }
+    }
+}
+
+impl DeviceOptions {
+    pub fn validate(&self) -> Result<()> {
+        self.faults.validate()?;
+        if self.write_buffer_pages == 0 || self.write_buffer_pages > WRITE_BUFFER_PAGES_MAX {
+            return Err(DeviceError::Geometry {
+                field: "write_buffer_pages",
+                reason: format!(
+                    "{} is outside 1..={}",
+                    self.write_buffer_pages, WRITE_BUFFER_PAGES_MAX
+                ),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// What one zone went through in a power cut.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ZoneCut {
+    pub zone: u32,
+    /// The write pointer that was durable before the cut (flushed or drained).
+    pub durable_before: u32,
+    /// The write pointer the host had been told of.
+    pub accepted: u32,
+    /// The write pointer after power-up.
+    pub durable_after: u32,
+}
+
+/// What a power cut kept, dropped and damaged.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PowerCutReport {
+    pub seed: u64,
+    /// Zones that had unflushed pages.
+    pub zones: Vec<ZoneCut>,
+    pub torn_pages: Vec<PageAddress>,
+    pub paired_page_corruptions: Vec<PageAddress>,
+    /// A zone whose reset was in flight and was left half-erased.
+    pub interrupted_erase: Option<u32>,
+    pub nvm_words_kept: u64,
+    pub nvm_words_dropped: u64,
+}
+
+#[derive(Clone, Debug)]
+struct Zone {
+    state: ZoneState,
+    write_pointer: u32,
+    durable: ZoneRecord,
+    /// Offsets (within the zone) of the blocks that hold its pages, in order.
+    block_map: Vec<u32>,
+}
+
+struct BufferedPage {
+    physical: u64,
+    zone: u32,
+    page: u32,
+    /// Data then OOB.
+    bytes: Box<[u8]>,
+    programmed_ns: u64,
+}
+
+/// FIFO of accepted, not yet durable pages. A page address is in it at most
+/// once: a zone's entries are removed when it is reset.
+struct WriteBuffer {
+    entries: VecDeque<BufferedPage>,
+    by_physical: HashMap<u64, u64>,
+    front_sequence: u64,
+}
+
+impl WriteBuffer {
+    fn new() -> WriteBuffer {
+        WriteBuffer {
+            entries: VecDeque::new(),
+            by_physical: HashMap::new(),
+            front_sequence: 0,
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    fn get(&self, physical: u64) -> Option<&BufferedPage> {
+        let sequence = *self.by_physical.get(&physical)?;
+        self.entries.get((sequence - self.front_sequence) as usize)
+    }
+
+    fn push(&mut self, page: BufferedPage) {
+        let sequence = self.front_sequence + self.entries.len() as u64;
+        let previous = self.by_physical.insert(page.physical, sequence);
+        assert!(
+            previous.is_none(),
+            "page slot {} buffered twice",
+            page.physical
+        );
+        self.entries.push_back(page);
+    }
+
+    fn pop_front(&mut self) -> Option<BufferedPage> {
+        let page = self.entries.pop_front()?;
+        self.by_physical.remove(&page.physical);
+        self.front_sequence += 1;
+        Some(page)
+    }
+
+    /// Removes every entry, oldest first.
+    fn take_all(&mut self) -> Vec<BufferedPage> {
+        self.by_physical.clear();
+        self.front_sequence += self.entries.len() as u64;
+        self.entries.drain(..).collect()
+    }
+
+    /// Removes the entries of one zone, keeping the others in order.
+    fn discard_zone(&mut self, zone: u32) {
+        if !self.entries.iter().any(|page| page.zone == zone) {
+            return;
+        }
+        let kept: Vec<BufferedPage> = self
+            .take_all()
+            .into_iter()
+            .filter(|page| page.zone != zone)
+            .collect();
+        for page in kept {
+            self.push(page);
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Power {
+    On,
+    /// A scheduled cut fired: every operation fails until `power_on`.
+    Off,
+}
+
+/// What a scheduled power cut interrupts.
+#[derive(Clone, Copy, Debug)]
+enum InFlight {
+    Nothing,
+    Reset { zone: u32 },
+}
+
+/// The emulated flash device. See the crate documentation for the rules,
+/// the durability model and the fault model.
+pub struct FlashEmulator<B: Backend> {
+    geometry: Geometry,
+    options: DeviceOptions,
+    backend: B,
+    zones: Vec<Zone>,
+    blocks: Vec<BlockRecord>,
+    overlay: Overlay,
+    buffer: WriteBuffer,
+    nvm_live: Vec<u8>,
+    nvm_durable: Vec<u8>,
+    nvm_dirty_words: BTreeSet<u64>,
+    rng: Pcg64Mcg,
+    clock: Clock,
+    lifetime: Counters,
+    baseline: Counters,
+    dirty_zones: BTreeSet<u32>,
+    dirty_blocks: BTreeSet<u64>,
+    overlay_dirty: bool,
+    power: Power,
+    mutating_operations: u64,
+    scheduled_cut: Option<(u64, u64)>,
+    last_power_cut: Option<PowerCutReport>,
+}
+
+/// The device on host memory.
+pub type MemoryFlash = FlashEmulator<MemoryBackend>;
+
+impl FlashEmulator<MemoryBackend> {
+    /// A fresh, erased device in memory.
+    pub fn memory(geometry: Geometry, options: DeviceOptions) -> Result<MemoryFlash> {
+        geometry.validate()?;
+        options.validate()?;
+        let state = fresh_state(&geometry, &options.faults);
+        FlashEmulator::from_parts(geometry, options, MemoryBackend::new(geometry), state)
+    }
+}
+
+/// The durable state of a device fresh from the factory: every block erased
+/// once, a seeded fraction of them bad.
+pub(crate) fn fresh_state(geometry: &Geometry, faults: &FaultConfig) -> DurableState {
+    let mut rng = Pcg64Mcg::seed_from_u64(faults.seed ^ FACTORY_BAD_BLOCK_SALT);
+    let mut blocks = vec![BlockRecord::default(); geometry.block_count() as usize];
+    if faults.factory_bad_block_fraction > 0.0 {
+        for block in &mut blocks {
+            if rng.random_bool(faults.factory_bad_block_fraction) {
+                block.bad = true;
+                block.excluded = true;
+            }
+        }
+    }
+    let zones = (0..geometry.zone_count)
+        .map(|zone| {
+            let first = u64::from(zone) * u64::from(geometry.zone_blocks);
+            let good = (first..first + u64::from(geometry.zone_blocks))
+                .filter(|&block| !blocks[block as usize].excluded)
+                .count() as u32;
+            let capacity_pages = good * geometry.block_pages;
+            ZoneRecord {
+                condition: if capacity_pages == 0 {
+                    DurableCondition::Offline
+                } else {
+                    DurableCondition::Empty
+                },
+                write_pointer: 0,
+                capacity_pages,
+            }
+        })
+        .collect();
+    DurableState {
+        zones,
+        blocks,
+        overlay: Overlay::new(),
+        counters: Counters::default(),
+        clock_ns: 0,
+        nvm: vec![0; geometry.nvm_size_bytes as usize],
+    }
+}
+
+/// A generator for a fault's garbage, reproducible from its seed and page.
+fn fault_rng(seed: u64, physical: u64, part: u64) -> Pcg64Mcg {
+    Pcg64Mcg::seed_from_u64(
+        seed ^ physical.wrapping_mul(0x9E37_79B9_7F4A_7C15)
+            ^ part.wrapping_mul(0xD1B5_4A32_D192_ED03),
+    )
+}
+
+/// Flips bits of `bytes` at `rate`, drawing positions from `rng`; returns
+/// how many were flipped.
+fn flip_bits(bytes: &mut [u8], rate: f64, rng: &mut Pcg64Mcg) -> u64 {
+    let bits = bytes.len() as u64 * 8;
+    if rate <= 0.0 || bits == 0 {
+        return 0;
+    }
+    let flips = match Binomial::new(bits, rate.min(1.0)) {
+        Ok(distribution) => distribution.sample(rng),
+        Err(_) => 0,
+    };
+    for _ in 0..flips {
+        let bit = rng.random_range(0..bits);
+        bytes[(bit / 8) as usize] ^= 1 << (bit % 8);
+    }
+    flips
+}
+
+impl<B: Backend> FlashEmulator<B> {
+    pub(crate) fn from_parts(
+        geometry: Geometry,
+        options: DeviceOptions,
+        backend: B,
+        state: DurableState,
+    ) -> Result<Self> {
+        assert_eq!(state.zones.len(), geometry.zone_count as usize);
+        assert_eq!(state.blocks.len() as u64, geometry.block_count());
+        assert_eq!(state.nvm.len() as u64, geometry.nvm_size_bytes);
+        let mut zones = Vec::with_capacity(state.zones.len());
+        for (zone_index, record) in state.zones.iter().enumerate() {
+            let block_map = block_map_of(&geometry, &state.blocks, zone_index as u32);
+            assert_eq!(
+                block_map.len() as u32 * geometry.block_pages,
+                record.capacity_pages,
+                "zone {zone_index}: capacity disagrees with its blocks"
+            );
+            assert!(record.write_pointer <= record.capacity_pages);
+            zones.push(Zone {
+                state: live_state_after_power_up(record),
+                write_pointer: record.write_pointer,
+                durable: *record,
+                block_map,
+            });
+        }
+        Ok(FlashEmulator {
+            rng: Pcg64Mcg::seed_from_u64(options.faults.seed),
+            clock: Clock::new(options.timing, state.clock_ns),
+            geometry,
+            backend,
+            zones,
+            blocks: state.blocks,
+            overlay: state.overlay,
+            buffer: WriteBuffer::new(),
+            nvm_live: state.nvm.clone(),
+            nvm_durable: state.nvm,
+            nvm_dirty_words: BTreeSet::new(),
+            lifetime: state.counters,
+            baseline: state.counters,
+            dirty_zones: BTreeSet::new(),
+            dirty_blocks: BTreeSet::new(),
+            overlay_dirty: false,
+            power: Power::On,
+            mutating_operations: 0,
+            scheduled_cut: None,
+            last_power_cut: None,
+            options,
+        })
+    }
+
+    pub fn options(&self) -> &DeviceOptions {
+        &self.options
+    }
+
+    /// Counters since the device was created (for an image: across every
+    /// process that opened it).
+    pub fn lifetime_counters(&self) -> Counters {
+        let mut counters = self.lifetime;
+        counters.device_time_ns = self.clock.now_ns();
+        counters
+    }
+
+    /// Wear and health of every erase block, in physical order.
+    pub fn blocks(&self) -> &[BlockRecord] {
+        &self.blocks
+    }
+
+    /// The fault overlay: pages whose medium differs from what was
+    /// programmed.
+    pub fn overlay(&self) -> &Overlay {
+        &self.overlay
+    }
+
+    /// Pages currently held in the volatile write buffer.
+    pub fn buffered_pages(&self) -> usize {
+        self.buffer.len()
+    }
+
+    /// Mutating operations (program, reset, finish, flush, NVM write and
+    /// persist) issued so far by this process; a scheduled power cut names
+    /// one of these by index.
+    pub fn mutating_operations(&self) -> u64 {
+        self.mutating_operations
+    }
+
+    /// The durable write pointer of a zone: pages below it survive a power
+    /// cut now.
+    pub fn durable_write_pointer(&self, zone: u32) -> Result<u32> {
+        self.geometry.check_zone(zone)?;
+        Ok(self.zones[zone as usize].durable.write_pointer)
+    }
+
+    /// Arms a power cut that fires during the mutating operation with index
+    /// `operation` (see [`FlashEmulator::mutating_operations`]). That
+    /// operation fails with [`DeviceError::PowerLost`], as does every later
+    /// one until [`FlashEmulator::power_on`].
+    pub fn schedule_power_cut(&mut self, operation: u64, seed: u64) {
+        self.scheduled_cut = Some((operation, seed));
+    }
+
+    /// True while a fired scheduled cut keeps the device off.
+    pub fn is_powered_off(&self) -> bool {
+        self.power == Power::Off
+    }
+
+    /// Powers the device back on after a scheduled cut; returns its report.
+    pub fn power_on(&mut self) -> Option<PowerCutReport> {
+        self.power = Power::On;
+        self.last_power_cut.take()
+    }
+
+    /// Cuts power now, between operations: per zone, a random durable point
+    /// between the last durable page and the last accepted one; possibly a
+    /// torn page at that point (and a corrupted paired page); each
+    /// unpersisted NVM word kept or dropped. The device then behaves as
+    /// freshly powered up.
+    pub fn power_cut(&mut self, seed: u64) -> Result<PowerCutReport> {
+        self.cut(seed, InFlight::Nothing)
+    }
+
+    /// The pristine contents of a page (what was programmed), bypassing
+    /// faults and counters; `None` for a page that reads erased.
+    pub fn pristine_page(&mut self, address: PageAddress) -> Result<Option<(Vec<u8>, Vec<u8>)>> {
+        let Some(physical) = self.readable_physical(address)? else {
+            return Ok(None);
+        };
+        let (data, oob) = self.pristine(physical)?;
+        Ok(Some((data, oob)))
+    }
+
+    /// What the medium really holds at a page (pristine plus the fault
+    /// overlay), without the transient bit flips of a read and without
+    /// counting; `None` for a page that reads erased.
+    pub fn media_page(&mut self, address: PageAddress) -> Result<Option<(Vec<u8>, Vec<u8>)>> {
+        let Some(physical) = self.readable_physical(address)? else {
+            return Ok(None);
+        };
+        let (mut data, mut oob) = self.pristine(physical)?;
+        self.apply_media_faults(physical, &mut data, &mut oob);
+        Ok(Some((data, oob)))
+    }
+
+    fn check_powered(&self, operation: &'static str) -> Result<()> {
+        match self.power {
+            Power::On => Ok(()),
+            Power::Off => Err(DeviceError::PowerLost { operation }),
+        }
+    }
+
+    /// Counts a mutating operation; true when a scheduled cut fires in it.
+    fn count_operation(&mut self) -> bool {
+        let index = self.mutating_operations;
+        self.mutating_operations += 1;
+        match self.scheduled_cut {
+            Some((operation, _)) if operation == index => true,
+            _ => false,
+        }
+    }
+
+    /// Fires the scheduled cut after the operation in flight was accepted.
+    fn fire_scheduled_cut(&mut self, operation: &'static str, in_flight: InFlight) -> DeviceError {
+        let (_, seed) = self
+            .scheduled_cut
+            .take()
+            .expect("a scheduled cut fires only when armed");
+        match self.cut(seed, in_flight) {
+            Ok(report) => {
+                self.last_power_cut = Some(report);
+                self.power = Power::Off;
+                DeviceError::PowerLost { operation }
+            }
+            Err(error) => error,
+        }
+    }
+
+    fn block_id(&self, zone: u32, block_offset: u32) -> u64 {
+        u64::from(zone) * u64::from(self.geometry.zone_blocks) + u64::from(block_offset)
+    }
+
+    /// Block and physical page index of a page within its zone's capacity.
+    fn locate(&self, address: PageAddress) -> (u64, u64) {
+        let zone = &self.zones[address.zone as usize];
+        let block_offset = zone.block_map[(address.page / self.geometry.block_pages) as usize];
+        let block = self.block_id(address.zone, block_offset);
+        let physical = block * u64::from(self.geometry.block_pages)
+            + u64::from(address.page % self.geometry.block_pages);
+        (block, physical)
+    }
+
+    fn check_buffer(what: &'static str, expected: u32, actual: usize) -> Result<()> {
+        if actual != expected as usize {
+            return Err(DeviceError::BufferLength {
+                what,
+                expected: expected as usize,
+                actual,
+            });
+        }
+        Ok(())
+    }
+
+    /// The physical slot of a page that holds programmed data, `None` when
+    /// it reads erased (at or past the write pointer).
+    fn readable_physical(&self, address: PageAddress) -> Result<Option<u64>> {
+        self.geometry.check_address(address)?;
+        let zone = &self.zones[address.zone as usize];
+        if zone.state == ZoneState::Offline {
+            return Err(DeviceError::ZoneState {
+                zone: address.zone,
+                state: zone.state.name(),
+                operation: "read",
+                write_pointer: zone.write_pointer,
+            });
+        }
+        if address.page >= zone.write_pointer {
+            return Ok(None);
+        }
+        Ok(Some(self.locate(address).1))
+    }
+
+    fn pristine(&mut self, physical: u64) -> Result<(Vec<u8>, Vec<u8>)> {
+        let page = self.geometry.page_size_bytes as usize;
+        let mut data = vec![0; page];
+        let mut oob = vec![0; self.geometry.oob_size_bytes as usize];
+        if let Some(buffered) = self.buffer.get(physical) {
+            data.copy_from_slice(&buffered.bytes[..page]);
+            oob.copy_from_slice(&buffered.bytes[page..]);
+        } else {
+            self.backend.read_page(physical, &mut data, &mut oob)?;
+        }
+        Ok((data, oob))
+    }
+
+    fn has_media_fault(&self, block: u64, physical: u64) -> bool {
+        self.overlay.contains_key(&physical)
+            || self.blocks[block as usize].interrupted_erase_seed.is_some()
+    }
+
+    /// Turns pristine contents into what the medium holds at `physical`.
+    fn apply_media_faults(&self, physical: u64, data: &mut [u8], oob: &mut [u8]) {
+        match self.overlay.get(&physical) {
+            None => {}
+            Some(PageFault::Torn { seed }) => {
+                // A bit that should have been programmed to 0 made it only
+                // where the mask is 1: media = pristine | !mask.
+                for (part, bytes) in [(0, &mut *data), (1, &mut *oob)] {
+                    let mut rng = fault_rng(*seed, physical, part);
+                    for byte in bytes.iter_mut() {
+                        *byte |= !rng.random::<u8>();
+                    }
+                }
+            }
+            Some(PageFault::LostWrite) => {
+                data.fill(0xFF);
+                oob.fill(0xFF);
+            }
+            Some(PageFault::Disturbed { seed, rate_ppm }) => {
+                let rate = f64::from(*rate_ppm) / 1e6;
+                flip_bits(data, rate, &mut fault_rng(*seed, physical, 0));
+                flip_bits(oob, rate, &mut fault_rng(*seed, physical, 1));
+            }
+            Some(PageFault::Stored { media }) => {
+                data.copy_from_slice(&media[..data.len()]);
+                oob.copy_from_slice(&media[data.len()..]);
+            }
+        }
+        let block = physical / u64::from(self.geometry.block_pages);
+        if let Some(seed) = self.blocks[block as usize].interrupted_erase_seed {
+            // A half-done erase pulls bits towards 1: media |= mask.
+            for (part, bytes) in [(2, &mut *data), (3, &mut *oob)] {
+                let mut rng = fault_rng(seed, physical, part);
+                for byte in bytes.iter_mut() {
+                    *byte |= rng.random::<u8>();
+                }
+            }
+        }
+    }
+
+    /// The raw bit error rate of a block right now.
+    fn raw_bit_error_rate(&self, block: u64) -> f64 {
+        let record = &self.blocks[block as usize];
+        let mut rate = match &self.options.faults.bit_errors {
+            Some(model) => model.rate(
+                record.erase_count,
+                self.options.faults.endurance_cycles,
+                self.clock.now_ns().saturating_sub(record.programmed_at_ns),
+                record.reads_since_erase,
+            ),
+            None => 0.0,
+        };
+        if record.interrupted_erase_seed.is_some() {
+            rate += self.options.faults.interrupted_erase_bit_error_rate;
+        }
+        rate.min(crate::faults::RAW_BIT_ERROR_RATE_MAX)
+    }
+
+    /// Shared by full and OOB-only reads: fills what was asked for with what
+    /// the medium returns, injecting faults.
+    fn read_common(
+        &mut self,
+        address: PageAddress,
+        data: Option<&mut [u8]>,
+        oob: &mut [u8],
+    ) -> Result<PageState> {
+        let full = data.is_some();
+        self.check_powered(if full { "read" } else { "read OOB" })?;
+        let page = self.geometry.page_size_bytes as usize;
+        let Some(physical) = self.readable_physical(address)? else {
+            // At or past the write pointer: the device answers from its zone
+            // state without sensing the cells.
+            if let Some(data) = data {
+                data.fill(0xFF);
+            }
+            oob.fill(0xFF);
+            self.count_read(full);
+            self.clock
+                .read_buffered(if full { page + oob.len() } else { oob.len() } as u64);
+            return Ok(PageState::Erased);
+        };
+        let (block, _) = self.locate(address);
+        let buffered = self.buffer.get(physical).is_some();
+        // Fetch the pristine contents.
+        let mut scratch_data;
+        let data_target: &mut [u8] = match data {
+            Some(data) => data,
+            None => {
+                scratch_data = Vec::new();
+                &mut scratch_data
+            }
+        };
+        if self.has_media_fault(block, physical) {
+            let (mut whole_data, mut whole_oob) = self.pristine(physical)?;
+            self.apply_media_faults(physical, &mut whole_data, &mut whole_oob);
+            if full {
+                data_target.copy_from_slice(&whole_data);
+            }
+            oob.copy_from_slice(&whole_oob);
+        } else if let Some(entry) = self.buffer.get(physical) {
+            if full {
+                data_target.copy_from_slice(&entry.bytes[..page]);
+            }
+            oob.copy_from_slice(&entry.bytes[page..]);
+        } else if full {
+            self.backend.read_page(physical, data_target, oob)?;
+        } else {
+            self.backend.read_oob(physical, oob)?;
+        }
+        // Cost.
+        let bytes = if full { page + oob.len() } else { oob.len() } as u64;
+        if buffered {
+            self.clock.read_buffered(bytes);
+        } else {
+            self.clock.read(block, bytes);
+        }
+        self.count_read(full);
+        let record = &mut self.blocks[block as usize];
+        record.reads_since_erase = record.reads_since_erase.saturating_add(1);
+        self.dirty_blocks.insert(block);
+        // Whole-page failure, then bit flips. A page still in the write
+        // buffer is served from DRAM and suffers neither.
+        if !buffered {
+            let faults = &self.options.faults;
+            if faults.read_failure_probability > 0.0
+                && self.rng.random_bool(faults.read_failure_probability)
+            {
+                self.lifetime.read_failures_injected += 1;
+                return Err(DeviceError::ReadFailed { address, block });
+            }
+            let rate = self.raw_bit_error_rate(block);
+            if rate > 0.0 {
+                let mut flips = 0;
+                if full {
+                    flips += flip_bits(data_target, rate, &mut self.rng);
+                }
+                flips += flip_bits(oob, rate, &mut self.rng);
+                self.lifetime.bit_flips_injected += flips;
+            }
+        }
+        Ok(PageState::Programmed)
+    }
+
+    fn count_read(&mut self, full: bool) {
+        if full {
+            self.lifetime.pages_read += 1;
+        } else {
+            self.lifetime.oob_reads += 1;
+        }
+    }
+
+    /// Makes the oldest buffered page durable.
+    fn drain_one(&mut self) -> Result<()> {
+        let entry = self
+            .buffer
+            .pop_front()
+            .expect("drain of an empty write buffer");
+        self.clock.wait_until(entry.programmed_ns);
+        self.make_durable(&entry)
+    }
+
+    fn make_durable(&mut self, entry: &BufferedPage) -> Result<()> {
+        let page = self.geometry.page_size_bytes as usize;
+        self.backend
+            .write_page(entry.physical, &entry.bytes[..page], &entry.bytes[page..])?;
+        let zone = &mut self.zones[entry.zone as usize];
+        assert_eq!(
+            zone.durable.write_pointer, entry.page,
+            "zone {}: durability must be a prefix",
+            entry.zone
+        );
+        zone.durable.write_pointer = entry.page + 1;
+        zone.durable.condition = durable_condition_of(zone);
+        self.dirty_zones.insert(entry.zone);
+        Ok(())
+    }
+
+    /// Writes every dirty record, then the summary, then syncs.
+    fn commit_metadata(&mut self) -> Result<()> {
+        for zone in std::mem::take(&mut self.dirty_zones) {
+            let zone_entry = &mut self.zones[zone as usize];
+            zone_entry.durable.condition = durable_condition_of(zone_entry);
+            self.backend.write_zone_record(zone, &zone_entry.durable)?;
+        }
+        for block in std::mem::take(&mut self.dirty_blocks) {
+            self.backend
+                .write_block_record(block, &self.blocks[block as usize])?;
+        }
+        if self.overlay_dirty {
+            self.backend.write_overlay(&self.overlay)?;
+            self.overlay_dirty = false;
+        }
+        let counters = self.lifetime_counters();
+        self.backend.write_summary(&counters, self.clock.now_ns())?;
+        if self.options.host_sync {
+            self.backend.sync()?;
+        }
+        Ok(())
+    }
+
+    /// Records a page fault unless the overlay is full.
+    fn record_fault(&mut self, physical: u64, fault: PageFault) -> bool {
+        let stored = self
+            .overlay
+            .values()
+            .filter(|fault| matches!(fault, PageFault::Stored { .. }))
+            .count();
+        let replaces = self.overlay.contains_key(&physical);
+        let full = !replaces && self.overlay.len() >= OVERLAY_ENTRIES_MAX
+            || matches!(fault, PageFault::Stored { .. })
+                && !matches!(self.overlay.get(&physical), Some(PageFault::Stored { .. }))
+                && stored >= OVERLAY_STORED_PAGES_MAX;
+        if full {
+            self.lifetime.faults_suppressed += 1;
+            return false;
+        }
+        self.overlay.insert(physical, fault);
+        self.overlay_dirty = true;
+        true
+    }
+
+    fn open_zone_count(&self) -> u32 {
+        self.zones
+            .iter()
+            .filter(|zone| zone.state == ZoneState::Open)
+            .count() as u32
+    }
+
+    /// A misdirected program: the addressed page stays erased, a random
+    /// victim page is over-programmed with the data.
+    fn misdirect(&mut self, physical: u64, bytes: &[u8]) -> Result<()> {
+        self.lifetime.misdirected_writes_injected += 1;
+        self.record_fault(physical, PageFault::LostWrite);
+        let zone = self.rng.random_range(0..self.geometry.zone_count);
+        let capacity = self.zones[zone as usize].durable.capacity_pages;
+        if capacity == 0 {
+            return Ok(());
+        }
+        let victim_address = PageAddress::new(zone, self.rng.random_range(0..capacity));
+        let (_, victim) = self.locate(victim_address);
+        if victim == physical {
+            return Ok(());
+        }
+        let page = self.geometry.page_size_bytes as usize;
+        let mut media = match self.readable_physical(victim_address)? {
+            Some(_) => {
+                let (mut data, mut oob) = self.pristine(victim)?;
+                self.apply_media_faults(victim, &mut data, &mut oob);
+                [data, oob].concat()
+            }
+            None => match self.overlay.get(&victim) {
+                Some(PageFault::Stored { media }) => media.to_vec(),
+                _ => vec![0xFF; bytes.len()],
+            },
+        };
+        debug_assert_eq!(media.len(), page + self.geometry.oob_size_bytes as usize);
+        for (medium, byte) in media.iter_mut().zip(bytes) {
+            *medium &= byte;
+        }
+        self.record_fault(
+            victim,
+            PageFault::Stored {
+                media: media.into_boxed_slice(),
+            },
+        );
+        Ok(())
+    }
+
+    fn cut(&mut self, seed: u64, in_flight: InFlight) -> Result<PowerCutReport> {
+        let mut rng = Pcg64Mcg::seed_from_u64(seed);
+        let mut report = PowerCutReport {
+            seed,
+            ..PowerCutReport::default()
+        };
+        let tear_probability = self.options.faults.torn_operation_probability;
+        // Decide the in-flight erase first: it happened, did not, or was
+        // interrupted half way.
+        if let InFlight::Reset { zone } = in_flight {
+            if rng.random_bool(tear_probability) {
+                self.interrupt_erase(zone, &mut rng);
+                report.interrupted_erase = Some(zone);
+            } else if rng.random_bool(0.5) {
+                // The erase completed before power went: do it for real,
+                // ignoring an injected erase failure's error value (the
+                // block is marked bad all the same).
+                let _ = self.erase_zone_now(zone);
+            }
+        }
+        // Per zone, a durable prefix of the buffered pages.
+        let mut by_zone: BTreeMap<u32, Vec<BufferedPage>> = BTreeMap::new();
+        for entry in self.buffer.take_all() {
+            by_zone.entry(entry.zone).or_default().push(entry);
+        }
+        for (zone, pages) in by_zone {
+            let durable_before = self.zones[zone as usize].durable.write_pointer;
+            let accepted = self.zones[zone as usize].write_pointer;
+            let keep = rng.random_range(0..=pages.len());
+            for entry in &pages[..keep] {
+                self.make_durable(entry)?;
+            }
+            if let Some(torn) = pages.get(keep) {
+                if rng.random_bool(tear_probability) {
+                    self.make_durable(torn)?;
+                    let address = PageAddress::new(zone, torn.page);
+                    if self.record_fault(torn.physical, PageFault::Torn { seed: rng.random() }) {
+                        self.lifetime.torn_pages += 1;
+                        report.torn_pages.push(address);
+                    }
+                    let distance = self.options.faults.paired_page_distance;
+                    if distance > 0 && torn.page % self.geometry.block_pages >= distance {
+                        let paired = PageAddress::new(zone, torn.page - distance);
+                        let (_, physical) = self.locate(paired);
+                        let rate_ppm =
+                            (self.options.faults.paired_page_bit_error_rate * 1e6) as u32;
+                        if !self.overlay.contains_key(&physical)
+                            && self.record_fault(
+                                physical,
+                                PageFault::Disturbed {
+                                    seed: rng.random(),
+                                    rate_ppm,
+                                },
+                            )
+                        {
+                            self.lifetime.paired_page_corruptions += 1;
+                            report.paired_page_corruptions.push(paired);
+                        }
+                    }
+                }
+            }
+            let zone_entry = &mut self.zones[zone as usize];
+            zone_entry.write_pointer = zone_entry.durable.write_pointer;
+            report.zones.push(ZoneCut {
+                zone,
+                durable_before,
+                accepted,
+                durable_after: zone_entry.durable.write_pointer,
+            });
+        }
+        // NVM: each unpersisted 8-byte word is kept or dropped.
+        for word in std::mem::take(&mut self.nvm_dirty_words) {
+            let range = (word * NVM_WORD_BYTES) as usize..((word + 1) * NVM_WORD_BYTES) as usize;
+            if rng.random_bool(0.5) {
+                let (live, durable) = (
+                    &self.nvm_live[range.clone()],
+                    &mut self.nvm_durable[range.clone()],
+                );
+                durable.copy_from_slice(live);
+                self.backend
+                    .write_nvm(range.start as u64, &self.nvm_durable[range])?;
+                report.nvm_words_kept += 1;
+            } else {
+                self.nvm_live[range.clone()].copy_from_slice(&self.nvm_durable[range]);
+                report.nvm_words_dropped += 1;
+            }
+        }
+        // Power-up: open zones come back closed, nothing is in flight.
+        for (index, zone) in self.zones.iter_mut().enumerate() {
+            zone.durable.condition = durable_condition_of(zone);
+            zone.state = live_state_after_power_up(&zone.durable);
+            self.dirty_zones.insert(index as u32);
+        }
+        self.clock.power_up();
+        self.lifetime.power_cuts += 1;
+        self.commit_metadata()?;
+        Ok(report)
+    }
+
+    /// A power cut in the middle of a reset: the zone's good blocks are
+    /// half-erased. Its pages keep their write pointer but read back with
+    /// bits pulled towards 1, and the blocks carry an added error rate until
+    /// erased completely.
+    fn interrupt_erase(&mut self, zone: u32, rng: &mut Pcg64Mcg) {
+        for offset in 0..self.geometry.zone_blocks {
+            let block = self.block_id(zone, offset);
+            let record = &mut self.blocks[block as usize];
+            if record.bad {
+                continue;
+            }
+            record.erase_count = record.erase_count.saturating_add(1);
+            record.interrupted_erase_seed = Some(rng.random());
+            self.dirty_blocks.insert(block);
+        }
+        self.lifetime.interrupted_erases += 1;
+        let zone_entry = &mut self.zones[zone as usize];
+        zone_entry.write_pointer = zone_entry.durable.write_pointer;
+    }
+
+    /// Erases a zone's good blocks, retiring the bad ones, and makes the
+    /// reset durable at once (zone resets are not buffered).
+    fn erase_zone_now(&mut self, zone: u32) -> Result<()> {
+        let mut failed = None;
+        let mut erased = Vec::new();
+        for offset in 0..self.geometry.zone_blocks {
+            let block = self.block_id(zone, offset);
+            let failure_probability = self.options.faults.wear_failure_probability(
+                self.options.faults.erase_failure_probability_at_endurance,
+                self.blocks[block as usize].erase_count,
+            );
+            let record = &mut self.blocks[block as usize];
+            if record.bad {
+                record.excluded = true;
+                self.dirty_blocks.insert(block);
+                continue;
+            }
+            record.erase_count = record.erase_count.saturating_add(1);
+            record.reads_since_erase = 0;
+            record.programmed_at_ns = 0;
+            record.interrupted_erase_seed = None;
+            self.dirty_blocks.insert(block);
+            erased.push(block);
+            self.lifetime.erases += 1;
+            if failure_probability > 0.0 && self.rng.random_bool(failure_probability) {
+                let record = &mut self.blocks[block as usize];
+                record.bad = true;
+                record.excluded = true;
+                self.lifetime.erase_failures_injected += 1;
+                failed.get_or_insert((block, record.erase_count));
+            }
+        }
+        let zone_pages = self.geometry.zone_pages();
+        let first = u64::from(zone) * zone_pages;
+        let stale: Vec<u64> = self
+            .overlay
+            .range(first..first + zone_pages)
+            .map(|(physical, _)| *physical)
+            .collect();
+        for physical in stale {
+            self.overlay.remove(&physical);
+            self.overlay_dirty = true;
+        }
+        self.backend.erase_zone(zone)?;
+        self.clock.erase(erased.into_iter());
+        let block_map = block_map_of(&self.geometry, &self.blocks, zone);
+        let capacity_pages = block_map.len() as u32 * self.geometry.block_pages;
+        let zone_entry = &mut self.zones[zone as usize];
+        zone_entry.block_map = block_map;
+        zone_entry.write_pointer = 0;
+        zone_entry.state = if capacity_pages == 0 {
+            ZoneState::Offline
+        } else {
+            ZoneState::Empty
+        };
+        zone_entry.durable = ZoneRecord {
+            condition: if capacity_pages == 0 {
+                DurableCondition::Offline
+            } else {
+                DurableCondition::Empty
+            },
+            write_pointer: 0,
+            capacity_pages,
+        };
+        self.lifetime.zone_resets += 1;
+        // Durable now, before any page of the new generation can reach the
+        // backend: the zone record and the blocks it is made of.
+        self.backend
+            .write_zone_record(zone, &self.zones[zone as usize].durable)?;
+        for offset in 0..self.geometry.zone_blocks {
+            let block = self.block_id(zone, offset);
+            self.backend
+                .write_block_record(block, &self.blocks[block as usize])?;
+            self.dirty_blocks.remove(&block);
+        }
+        self.dirty_zones.remove(&zone);
+        if self.overlay_dirty {
+            self.backend.write_overlay(&self.overlay)?;
+            self.overlay_dirty = false;
+        }
+        if let Some((block, erase_count)) = failed {
+            return Err(DeviceError::EraseFailed {
+                zone,
+                block,
+                erase_count,
+                capacity_pages,
+            });
+        }
+        Ok(())
+    }
+}
+
+fn block_map_of(geometry: &Geometry, blocks: &[BlockRecord], zone: u32) -> Vec<u32> {
+    let first = u64::from(zone) * u64::from(geometry.zone_blocks);
+    (0..geometry.zone_blocks)
+        .filter(|&offset| !blocks[(first + u64::from(offset)) as usize].excluded)
+        .collect()
+}
+
+fn durable_condition_of(zone: &Zone) -> DurableCondition {
+    match zone.state {
+        ZoneState::ReadOnly => DurableCondition::ReadOnly,
+        ZoneState::Offline => DurableCondition::Offline,
+        ZoneState::Full if zone.durable.write_pointer == zone.write_pointer => {
+            DurableCondition::Full
+        }
+        _ if zone.durable.write_pointer == 0 => DurableCondition::Empty,
+        _ if zone.durable.write_pointer == zone.durable.capacity_pages => DurableCondition::Full,
+        _ => DurableCondition::Closed,
+    }
+}
+
+fn live_state_after_power_up(record: &ZoneRecord) -> ZoneState {
+    match record.condition {
+        DurableCondition::Empty => ZoneState::Empty,
+        DurableCondition::Closed => ZoneState::Closed,
+        DurableCondition::Full => ZoneState::Full,
+        DurableCondition::ReadOnly => ZoneState::ReadOnly,
+        DurableCondition::Offline => ZoneState::Offline,
+    }
+}
+
+impl<B: Backend> FlashDevice for FlashEmulator<B> {
+    fn geometry(&self) -> Geometry {
+        self.geometry
+    }
+
+    fn read_page(
+        &mut self,
+        address: PageAddress,
+        data: &mut [u8],
+        oob: &mut [u8],
+    ) -> Result<PageState> {
+        Self::check_buffer("page data", self.geometry.page_size_bytes, data.len())?;
+        Self::check_buffer("page OOB", self.geometry.oob_size_bytes, oob.len())?;
+        self.read_common(address, Some(data), oob)
+    }
+
+    fn read_oob(&mut self, address: PageAddress, oob: &mut [u8]) -> Result<PageState> {
+        Self::check_buffer("page OOB", self.geometry.oob_size_bytes, oob.len())?;
+        self.read_common(address, None, oob)
+    }
+
+    fn program_page(&mut self, address: PageAddress, data: &[u8], oob: &[u8]) -> Result<()> {
+        self.check_powered("program")?;
+        self.geometry.check_address(address)?;
+        Self::check_buffer("page data", self.geometry.page_size_bytes, data.len())?;
+        Self::check_buffer("page OOB", self.geometry.oob_size_bytes, oob.len())?;
+        let cut_now = self.count_operation();
+        let zone = &self.zones[address.zone as usize];
+        let (state, write_pointer, capacity_pages) =
+            (zone.state, zone.write_pointer, zone.durable.capacity_pages);
+        match state {
+            ZoneState::ReadOnly | ZoneState::Offline => {
+                return Err(DeviceError::ZoneState {
+                    zone: address.zone,
+                    state: state.name(),
+                    operation: "program",
+                    write_pointer,
+                })
+            }
+            ZoneState::Full => {
+                return Err(DeviceError::ZoneFull {
+                    address,
+                    capacity_pages,
+                })
+            }
+            _ => {}
+        }
+        if address.page >= capacity_pages {
+            return Err(DeviceError::ZoneFull {
+                address,
+                capacity_pages,
+            });
+        }
+        if address.page != write_pointer {
+            return Err(DeviceError::NotAtWritePointer {
+                address,
+                write_pointer,
+            });
+        }
+        if matches!(state, ZoneState::Empty | ZoneState::Closed) {
+            let open_zones = self.open_zone_count();
+            if open_zones >= self.geometry.open_zones_max {
+                return Err(DeviceError::TooManyOpenZones {
+                    zone: address.zone,
+                    open_zones,
+                    open_zones_max: self.geometry.open_zones_max,
+                });
+            }
+        }
+        let (block, physical) = self.locate(address);
+        let failure_probability = self.options.faults.wear_failure_probability(
+            self.options.faults.program_failure_probability_at_endurance,
+            self.blocks[block as usize].erase_count,
+        );
+        if failure_probability > 0.0 && self.rng.random_bool(failure_probability) {
+            let record = &mut self.blocks[block as usize];
+            record.bad = true;
+            let erase_count = record.erase_count;
+            self.dirty_blocks.insert(block);
+            self.zones[address.zone as usize].state = ZoneState::ReadOnly;
+            self.dirty_zones.insert(address.zone);
+            self.lifetime.program_failures_injected += 1;
+            return Err(DeviceError::ProgramFailed {
+                address,
+                block,
+                erase_count,
+            });
+        }
+        let mut bytes = Vec::with_capacity(data.len() + oob.len());
+        bytes.extend_from_slice(data);
+        bytes.extend_from_slice(oob);
+        // Whatever the slot held as a fault is replaced by this program,
+        // except over-programmed bits, which cannot be un-programmed.
+        match self.overlay.remove(&physical) {
+            Some(PageFault::Stored { media }) => {
+                let combined: Box<[u8]> = media
+                    .iter()
+                    .zip(&bytes)
+                    .map(|(medium, byte)| medium & byte)
+                    .collect();
+                self.overlay
+                    .insert(physical, PageFault::Stored { media: combined });
+                self.overlay_dirty = true;
+            }
+            Some(_) => self.overlay_dirty = true,
+            None => {}
+        }
+        let misdirected = self.options.faults.misdirected_write_probability > 0.0
+            && self
+                .rng
+                .random_bool(self.options.faults.misdirected_write_probability);
+        if misdirected {
+            self.misdirect(physical, &bytes)?;
+        }
+        if address.page % self.geometry.block_pages == 0
+            || self.blocks[block as usize].programmed_at_ns == 0
+        {
+            self.blocks[block as usize].programmed_at_ns = self.clock.now_ns();
+            self.dirty_blocks.insert(block);
+        }
+        let programmed_ns = self.clock.program(block, bytes.len() as u64);
+        self.buffer.push(BufferedPage {
+            physical,
+            zone: address.zone,
+            page: address.page,
+            bytes: bytes.into_boxed_slice(),
+            programmed_ns,
+        });
+        let zone = &mut self.zones[address.zone as usize];
+        zone.write_pointer += 1;
+        zone.state = if zone.write_pointer == capacity_pages {
+            ZoneState::Full
+        } else {
+            ZoneState::Open
+        };
+        self.dirty_zones.insert(address.zone);
+        self.lifetime.pages_programmed += 1;
+        self.lifetime.data_bytes_programmed += data.len() as u64;
+        self.lifetime.oob_bytes_programmed += oob.len() as u64;
+        while self.buffer.len() > self.options.write_buffer_pages as usize {
+            self.drain_one()?;
+        }
+        if cut_now {
+            return Err(self.fire_scheduled_cut("program", InFlight::Nothing));
+        }
+        Ok(())
+    }
+
+    fn reset_zone(&mut self, zone: u32) -> Result<()> {
+        self.check_powered("reset")?;
+        self.geometry.check_zone(zone)?;
+        let cut_now = self.count_operation();
+        let entry = &self.zones[zone as usize];
+        if entry.state == ZoneState::Offline {
+            return Err(DeviceError::ZoneState {
+                zone,
+                state: entry.state.name(),
+                operation: "reset",
+                write_pointer: entry.write_pointer,
+            });
+        }
+        // Buffered pages of the zone are moot: it is being erased.
+        self.buffer.discard_zone(zone);
+        let entry = &mut self.zones[zone as usize];
+        entry.write_pointer = entry.durable.write_pointer;
+        if cut_now {
+            return Err(self.fire_scheduled_cut("reset", InFlight::Reset { zone }));
+        }
+        self.erase_zone_now(zone)
+    }
+
+    fn finish_zone(&mut self, zone: u32) -> Result<()> {
+        self.check_powered("finish")?;
+        self.geometry.check_zone(zone)?;
+        let cut_now = self.count_operation();
+        let entry = &mut self.zones[zone as usize];
+        match entry.state {
+            ZoneState::Empty | ZoneState::Open | ZoneState::Closed => entry.state = ZoneState::Full,
+            ZoneState::Full => {}
+            ZoneState::ReadOnly | ZoneState::Offline => {
+                return Err(DeviceError::ZoneState {
+                    zone,
+                    state: entry.state.name(),
+                    operation: "finish",
+                    write_pointer: entry.write_pointer,
+                })
+            }
+        }
+        self.dirty_zones.insert(zone);
+        if cut_now {
+            return Err(self.fire_scheduled_cut("finish", InFlight::Nothing));
+        }
+        Ok(())
+    }
+
+    fn report_zone(&self, zone: u32) -> Result<ZoneReport> {
+        self.geometry.check_zone(zone)?;
+        let entry = &self.zones[zone as usize];
+        let first = u64::from(zone) * u64::from(self.geometry.zone_blocks);
+        let blocks =
+            &self.blocks[first as usize..(first + u64::from(self.geometry.zone_blocks)) as usize];
+        Ok(ZoneReport {
+            zone,
+            state: entry.state,
+            write_pointer: entry.write_pointer,
+            capacity_pages: entry.durable.capacity_pages,
+            erase_count_max: blocks
+                .iter()
+                .map(|block| block.erase_count)
+                .max()
+                .unwrap_or(0),
+            bad_blocks: blocks.iter().filter(|block| block.bad).count() as u32,
+        })
+    }
+
+    fn report_zones(&self) -> Vec<ZoneReport> {
+        (0..self.geometry.zone_count)
+            .map(|zone| self.report_zone(zone).expect("zone in range"))
+            .collect()
+    }
+
+    fn flush(&mut self) -> Result<()> {
+        self.check_powered("flush")?;
+        if self.count_operation() {
+            return Err(self.fire_scheduled_cut("flush", InFlight::Nothing));
+        }
+        while self.buffer.len() > 0 {
+            self.drain_one()?;
+        }
+        self.clock.flush();
+        self.lifetime.flushes += 1;
+        self.commit_metadata()
+    }
+
+    fn nvm_read(&mut self, offset: u64, buffer: &mut [u8]) -> Result<()> {
+        self.check_powered("NVM read")?;
+        self.geometry.check_nvm_range(offset, buffer.len() as u64)?;
+        buffer.copy_from_slice(&self.nvm_live[offset as usize..offset as usize + buffer.len()]);
+        self.clock.nvm_write(buffer.len() as u64);
+        Ok(())
+    }
+
+    fn nvm_write(&mut self, offset: u64, data: &[u8]) -> Result<()> {
+        self.check_powered("NVM write")?;
+        self.geometry.check_nvm_range(offset, data.len() as u64)?;
+        let cut_now = self.count_operation();
+        self.nvm_live[offset as usize..offset as usize + data.len()].copy_from_slice(data);
+        if !data.is_empty() {
+            let end = offset + data.len() as u64;
+            self.nvm_dirty_words
+                .extend(offset / NVM_WORD_BYTES..end.div_ceil(NVM_WORD_BYTES));
+        }
+        self.lifetime.nvm_bytes_written += data.len() as u64;
+        self.clock.nvm_write(data.len() as u64);
+        if cut_now {
+            return Err(self.fire_scheduled_cut("NVM write", InFlight::Nothing));
+        }
+        Ok(())
+    }
+
+    fn nvm_persist(&mut self, offset: u64, length: u64) -> Result<()> {
+        self.check_powered("NVM persist")?;
+        self.geometry.check_nvm_range(offset, length)?;
+        if self.count_operation() {
+            return Err(self.fire_scheduled_cut("NVM persist", InFlight::Nothing));
+        }
+        if length > 0 {
+            let words: Vec<u64> = self
+                .nvm_dirty_words
+                .range(offset / NVM_WORD_BYTES..(offset + length).div_ceil(NVM_WORD_BYTES))
+                .copied()
+                .collect();
+            // Persist contiguous runs of dirty words with one backend write.
+            let mut index = 0;
+            while index < words.len() {
+                let start = words[index];
+                let mut end = start + 1;
+                while index + 1 < words.len() && words[index + 1] == end {
+                    index += 1;
+                    end += 1;
+                }
+                index += 1;
+                let range = (start * NVM_WORD_BYTES) as usize..(end * NVM_WORD_BYTES) as usize;
+                self.nvm_durable[range.clone()].copy_from_slice(&self.nvm_live[range.clone()]);
+                self.backend
+                    .write_nvm(range.start as u64, &self.nvm_durable[range])?;
+            }
+            for word in words {
+                self.nvm_dirty_words.remove(&word);
+            }
+        }
+        self.lifetime.nvm_persists += 1;
+        self.clock.nvm_persist();
+        Ok(())
+    }
+
+    fn counters(&self) -> Counters {
+        self.lifetime_counters().since(&self.baseline)
+    }
+
+    fn reset_counters(&mut self) {
+        self.baseline = self.lifetime_counters();
+    }
+
+    fn now_ns(&self) -> u64 {
+        self.clock.now_ns()
+    }
+
+    fn advance_time(&mut self, duration_ns: u64) {
+        self.clock.advance(duration_ns);
+    }
+}

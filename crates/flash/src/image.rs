@@ -1,0 +1,864 @@
+//! The image file backend: one file holds the whole durable state of an
+//! emulated device (geometry, pages and OOB, zone write pointers, wear, bad
+//! blocks, the fault overlay, persisted NVM, lifetime counters), so a device
+//! reopens in another process exactly as it was. Only durable state is
+//! written, so killing the process is a power cut. The byte layout is
+//! specified in `docs/DEVICE-IMAGE.md`; every decoder here is total.
+
+use std::fs::{File, OpenOptions};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+use crate::backend::{
+    Backend, BlockRecord, DurableCondition, DurableState, Overlay, PageFault, ZoneRecord,
+    OVERLAY_ENTRIES_MAX, OVERLAY_STORED_PAGES_MAX,
+};
+use crate::counters::Counters;
+use crate::device::{fresh_state, DeviceOptions, FlashEmulator};
+use crate::error::{DeviceError, Result};
+use crate::geometry::Geometry;
+
+/// First bytes of every device image.
+pub const IMAGE_MAGIC: [u8; 8] = *b"FLINTDEV";
+/// The layout version this build reads and writes.
+pub const IMAGE_FORMAT_VERSION: u32 = 1;
+/// Each of the two header copies occupies this many bytes.
+pub const HEADER_SLOT_BYTES: u64 = 4096;
+/// Bytes of one zone record and of one block record.
+pub const ZONE_RECORD_BYTES: u64 = 32;
+pub const BLOCK_RECORD_BYTES: u64 = 32;
+/// Bytes of an overlay entry before any stored page.
+pub const OVERLAY_ENTRY_BYTES: u64 = 24;
+/// Regions start on this alignment.
+const REGION_ALIGNMENT_BYTES: u64 = 4096;
+
+// Header field offsets.
+const HEADER_MAGIC: usize = 0;
+const HEADER_VERSION: usize = 8;
+const HEADER_SLOT_SIZE: usize = 12;
+const HEADER_GENERATION: usize = 16;
+const HEADER_GEOMETRY: usize = 24;
+const HEADER_LAYOUT: usize = 56;
+const HEADER_OVERLAY_ACTIVE_SLOT: usize = 112;
+const HEADER_OVERLAY_ENTRIES: usize = 116;
+const HEADER_OVERLAY_BYTES: usize = 120;
+const HEADER_OVERLAY_CRC: usize = 128;
+const HEADER_COUNTER_COUNT: usize = 132;
+const HEADER_CLOCK: usize = 136;
+const HEADER_COUNTERS: usize = 144;
+const HEADER_CRC: usize = HEADER_SLOT_BYTES as usize - 4;
+
+const _: () = assert!(
+    HEADER_COUNTERS + 8 * 64 <= HEADER_CRC,
+    "room for 64 counters"
+);
+const _: () = assert!(HEADER_SLOT_BYTES % REGION_ALIGNMENT_BYTES == 0);
+
+const OVERLAY_KIND_TORN: u8 = 1;
+const OVERLAY_KIND_LOST_WRITE: u8 = 2;
+const OVERLAY_KIND_DISTURBED: u8 = 3;
+const OVERLAY_KIND_STORED: u8 = 4;
+
+const BLOCK_FLAG_BAD: u8 = 1;
+const BLOCK_FLAG_EXCLUDED: u8 = 2;
+const BLOCK_FLAG_INTERRUPTED_ERASE: u8 = 4;
+const BLOCK_FLAGS_KNOWN: u8 = BLOCK_FLAG_BAD | BLOCK_FLAG_EXCLUDED | BLOCK_FLAG_INTERRUPTED_ERASE;
+
+/// Where each region of an image starts, all derived from the geometry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ImageLayout {
+    pub zone_table_offset: u64,
+    pub block_table_offset: u64,
+    pub overlay_slot_offset: u64,
+    pub overlay_slot_bytes: u64,
+    pub nvm_offset: u64,
+    pub page_area_offset: u64,
+    pub image_bytes: u64,
+}
+
+impl ImageLayout {
+    pub fn of(geometry: &Geometry) -> ImageLayout {
+        let align = |offset: u64| offset.div_ceil(REGION_ALIGNMENT_BYTES) * REGION_ALIGNMENT_BYTES;
+        let slot_bytes = u64::from(geometry.page_size_bytes + geometry.oob_size_bytes);
+        let zone_table_offset = 2 * HEADER_SLOT_BYTES;
+        let block_table_offset =
+            align(zone_table_offset + u64::from(geometry.zone_count) * ZONE_RECORD_BYTES);
+        let overlay_slot_offset =
+            align(block_table_offset + geometry.block_count() * BLOCK_RECORD_BYTES);
+        let overlay_slot_bytes = align(
+            OVERLAY_ENTRIES_MAX as u64 * OVERLAY_ENTRY_BYTES
+                + OVERLAY_STORED_PAGES_MAX as u64 * slot_bytes,
+        );
+        let nvm_offset = overlay_slot_offset + 2 * overlay_slot_bytes;
+        let page_area_offset = align(nvm_offset + geometry.nvm_size_bytes);
+        let image_bytes = page_area_offset + geometry.device_pages() * slot_bytes;
+        ImageLayout {
+            zone_table_offset,
+            block_table_offset,
+            overlay_slot_offset,
+            overlay_slot_bytes,
+            nvm_offset,
+            page_area_offset,
+            image_bytes,
+        }
+    }
+
+    fn to_array(self) -> [u64; 7] {
+        [
+            self.zone_table_offset,
+            self.block_table_offset,
+            self.overlay_slot_offset,
+            self.overlay_slot_bytes,
+            self.nvm_offset,
+            self.page_area_offset,
+            self.image_bytes,
+        ]
+    }
+}
+
+/// The decoded contents of one header copy.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ImageHeader {
+    pub generation: u64,
+    pub geometry: Geometry,
+    pub layout: ImageLayout,
+    pub overlay_active_slot: u32,
+    pub overlay_entries: u32,
+    pub overlay_bytes: u64,
+    pub overlay_crc: u32,
+    pub clock_ns: u64,
+    pub counters: Counters,
+}
+
+fn u32_at(bytes: &[u8], offset: usize) -> u32 {
+    u32::from_le_bytes(bytes[offset..offset + 4].try_into().expect("4 bytes"))
+}
+
+fn u64_at(bytes: &[u8], offset: usize) -> u64 {
+    u64::from_le_bytes(bytes[offset..offset + 8].try_into().expect("8 bytes"))
+}
+
+fn put_u32(bytes: &mut [u8], offset: usize, value: u32) {
+    bytes[offset..offset + 4].copy_from_slice(&value.to_le_bytes());
+}
+
+fn put_u64(bytes: &mut [u8], offset: usize, value: u64) {
+    bytes[offset..offset + 8].copy_from_slice(&value.to_le_bytes());
+}
+
+impl ImageHeader {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut bytes = vec![0u8; HEADER_SLOT_BYTES as usize];
+        bytes[HEADER_MAGIC..HEADER_MAGIC + 8].copy_from_slice(&IMAGE_MAGIC);
+        put_u32(&mut bytes, HEADER_VERSION, IMAGE_FORMAT_VERSION);
+        put_u32(&mut bytes, HEADER_SLOT_SIZE, HEADER_SLOT_BYTES as u32);
+        put_u64(&mut bytes, HEADER_GENERATION, self.generation);
+        let geometry = &self.geometry;
+        for (index, value) in [
+            geometry.page_size_bytes,
+            geometry.oob_size_bytes,
+            geometry.block_pages,
+            geometry.zone_blocks,
+            geometry.zone_count,
+            geometry.open_zones_max,
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            put_u32(&mut bytes, HEADER_GEOMETRY + 4 * index, value);
+        }
+        put_u64(&mut bytes, HEADER_GEOMETRY + 24, geometry.nvm_size_bytes);
+        for (index, value) in self.layout.to_array().into_iter().enumerate() {
+            put_u64(&mut bytes, HEADER_LAYOUT + 8 * index, value);
+        }
+        put_u32(
+            &mut bytes,
+            HEADER_OVERLAY_ACTIVE_SLOT,
+            self.overlay_active_slot,
+        );
+        put_u32(&mut bytes, HEADER_OVERLAY_ENTRIES, self.overlay_entries);
+        put_u64(&mut bytes, HEADER_OVERLAY_BYTES, self.overlay_bytes);
+        put_u32(&mut bytes, HEADER_OVERLAY_CRC, self.overlay_crc);
+        let counters = self.counters.to_array();
+        put_u32(&mut bytes, HEADER_COUNTER_COUNT, counters.len() as u32);
+        put_u64(&mut bytes, HEADER_CLOCK, self.clock_ns);
+        for (index, value) in counters.into_iter().enumerate() {
+            put_u64(&mut bytes, HEADER_COUNTERS + 8 * index, value);
+        }
+        let crc = crc32c::crc32c(&bytes[..HEADER_CRC]);
+        put_u32(&mut bytes, HEADER_CRC, crc);
+        debug_assert_eq!(ImageHeader::decode(&bytes).as_ref(), Ok(self));
+        bytes
+    }
+
+    /// Decodes one header copy; any bytes give a value or a reason.
+    pub fn decode(bytes: &[u8]) -> std::result::Result<ImageHeader, String> {
+        if bytes.len() < HEADER_SLOT_BYTES as usize {
+            return Err(format!(
+                "header is {} bytes, expected {}",
+                bytes.len(),
+                HEADER_SLOT_BYTES
+            ));
+        }
+        if bytes[HEADER_MAGIC..HEADER_MAGIC + 8] != IMAGE_MAGIC {
+            return Err("not a flintfs device image (bad magic)".into());
+        }
+        let version = u32_at(bytes, HEADER_VERSION);
+        if version != IMAGE_FORMAT_VERSION {
+            return Err(format!(
+                "device image format version {version}; this build reads version {IMAGE_FORMAT_VERSION} only"
+            ));
+        }
+        let stored_crc = u32_at(bytes, HEADER_CRC);
+        let computed_crc = crc32c::crc32c(&bytes[..HEADER_CRC]);
+        if stored_crc != computed_crc {
+            return Err(format!(
+                "header checksum {stored_crc:#010x} does not match {computed_crc:#010x}"
+            ));
+        }
+        if u32_at(bytes, HEADER_SLOT_SIZE) != HEADER_SLOT_BYTES as u32 {
+            return Err(format!(
+                "header slot size {} is not {}",
+                u32_at(bytes, HEADER_SLOT_SIZE),
+                HEADER_SLOT_BYTES
+            ));
+        }
+        let field = |index: usize| u32_at(bytes, HEADER_GEOMETRY + 4 * index);
+        let geometry = Geometry {
+            page_size_bytes: field(0),
+            oob_size_bytes: field(1),
+            block_pages: field(2),
+            zone_blocks: field(3),
+            zone_count: field(4),
+            open_zones_max: field(5),
+            nvm_size_bytes: u64_at(bytes, HEADER_GEOMETRY + 24),
+        };
+        geometry.validate().map_err(|error| error.to_string())?;
+        let layout = ImageLayout::of(&geometry);
+        let stored_layout: Vec<u64> = (0..7)
+            .map(|index| u64_at(bytes, HEADER_LAYOUT + 8 * index))
+            .collect();
+        if stored_layout != layout.to_array() {
+            return Err(format!(
+                "region offsets {stored_layout:?} disagree with the geometry's {:?}",
+                layout.to_array()
+            ));
+        }
+        let counter_count = u32_at(bytes, HEADER_COUNTER_COUNT) as usize;
+        if counter_count != Counters::FIELD_NAMES.len() {
+            return Err(format!(
+                "{counter_count} counters, expected {}",
+                Counters::FIELD_NAMES.len()
+            ));
+        }
+        let values: Vec<u64> = (0..counter_count)
+            .map(|index| u64_at(bytes, HEADER_COUNTERS + 8 * index))
+            .collect();
+        let counters = Counters::from_array(&values).ok_or("counter count mismatch")?;
+        let header = ImageHeader {
+            generation: u64_at(bytes, HEADER_GENERATION),
+            geometry,
+            layout,
+            overlay_active_slot: u32_at(bytes, HEADER_OVERLAY_ACTIVE_SLOT),
+            overlay_entries: u32_at(bytes, HEADER_OVERLAY_ENTRIES),
+            overlay_bytes: u64_at(bytes, HEADER_OVERLAY_BYTES),
+            overlay_crc: u32_at(bytes, HEADER_OVERLAY_CRC),
+            clock_ns: u64_at(bytes, HEADER_CLOCK),
+            counters,
+        };
+        if header.overlay_active_slot > 1 {
+            return Err(format!(
+                "overlay slot {} is not 0 or 1",
+                header.overlay_active_slot
+            ));
+        }
+        if header.overlay_bytes > layout.overlay_slot_bytes
+            || header.overlay_entries as usize > OVERLAY_ENTRIES_MAX
+        {
+            return Err(format!(
+                "overlay of {} entries in {} bytes exceeds its slot ({} entries, {} bytes)",
+                header.overlay_entries,
+                header.overlay_bytes,
+                OVERLAY_ENTRIES_MAX,
+                layout.overlay_slot_bytes
+            ));
+        }
+        Ok(header)
+    }
+}
+
+fn record_crc(index: u64, body: &[u8]) -> u32 {
+    crc32c::crc32c_append(crc32c::crc32c(&index.to_le_bytes()), body)
+}
+
+/// Encodes a zone record; the checksum covers the zone number, so a record
+/// found in the wrong slot is caught.
+pub fn encode_zone_record(zone: u32, record: &ZoneRecord) -> [u8; ZONE_RECORD_BYTES as usize] {
+    let mut bytes = [0u8; ZONE_RECORD_BYTES as usize];
+    bytes[0] = record.condition.to_byte();
+    put_u32(&mut bytes, 4, record.write_pointer);
+    put_u32(&mut bytes, 8, record.capacity_pages);
+    let crc = record_crc(u64::from(zone), &bytes[..28]);
+    put_u32(&mut bytes, 28, crc);
+    bytes
+}
+
+/// Decodes a zone record and checks it against the geometry.
+pub fn decode_zone_record(
+    zone: u32,
+    bytes: &[u8],
+    geometry: &Geometry,
+) -> std::result::Result<ZoneRecord, String> {
+    if bytes.len() != ZONE_RECORD_BYTES as usize {
+        return Err(format!(
+            "zone {zone} record is {} bytes, expected {}",
+            bytes.len(),
+            ZONE_RECORD_BYTES
+        ));
+    }
+    if record_crc(u64::from(zone), &bytes[..28]) != u32_at(bytes, 28) {
+        return Err(format!("zone {zone} record checksum mismatch"));
+    }
+    let condition = DurableCondition::from_byte(bytes[0])
+        .ok_or(format!("zone {zone} condition {} unknown", bytes[0]))?;
+    let record = ZoneRecord {
+        condition,
+        write_pointer: u32_at(bytes, 4),
+        capacity_pages: u32_at(bytes, 8),
+    };
+    if u64::from(record.capacity_pages) > geometry.zone_pages()
+        || record.capacity_pages % geometry.block_pages != 0
+        || record.write_pointer > record.capacity_pages
+    {
+        return Err(format!(
+            "zone {zone}: write pointer {} and capacity {} do not fit a zone of {} pages",
+            record.write_pointer,
+            record.capacity_pages,
+            geometry.zone_pages()
+        ));
+    }
+    let consistent = match condition {
+        DurableCondition::Empty => record.write_pointer == 0 && record.capacity_pages > 0,
+        DurableCondition::Offline => record.capacity_pages == 0,
+        DurableCondition::Closed => {
+            record.write_pointer > 0 && record.write_pointer < record.capacity_pages
+        }
+        DurableCondition::Full | DurableCondition::ReadOnly => record.capacity_pages > 0,
+    };
+    if !consistent {
+        return Err(format!(
+            "zone {zone}: condition {condition:?} contradicts write pointer {} and capacity {}",
+            record.write_pointer, record.capacity_pages
+        ));
+    }
+    Ok(record)
+}
+
+pub fn encode_block_record(block: u64, record: &BlockRecord) -> [u8; BLOCK_RECORD_BYTES as usize] {
+    let mut bytes = [0u8; BLOCK_RECORD_BYTES as usize];
+    put_u32(&mut bytes, 0, record.erase_count);
+    put_u32(&mut bytes, 4, record.reads_since_erase);
+    put_u64(&mut bytes, 8, record.programmed_at_ns);
+    put_u64(&mut bytes, 16, record.interrupted_erase_seed.unwrap_or(0));
+    let mut flags = 0;
+    if record.bad {
+        flags |= BLOCK_FLAG_BAD;
+    }
+    if record.excluded {
+        flags |= BLOCK_FLAG_EXCLUDED;
+    }
+    if record.interrupted_erase_seed.is_some() {
+        flags |= BLOCK_FLAG_INTERRUPTED_ERASE;
+    }
+    bytes[24] = flags;
+    let crc = record_crc(block, &bytes[..28]);
+    put_u32(&mut bytes, 28, crc);
+    bytes
+}
+
+pub fn decode_block_record(block: u64, bytes: &[u8]) -> std::result::Result<BlockRecord, String> {
+    if bytes.len() != BLOCK_RECORD_BYTES as usize {
+        return Err(format!(
+            "block {block} record is {} bytes, expected {}",
+            bytes.len(),
+            BLOCK_RECORD_BYTES
+        ));
+    }
+    if record_crc(block, &bytes[..28]) != u32_at(bytes, 28) {
+        return Err(format!("block {block} record checksum mismatch"));
+    }
+    let flags = bytes[24];
+    if flags & !BLOCK_FLAGS_KNOWN != 0 {
+        return Err(format!("block {block} has unknown flags {flags:#04x}"));
+    }
+    Ok(BlockRecord {
+        erase_count: u32_at(bytes, 0),
+        reads_since_erase: u32_at(bytes, 4),
+        programmed_at_ns: u64_at(bytes, 8),
+        interrupted_erase_seed: (flags & BLOCK_FLAG_INTERRUPTED_ERASE != 0)
+            .then(|| u64_at(bytes, 16)),
+        bad: flags & BLOCK_FLAG_BAD != 0,
+        excluded: flags & BLOCK_FLAG_EXCLUDED != 0,
+    })
+}
+
+pub fn encode_overlay(overlay: &Overlay) -> Vec<u8> {
+    let mut bytes = Vec::new();
+    for (physical, fault) in overlay {
+        let mut entry = [0u8; OVERLAY_ENTRY_BYTES as usize];
+        put_u64(&mut entry, 0, *physical);
+        let (kind, rate_ppm, seed) = match fault {
+            PageFault::Torn { seed } => (OVERLAY_KIND_TORN, 0, *seed),
+            PageFault::LostWrite => (OVERLAY_KIND_LOST_WRITE, 0, 0),
+            PageFault::Disturbed { seed, rate_ppm } => (OVERLAY_KIND_DISTURBED, *rate_ppm, *seed),
+            PageFault::Stored { .. } => (OVERLAY_KIND_STORED, 0, 0),
+        };
+        entry[8] = kind;
+        put_u32(&mut entry, 12, rate_ppm);
+        put_u64(&mut entry, 16, seed);
+        bytes.extend_from_slice(&entry);
+        if let PageFault::Stored { media } = fault {
+            bytes.extend_from_slice(media);
+        }
+    }
+    bytes
+}
+
+pub fn decode_overlay(
+    bytes: &[u8],
+    entries: u32,
+    geometry: &Geometry,
+) -> std::result::Result<Overlay, String> {
+    let slot_bytes = (geometry.page_size_bytes + geometry.oob_size_bytes) as usize;
+    let mut overlay = Overlay::new();
+    let mut offset = 0usize;
+    let mut stored = 0usize;
+    let mut previous = None;
+    for index in 0..entries {
+        let entry = bytes
+            .get(offset..offset + OVERLAY_ENTRY_BYTES as usize)
+            .ok_or(format!(
+                "overlay entry {index} runs past the overlay's {} bytes",
+                bytes.len()
+            ))?;
+        offset += OVERLAY_ENTRY_BYTES as usize;
+        let physical = u64_at(entry, 0);
+        if physical >= geometry.device_pages() {
+            return Err(format!(
+                "overlay entry {index} names page slot {physical}, past the device"
+            ));
+        }
+        if previous.is_some_and(|previous| physical <= previous) {
+            return Err(format!("overlay entry {index} is out of order"));
+        }
+        previous = Some(physical);
+        let (rate_ppm, seed) = (u32_at(entry, 12), u64_at(entry, 16));
+        let fault = match entry[8] {
+            OVERLAY_KIND_TORN => PageFault::Torn { seed },
+            OVERLAY_KIND_LOST_WRITE => PageFault::LostWrite,
+            OVERLAY_KIND_DISTURBED if rate_ppm <= 1_000_000 => {
+                PageFault::Disturbed { seed, rate_ppm }
+            }
+            OVERLAY_KIND_STORED => {
+                stored += 1;
+                if stored > OVERLAY_STORED_PAGES_MAX {
+                    return Err(format!(
+                        "more than {OVERLAY_STORED_PAGES_MAX} stored overlay pages"
+                    ));
+                }
+                let media = bytes.get(offset..offset + slot_bytes).ok_or(format!(
+                    "overlay entry {index}'s page runs past the overlay"
+                ))?;
+                offset += slot_bytes;
+                PageFault::Stored {
+                    media: media.into(),
+                }
+            }
+            kind => {
+                return Err(format!(
+                    "overlay entry {index} has unknown kind {kind} or rate {rate_ppm}"
+                ))
+            }
+        };
+        overlay.insert(physical, fault);
+    }
+    if offset != bytes.len() {
+        return Err(format!(
+            "overlay has {} trailing bytes",
+            bytes.len() - offset
+        ));
+    }
+    Ok(overlay)
+}
+
+/// Durable state in an image file.
+pub struct ImageBackend {
+    path: PathBuf,
+    file: File,
+    header: ImageHeader,
+    slot_bytes: u64,
+}
+
+/// The device on an image file.
+pub type ImageFlash = FlashEmulator<ImageBackend>;
+
+impl ImageBackend {
+    fn io(&self, operation: &'static str) -> impl FnOnce(std::io::Error) -> DeviceError + '_ {
+        move |source| DeviceError::Io {
+            path: self.path.display().to_string(),
+            operation,
+            source,
+        }
+    }
+
+    fn write_header(&mut self) -> Result<()> {
+        self.header.generation += 1;
+        let bytes = self.header.encode();
+        let offset = (self.header.generation % 2) * HEADER_SLOT_BYTES;
+        self.file
+            .write_all_at(&bytes, offset)
+            .map_err(self.io("write header"))
+    }
+
+    fn page_offset(&self, physical: u64) -> u64 {
+        self.header.layout.page_area_offset + physical * self.slot_bytes
+    }
+
+    /// The geometry an image was made with, without opening it as a device
+    /// (and without taking its lock).
+    pub fn read_geometry(path: &Path) -> Result<Geometry> {
+        let file = File::open(path).map_err(|source| DeviceError::Io {
+            path: path.display().to_string(),
+            operation: "open",
+            source,
+        })?;
+        Ok(read_newest_header(path, &file)?.geometry)
+    }
+}
+
+fn image_error(path: &Path, reason: impl Into<String>) -> DeviceError {
+    DeviceError::Image {
+        path: path.display().to_string(),
+        reason: reason.into(),
+    }
+}
+
+fn read_newest_header(path: &Path, file: &File) -> Result<ImageHeader> {
+    let length = file
+        .metadata()
+        .map_err(|source| DeviceError::Io {
+            path: path.display().to_string(),
+            operation: "stat",
+            source,
+        })?
+        .len();
+    if length < 2 * HEADER_SLOT_BYTES {
+        return Err(image_error(
+            path,
+            format!(
+                "truncated: {length} bytes, a device image has at least {}",
+                2 * HEADER_SLOT_BYTES
+            ),
+        ));
+    }
+    let mut candidates = Vec::new();
+    let mut reasons = Vec::new();
+    for slot in 0..2 {
+        let mut bytes = vec![0u8; HEADER_SLOT_BYTES as usize];
+        file.read_exact_at(&mut bytes, slot * HEADER_SLOT_BYTES)
+            .map_err(|source| DeviceError::Io {
+                path: path.display().to_string(),
+                operation: "read header",
+                source,
+            })?;
+        match ImageHeader::decode(&bytes) {
+            Ok(header) => candidates.push(header),
+            Err(reason) => reasons.push(format!("header copy {slot}: {reason}")),
+        }
+    }
+    let header = candidates
+        .into_iter()
+        .max_by_key(|header| header.generation)
+        .ok_or_else(|| image_error(path, reasons.join("; ")))?;
+    if length < header.layout.image_bytes {
+        return Err(image_error(
+            path,
+            format!(
+                "truncated: {length} bytes, its geometry needs {}",
+                header.layout.image_bytes
+            ),
+        ));
+    }
+    Ok(header)
+}
+
+impl FlashEmulator<ImageBackend> {
+    /// Creates a new image file for a fresh device; refuses a path that
+    /// already exists. The file is sparse: untouched pages take no space.
+    pub fn create_image(
+        path: impl AsRef<Path>,
+        geometry: Geometry,
+        options: DeviceOptions,
+    ) -> Result<ImageFlash> {
+        let path = path.as_ref();
+        geometry.validate()?;
+        options.validate()?;
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(path)
+            .map_err(|source| DeviceError::Io {
+                path: path.display().to_string(),
+                operation: "create",
+                source,
+            })?;
+        lock(path, &file)?;
+        let layout = ImageLayout::of(&geometry);
+        file.set_len(layout.image_bytes)
+            .map_err(|source| DeviceError::Io {
+                path: path.display().to_string(),
+                operation: "size",
+                source,
+            })?;
+        let state = fresh_state(&geometry, &options.faults);
+        let mut backend = ImageBackend {
+            path: path.to_path_buf(),
+            file,
+            header: ImageHeader {
+                generation: 0,
+                geometry,
+                layout,
+                overlay_active_slot: 0,
+                overlay_entries: 0,
+                overlay_bytes: 0,
+                overlay_crc: crc32c::crc32c(&[]),
+                clock_ns: 0,
+                counters: Counters::default(),
+            },
+            slot_bytes: u64::from(geometry.page_size_bytes + geometry.oob_size_bytes),
+        };
+        let zone_table: Vec<u8> = state
+            .zones
+            .iter()
+            .enumerate()
+            .flat_map(|(zone, record)| encode_zone_record(zone as u32, record))
+            .collect();
+        backend
+            .file
+            .write_all_at(&zone_table, layout.zone_table_offset)
+            .map_err(backend.io("write zone table"))?;
+        let block_table: Vec<u8> = state
+            .blocks
+            .iter()
+            .enumerate()
+            .flat_map(|(block, record)| encode_block_record(block as u64, record))
+            .collect();
+        backend
+            .file
+            .write_all_at(&block_table, layout.block_table_offset)
+            .map_err(backend.io("write block table"))?;
+        // Both header copies, so neither slot holds garbage.
+        backend.write_header()?;
+        backend.write_header()?;
+        if options.host_sync {
+            backend.sync()?;
+        }
+        FlashEmulator::from_parts(geometry, options, backend, state)
+    }
+
+    /// Opens an existing image. Refuses a corrupted, truncated, foreign or
+    /// other-version image with a message saying why, and an image another
+    /// process has open.
+    pub fn open_image(path: impl AsRef<Path>, options: DeviceOptions) -> Result<ImageFlash> {
+        let path = path.as_ref();
+        options.validate()?;
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(path)
+            .map_err(|source| DeviceError::Io {
+                path: path.display().to_string(),
+                operation: "open",
+                source,
+            })?;
+        lock(path, &file)?;
+        let header = read_newest_header(path, &file)?;
+        let geometry = header.geometry;
+        let layout = header.layout;
+        let read = |offset: u64, length: u64, what: &'static str| -> Result<Vec<u8>> {
+            let mut bytes = vec![0u8; length as usize];
+            file.read_exact_at(&mut bytes, offset)
+                .map_err(|source| DeviceError::Io {
+                    path: path.display().to_string(),
+                    operation: what,
+                    source,
+                })?;
+            Ok(bytes)
+        };
+        let block_table = read(
+            layout.block_table_offset,
+            geometry.block_count() * BLOCK_RECORD_BYTES,
+            "read block table",
+        )?;
+        let blocks = block_table
+            .chunks_exact(BLOCK_RECORD_BYTES as usize)
+            .enumerate()
+            .map(|(block, bytes)| decode_block_record(block as u64, bytes))
+            .collect::<std::result::Result<Vec<_>, _>>()
+            .map_err(|reason| image_error(path, reason))?;
+        let zone_table = read(
+            layout.zone_table_offset,
+            u64::from(geometry.zone_count) * ZONE_RECORD_BYTES,
+            "read zone table",
+        )?;
+        let mut zones = Vec::with_capacity(geometry.zone_count as usize);
+        for (zone, bytes) in zone_table
+            .chunks_exact(ZONE_RECORD_BYTES as usize)
+            .enumerate()
+        {
+            let record = decode_zone_record(zone as u32, bytes, &geometry)
+                .map_err(|reason| image_error(path, reason))?;
+            let first = zone as u64 * u64::from(geometry.zone_blocks);
+            let mapped = (first..first + u64::from(geometry.zone_blocks))
+                .filter(|&block| !blocks[block as usize].excluded)
+                .count() as u32;
+            if mapped * geometry.block_pages != record.capacity_pages {
+                return Err(image_error(
+                    path,
+                    format!(
+                        "zone {zone}: capacity {} disagrees with its {mapped} mapped blocks",
+                        record.capacity_pages
+                    ),
+                ));
+            }
+            zones.push(record);
+        }
+        let overlay_offset = layout.overlay_slot_offset
+            + u64::from(header.overlay_active_slot) * layout.overlay_slot_bytes;
+        let overlay_bytes = read(overlay_offset, header.overlay_bytes, "read overlay")?;
+        if crc32c::crc32c(&overlay_bytes) != header.overlay_crc {
+            return Err(image_error(path, "fault overlay checksum mismatch"));
+        }
+        let overlay = decode_overlay(&overlay_bytes, header.overlay_entries, &geometry)
+            .map_err(|reason| image_error(path, reason))?;
+        let nvm = read(layout.nvm_offset, geometry.nvm_size_bytes, "read NVM")?;
+        let state = DurableState {
+            zones,
+            blocks,
+            overlay,
+            counters: header.counters,
+            clock_ns: header.clock_ns,
+            nvm,
+        };
+        let backend = ImageBackend {
+            path: path.to_path_buf(),
+            file,
+            slot_bytes: u64::from(geometry.page_size_bytes + geometry.oob_size_bytes),
+            header,
+        };
+        FlashEmulator::from_parts(geometry, options, backend, state)
+    }
+}
+
+/// One process at a time: a second opener gets a clear error instead of two
+/// emulators silently overwriting each other's state.
+fn lock(path: &Path, file: &File) -> Result<()> {
+    file.try_lock().map_err(|error| match error {
+        std::fs::TryLockError::WouldBlock => image_error(path, "in use by another process"),
+        std::fs::TryLockError::Error(source) => DeviceError::Io {
+            path: path.display().to_string(),
+            operation: "lock",
+            source,
+        },
+    })
+}
+
+impl Backend for ImageBackend {
+    fn read_page(&mut self, physical: u64, data: &mut [u8], oob: &mut [u8]) -> Result<()> {
+        let offset = self.page_offset(physical);
+        self.file
+            .read_exact_at(data, offset)
+            .map_err(self.io("read page"))?;
+        self.file
+            .read_exact_at(oob, offset + data.len() as u64)
+            .map_err(self.io("read page OOB"))
+    }
+
+    fn read_oob(&mut self, physical: u64, oob: &mut [u8]) -> Result<()> {
+        let offset = self.page_offset(physical) + u64::from(self.header.geometry.page_size_bytes);
+        self.file
+            .read_exact_at(oob, offset)
+            .map_err(self.io("read OOB"))
+    }
+
+    fn write_page(&mut self, physical: u64, data: &[u8], oob: &[u8]) -> Result<()> {
+        let offset = self.page_offset(physical);
+        let mut slot = Vec::with_capacity(data.len() + oob.len());
+        slot.extend_from_slice(data);
+        slot.extend_from_slice(oob);
+        self.file
+            .write_all_at(&slot, offset)
+            .map_err(self.io("write page"))
+    }
+
+    fn erase_zone(&mut self, _zone: u32) -> Result<()> {
+        // Slots at or past the write pointer read as erased whatever the
+        // file holds, so nothing needs writing.
+        Ok(())
+    }
+
+    fn write_nvm(&mut self, offset: u64, bytes: &[u8]) -> Result<()> {
+        let position = self.header.layout.nvm_offset + offset;
+        self.file
+            .write_all_at(bytes, position)
+            .map_err(self.io("write NVM"))
+    }
+
+    fn write_zone_record(&mut self, zone: u32, record: &ZoneRecord) -> Result<()> {
+        let offset = self.header.layout.zone_table_offset + u64::from(zone) * ZONE_RECORD_BYTES;
+        let bytes = encode_zone_record(zone, record);
+        self.file
+            .write_all_at(&bytes, offset)
+            .map_err(self.io("write zone record"))
+    }
+
+    fn write_block_record(&mut self, block: u64, record: &BlockRecord) -> Result<()> {
+        let offset = self.header.layout.block_table_offset + block * BLOCK_RECORD_BYTES;
+        let bytes = encode_block_record(block, record);
+        self.file
+            .write_all_at(&bytes, offset)
+            .map_err(self.io("write block record"))
+    }
+
+    fn write_overlay(&mut self, overlay: &Overlay) -> Result<()> {
+        // Into the inactive slot, then a header that points at it: a process
+        // killed in between leaves the old overlay in force.
+        let bytes = encode_overlay(overlay);
+        assert!(
+            bytes.len() as u64 <= self.header.layout.overlay_slot_bytes,
+            "overlay exceeds its slot"
+        );
+        let slot = 1 - self.header.overlay_active_slot;
+        let offset = self.header.layout.overlay_slot_offset
+            + u64::from(slot) * self.header.layout.overlay_slot_bytes;
+        self.file
+            .write_all_at(&bytes, offset)
+            .map_err(self.io("write overlay"))?;
+        self.header.overlay_active_slot = slot;
+        self.header.overlay_entries = overlay.len() as u32;
+        self.header.overlay_bytes = bytes.len() as u64;
+        self.header.overlay_crc = crc32c::crc32c(&bytes);
+        self.write_header()
+    }
+
+    fn write_summary(&mut self, counters: &Counters, clock_ns: u64) -> Result<()> {
+        self.header.counters = *counters;
+        self.header.clock_ns = clock_ns;
+        self.write_header()
+    }
+
+    fn sync(&mut self) -> Result<()> {
+        self.file.sync_data().map_err(self.io("sync"))
+    }
+}
