@@ -197,8 +197,7 @@ impl Backend for MemoryBackend {
     fn write_page(&mut self, physical: u64, data: &[u8], oob: &[u8]) -> Result<()> {
         let (zone, offset) = self.locate(physical);
         let zone_bytes = self.geometry.zone_pages() as usize * self.slot_bytes;
-        let slots =
-            self.zone_slots[zone].get_or_insert_with(|| vec![0xFF; zone_bytes].into_boxed_slice());
+        let slots = self.zone_slots[zone].get_or_insert_with(|| vec![0xFF; zone_bytes].into_boxed_slice());
         slots[offset..offset + data.len()].copy_from_slice(data);
         slots[offset + data.len()..offset + data.len() + oob.len()].copy_from_slice(oob);
         Ok(())

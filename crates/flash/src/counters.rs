@@ -91,18 +91,8 @@ mod tests {
 
     #[test]
     fn array_round_trip_and_difference() {
-        let later = Counters {
-            pages_read: 10,
-            erases: 3,
-            device_time_ns: 500,
-            ..Counters::default()
-        };
-        let earlier = Counters {
-            pages_read: 4,
-            erases: 3,
-            device_time_ns: 100,
-            ..Counters::default()
-        };
+        let later = Counters { pages_read: 10, erases: 3, device_time_ns: 500, ..Counters::default() };
+        let earlier = Counters { pages_read: 4, erases: 3, device_time_ns: 100, ..Counters::default() };
         assert_eq!(Counters::from_array(&later.to_array()), Some(later));
         assert_eq!(Counters::from_array(&later.to_array()[1..]), None);
         let difference = later.since(&earlier);

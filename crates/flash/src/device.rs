@@ -9,8 +9,8 @@ use rand_distr::{Binomial, Distribution};
 use rand_pcg::Pcg64Mcg;
 
 use crate::backend::{
-    Backend, BlockRecord, DurableCondition, DurableState, MemoryBackend, Overlay, PageFault,
-    ZoneRecord, OVERLAY_ENTRIES_MAX, OVERLAY_STORED_PAGES_MAX,
+    Backend, BlockRecord, DurableCondition, DurableState, MemoryBackend, Overlay, PageFault, ZoneRecord,
+    OVERLAY_ENTRIES_MAX, OVERLAY_STORED_PAGES_MAX,
 };
 use crate::counters::Counters;
 use crate::error::{DeviceError, Result};
@@ -58,10 +58,7 @@ impl DeviceOptions {
         if self.write_buffer_pages == 0 || self.write_buffer_pages > WRITE_BUFFER_PAGES_MAX {
             return Err(DeviceError::Geometry {
                 field: "write_buffer_pages",
-                reason: format!(
-                    "{} is outside 1..={}",
-                    self.write_buffer_pages, WRITE_BUFFER_PAGES_MAX
-                ),
+                reason: format!("{} is outside 1..={}", self.write_buffer_pages, WRITE_BUFFER_PAGES_MAX),
             });
         }
         Ok(())
@@ -99,6 +96,9 @@ struct Zone {
     state: ZoneState,
     write_pointer: u32,
     durable: ZoneRecord,
+    /// Finished (ZNS finish) below capacity: full whatever a power cut
+    /// drops, because a finish is durable when it returns.
+    finished: bool,
     /// Offsets (within the zone) of the blocks that hold its pages, in order.
     block_map: Vec<u32>,
 }
@@ -122,11 +122,7 @@ struct WriteBuffer {
 
 impl WriteBuffer {
     fn new() -> WriteBuffer {
-        WriteBuffer {
-            entries: VecDeque::new(),
-            by_physical: HashMap::new(),
-            front_sequence: 0,
-        }
+        WriteBuffer { entries: VecDeque::new(), by_physical: HashMap::new(), front_sequence: 0 }
     }
 
     fn len(&self) -> usize {
@@ -141,11 +137,7 @@ impl WriteBuffer {
     fn push(&mut self, page: BufferedPage) {
         let sequence = self.front_sequence + self.entries.len() as u64;
         let previous = self.by_physical.insert(page.physical, sequence);
-        assert!(
-            previous.is_none(),
-            "page slot {} buffered twice",
-            page.physical
-        );
+        assert!(previous.is_none(), "page slot {} buffered twice", page.physical);
         self.entries.push_back(page);
     }
 
@@ -168,11 +160,7 @@ impl WriteBuffer {
         if !self.entries.iter().any(|page| page.zone == zone) {
             return;
         }
-        let kept: Vec<BufferedPage> = self
-            .take_all()
-            .into_iter()
-            .filter(|page| page.zone != zone)
-            .collect();
+        let kept: Vec<BufferedPage> = self.take_all().into_iter().filter(|page| page.zone != zone).collect();
         for page in kept {
             self.push(page);
         }
@@ -253,11 +241,7 @@ pub(crate) fn fresh_state(geometry: &Geometry, faults: &FaultConfig) -> DurableS
                 .count() as u32;
             let capacity_pages = good * geometry.block_pages;
             ZoneRecord {
-                condition: if capacity_pages == 0 {
-                    DurableCondition::Offline
-                } else {
-                    DurableCondition::Empty
-                },
+                condition: if capacity_pages == 0 { DurableCondition::Offline } else { DurableCondition::Empty },
                 write_pointer: 0,
                 capacity_pages,
             }
@@ -276,8 +260,7 @@ pub(crate) fn fresh_state(geometry: &Geometry, faults: &FaultConfig) -> DurableS
 /// A generator for a fault's garbage, reproducible from its seed and page.
 fn fault_rng(seed: u64, physical: u64, part: u64) -> Pcg64Mcg {
     Pcg64Mcg::seed_from_u64(
-        seed ^ physical.wrapping_mul(0x9E37_79B9_7F4A_7C15)
-            ^ part.wrapping_mul(0xD1B5_4A32_D192_ED03),
+        seed ^ physical.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ part.wrapping_mul(0xD1B5_4A32_D192_ED03),
     )
 }
 
@@ -292,9 +275,10 @@ fn flip_bits(bytes: &mut [u8], rate: f64, rng: &mut Pcg64Mcg) -> u64 {
         Ok(distribution) => distribution.sample(rng),
         Err(_) => 0,
     };
-    for _ in 0..flips {
-        let bit = rng.random_range(0..bits);
-        bytes[(bit / 8) as usize] ^= 1 << (bit % 8);
+    // Distinct positions: a bit drawn twice would flip back and the count
+    // would lie.
+    for bit in rand::seq::index::sample(rng, bits as usize, flips as usize) {
+        bytes[bit / 8] ^= 1 << (bit % 8);
     }
     flips
 }
@@ -322,6 +306,7 @@ impl<B: Backend> FlashEmulator<B> {
                 state: live_state_after_power_up(record),
                 write_pointer: record.write_pointer,
                 durable: *record,
+                finished: record.condition == DurableCondition::Full && record.write_pointer < record.capacity_pages,
                 block_map,
             });
         }
@@ -461,10 +446,7 @@ impl<B: Backend> FlashEmulator<B> {
 
     /// Fires the scheduled cut after the operation in flight was accepted.
     fn fire_scheduled_cut(&mut self, operation: &'static str, in_flight: InFlight) -> DeviceError {
-        let (_, seed) = self
-            .scheduled_cut
-            .take()
-            .expect("a scheduled cut fires only when armed");
+        let (_, seed) = self.scheduled_cut.take().expect("a scheduled cut fires only when armed");
         match self.cut(seed, in_flight) {
             Ok(report) => {
                 self.last_power_cut = Some(report);
@@ -473,6 +455,13 @@ impl<B: Backend> FlashEmulator<B> {
             }
             Err(error) => error,
         }
+    }
+
+    /// A coin for what an interrupted operation did, drawn from the
+    /// scheduled cut's own seed so the runtime fault stream is untouched.
+    fn coin_for_interrupted_operation(&self) -> bool {
+        let (_, seed) = self.scheduled_cut.expect("only while a cut fires");
+        Pcg64Mcg::seed_from_u64(seed ^ 0xF1_2157).random_bool(0.5)
     }
 
     fn block_id(&self, zone: u32, block_offset: u32) -> u64 {
@@ -484,18 +473,14 @@ impl<B: Backend> FlashEmulator<B> {
         let zone = &self.zones[address.zone as usize];
         let block_offset = zone.block_map[(address.page / self.geometry.block_pages) as usize];
         let block = self.block_id(address.zone, block_offset);
-        let physical = block * u64::from(self.geometry.block_pages)
-            + u64::from(address.page % self.geometry.block_pages);
+        let physical =
+            block * u64::from(self.geometry.block_pages) + u64::from(address.page % self.geometry.block_pages);
         (block, physical)
     }
 
     fn check_buffer(what: &'static str, expected: u32, actual: usize) -> Result<()> {
         if actual != expected as usize {
-            return Err(DeviceError::BufferLength {
-                what,
-                expected: expected as usize,
-                actual,
-            });
+            return Err(DeviceError::BufferLength { what, expected: expected as usize, actual });
         }
         Ok(())
     }
@@ -533,8 +518,7 @@ impl<B: Backend> FlashEmulator<B> {
     }
 
     fn has_media_fault(&self, block: u64, physical: u64) -> bool {
-        self.overlay.contains_key(&physical)
-            || self.blocks[block as usize].interrupted_erase_seed.is_some()
+        self.overlay.contains_key(&physical) || self.blocks[block as usize].interrupted_erase_seed.is_some()
     }
 
     /// Turns pristine contents into what the medium holds at `physical`.
@@ -597,12 +581,7 @@ impl<B: Backend> FlashEmulator<B> {
 
     /// Shared by full and OOB-only reads: fills what was asked for with what
     /// the medium returns, injecting faults.
-    fn read_common(
-        &mut self,
-        address: PageAddress,
-        data: Option<&mut [u8]>,
-        oob: &mut [u8],
-    ) -> Result<PageState> {
+    fn read_common(&mut self, address: PageAddress, data: Option<&mut [u8]>, oob: &mut [u8]) -> Result<PageState> {
         let full = data.is_some();
         self.check_powered(if full { "read" } else { "read OOB" })?;
         let page = self.geometry.page_size_bytes as usize;
@@ -614,8 +593,7 @@ impl<B: Backend> FlashEmulator<B> {
             }
             oob.fill(0xFF);
             self.count_read(full);
-            self.clock
-                .read_buffered(if full { page + oob.len() } else { oob.len() } as u64);
+            self.clock.read_buffered(if full { page + oob.len() } else { oob.len() } as u64);
             return Ok(PageState::Erased);
         };
         let (block, _) = self.locate(address);
@@ -661,9 +639,7 @@ impl<B: Backend> FlashEmulator<B> {
         // buffer is served from DRAM and suffers neither.
         if !buffered {
             let faults = &self.options.faults;
-            if faults.read_failure_probability > 0.0
-                && self.rng.random_bool(faults.read_failure_probability)
-            {
+            if faults.read_failure_probability > 0.0 && self.rng.random_bool(faults.read_failure_probability) {
                 self.lifetime.read_failures_injected += 1;
                 return Err(DeviceError::ReadFailed { address, block });
             }
@@ -690,24 +666,16 @@ impl<B: Backend> FlashEmulator<B> {
 
     /// Makes the oldest buffered page durable.
     fn drain_one(&mut self) -> Result<()> {
-        let entry = self
-            .buffer
-            .pop_front()
-            .expect("drain of an empty write buffer");
+        let entry = self.buffer.pop_front().expect("drain of an empty write buffer");
         self.clock.wait_until(entry.programmed_ns);
         self.make_durable(&entry)
     }
 
     fn make_durable(&mut self, entry: &BufferedPage) -> Result<()> {
         let page = self.geometry.page_size_bytes as usize;
-        self.backend
-            .write_page(entry.physical, &entry.bytes[..page], &entry.bytes[page..])?;
+        self.backend.write_page(entry.physical, &entry.bytes[..page], &entry.bytes[page..])?;
         let zone = &mut self.zones[entry.zone as usize];
-        assert_eq!(
-            zone.durable.write_pointer, entry.page,
-            "zone {}: durability must be a prefix",
-            entry.zone
-        );
+        assert_eq!(zone.durable.write_pointer, entry.page, "zone {}: durability must be a prefix", entry.zone);
         zone.durable.write_pointer = entry.page + 1;
         zone.durable.condition = durable_condition_of(zone);
         self.dirty_zones.insert(entry.zone);
@@ -722,8 +690,7 @@ impl<B: Backend> FlashEmulator<B> {
             self.backend.write_zone_record(zone, &zone_entry.durable)?;
         }
         for block in std::mem::take(&mut self.dirty_blocks) {
-            self.backend
-                .write_block_record(block, &self.blocks[block as usize])?;
+            self.backend.write_block_record(block, &self.blocks[block as usize])?;
         }
         if self.overlay_dirty {
             self.backend.write_overlay(&self.overlay)?;
@@ -739,11 +706,7 @@ impl<B: Backend> FlashEmulator<B> {
 
     /// Records a page fault unless the overlay is full.
     fn record_fault(&mut self, physical: u64, fault: PageFault) -> bool {
-        let stored = self
-            .overlay
-            .values()
-            .filter(|fault| matches!(fault, PageFault::Stored { .. }))
-            .count();
+        let stored = self.overlay.values().filter(|fault| matches!(fault, PageFault::Stored { .. })).count();
         let replaces = self.overlay.contains_key(&physical);
         let full = !replaces && self.overlay.len() >= OVERLAY_ENTRIES_MAX
             || matches!(fault, PageFault::Stored { .. })
@@ -759,10 +722,7 @@ impl<B: Backend> FlashEmulator<B> {
     }
 
     fn open_zone_count(&self) -> u32 {
-        self.zones
-            .iter()
-            .filter(|zone| zone.state == ZoneState::Open)
-            .count() as u32
+        self.zones.iter().filter(|zone| zone.state == ZoneState::Open).count() as u32
     }
 
     /// A misdirected program: the addressed page stays erased, a random
@@ -796,21 +756,13 @@ impl<B: Backend> FlashEmulator<B> {
         for (medium, byte) in media.iter_mut().zip(bytes) {
             *medium &= byte;
         }
-        self.record_fault(
-            victim,
-            PageFault::Stored {
-                media: media.into_boxed_slice(),
-            },
-        );
+        self.record_fault(victim, PageFault::Stored { media: media.into_boxed_slice() });
         Ok(())
     }
 
     fn cut(&mut self, seed: u64, in_flight: InFlight) -> Result<PowerCutReport> {
         let mut rng = Pcg64Mcg::seed_from_u64(seed);
-        let mut report = PowerCutReport {
-            seed,
-            ..PowerCutReport::default()
-        };
+        let mut report = PowerCutReport { seed, ..PowerCutReport::default() };
         let tear_probability = self.options.faults.torn_operation_probability;
         // Decide the in-flight erase first: it happened, did not, or was
         // interrupted half way.
@@ -849,16 +801,9 @@ impl<B: Backend> FlashEmulator<B> {
                     if distance > 0 && torn.page % self.geometry.block_pages >= distance {
                         let paired = PageAddress::new(zone, torn.page - distance);
                         let (_, physical) = self.locate(paired);
-                        let rate_ppm =
-                            (self.options.faults.paired_page_bit_error_rate * 1e6) as u32;
+                        let rate_ppm = (self.options.faults.paired_page_bit_error_rate * 1e6) as u32;
                         if !self.overlay.contains_key(&physical)
-                            && self.record_fault(
-                                physical,
-                                PageFault::Disturbed {
-                                    seed: rng.random(),
-                                    rate_ppm,
-                                },
-                            )
+                            && self.record_fault(physical, PageFault::Disturbed { seed: rng.random(), rate_ppm })
                         {
                             self.lifetime.paired_page_corruptions += 1;
                             report.paired_page_corruptions.push(paired);
@@ -879,13 +824,9 @@ impl<B: Backend> FlashEmulator<B> {
         for word in std::mem::take(&mut self.nvm_dirty_words) {
             let range = (word * NVM_WORD_BYTES) as usize..((word + 1) * NVM_WORD_BYTES) as usize;
             if rng.random_bool(0.5) {
-                let (live, durable) = (
-                    &self.nvm_live[range.clone()],
-                    &mut self.nvm_durable[range.clone()],
-                );
+                let (live, durable) = (&self.nvm_live[range.clone()], &mut self.nvm_durable[range.clone()]);
                 durable.copy_from_slice(live);
-                self.backend
-                    .write_nvm(range.start as u64, &self.nvm_durable[range])?;
+                self.backend.write_nvm(range.start as u64, &self.nvm_durable[range])?;
                 report.nvm_words_kept += 1;
             } else {
                 self.nvm_live[range.clone()].copy_from_slice(&self.nvm_durable[range]);
@@ -958,11 +899,7 @@ impl<B: Backend> FlashEmulator<B> {
         }
         let zone_pages = self.geometry.zone_pages();
         let first = u64::from(zone) * zone_pages;
-        let stale: Vec<u64> = self
-            .overlay
-            .range(first..first + zone_pages)
-            .map(|(physical, _)| *physical)
-            .collect();
+        let stale: Vec<u64> = self.overlay.range(first..first + zone_pages).map(|(physical, _)| *physical).collect();
         for physical in stale {
             self.overlay.remove(&physical);
             self.overlay_dirty = true;
@@ -974,29 +911,20 @@ impl<B: Backend> FlashEmulator<B> {
         let zone_entry = &mut self.zones[zone as usize];
         zone_entry.block_map = block_map;
         zone_entry.write_pointer = 0;
-        zone_entry.state = if capacity_pages == 0 {
-            ZoneState::Offline
-        } else {
-            ZoneState::Empty
-        };
+        zone_entry.finished = false;
+        zone_entry.state = if capacity_pages == 0 { ZoneState::Offline } else { ZoneState::Empty };
         zone_entry.durable = ZoneRecord {
-            condition: if capacity_pages == 0 {
-                DurableCondition::Offline
-            } else {
-                DurableCondition::Empty
-            },
+            condition: if capacity_pages == 0 { DurableCondition::Offline } else { DurableCondition::Empty },
             write_pointer: 0,
             capacity_pages,
         };
         self.lifetime.zone_resets += 1;
         // Durable now, before any page of the new generation can reach the
         // backend: the zone record and the blocks it is made of.
-        self.backend
-            .write_zone_record(zone, &self.zones[zone as usize].durable)?;
+        self.backend.write_zone_record(zone, &self.zones[zone as usize].durable)?;
         for offset in 0..self.geometry.zone_blocks {
             let block = self.block_id(zone, offset);
-            self.backend
-                .write_block_record(block, &self.blocks[block as usize])?;
+            self.backend.write_block_record(block, &self.blocks[block as usize])?;
             self.dirty_blocks.remove(&block);
         }
         self.dirty_zones.remove(&zone);
@@ -1005,12 +933,7 @@ impl<B: Backend> FlashEmulator<B> {
             self.overlay_dirty = false;
         }
         if let Some((block, erase_count)) = failed {
-            return Err(DeviceError::EraseFailed {
-                zone,
-                block,
-                erase_count,
-                capacity_pages,
-            });
+            return Err(DeviceError::EraseFailed { zone, block, erase_count, capacity_pages });
         }
         Ok(())
     }
@@ -1018,18 +941,14 @@ impl<B: Backend> FlashEmulator<B> {
 
 fn block_map_of(geometry: &Geometry, blocks: &[BlockRecord], zone: u32) -> Vec<u32> {
     let first = u64::from(zone) * u64::from(geometry.zone_blocks);
-    (0..geometry.zone_blocks)
-        .filter(|&offset| !blocks[(first + u64::from(offset)) as usize].excluded)
-        .collect()
+    (0..geometry.zone_blocks).filter(|&offset| !blocks[(first + u64::from(offset)) as usize].excluded).collect()
 }
 
 fn durable_condition_of(zone: &Zone) -> DurableCondition {
     match zone.state {
         ZoneState::ReadOnly => DurableCondition::ReadOnly,
         ZoneState::Offline => DurableCondition::Offline,
-        ZoneState::Full if zone.durable.write_pointer == zone.write_pointer => {
-            DurableCondition::Full
-        }
+        _ if zone.finished => DurableCondition::Full,
         _ if zone.durable.write_pointer == 0 => DurableCondition::Empty,
         _ if zone.durable.write_pointer == zone.durable.capacity_pages => DurableCondition::Full,
         _ => DurableCondition::Closed,
@@ -1051,12 +970,7 @@ impl<B: Backend> FlashDevice for FlashEmulator<B> {
         self.geometry
     }
 
-    fn read_page(
-        &mut self,
-        address: PageAddress,
-        data: &mut [u8],
-        oob: &mut [u8],
-    ) -> Result<PageState> {
+    fn read_page(&mut self, address: PageAddress, data: &mut [u8], oob: &mut [u8]) -> Result<PageState> {
         Self::check_buffer("page data", self.geometry.page_size_bytes, data.len())?;
         Self::check_buffer("page OOB", self.geometry.oob_size_bytes, oob.len())?;
         self.read_common(address, Some(data), oob)
@@ -1074,8 +988,7 @@ impl<B: Backend> FlashDevice for FlashEmulator<B> {
         Self::check_buffer("page OOB", self.geometry.oob_size_bytes, oob.len())?;
         let cut_now = self.count_operation();
         let zone = &self.zones[address.zone as usize];
-        let (state, write_pointer, capacity_pages) =
-            (zone.state, zone.write_pointer, zone.durable.capacity_pages);
+        let (state, write_pointer, capacity_pages) = (zone.state, zone.write_pointer, zone.durable.capacity_pages);
         match state {
             ZoneState::ReadOnly | ZoneState::Offline => {
                 return Err(DeviceError::ZoneState {
@@ -1085,25 +998,14 @@ impl<B: Backend> FlashDevice for FlashEmulator<B> {
                     write_pointer,
                 })
             }
-            ZoneState::Full => {
-                return Err(DeviceError::ZoneFull {
-                    address,
-                    capacity_pages,
-                })
-            }
+            ZoneState::Full => return Err(DeviceError::ZoneFull { address, capacity_pages }),
             _ => {}
         }
         if address.page >= capacity_pages {
-            return Err(DeviceError::ZoneFull {
-                address,
-                capacity_pages,
-            });
+            return Err(DeviceError::ZoneFull { address, capacity_pages });
         }
         if address.page != write_pointer {
-            return Err(DeviceError::NotAtWritePointer {
-                address,
-                write_pointer,
-            });
+            return Err(DeviceError::NotAtWritePointer { address, write_pointer });
         }
         if matches!(state, ZoneState::Empty | ZoneState::Closed) {
             let open_zones = self.open_zone_count();
@@ -1128,11 +1030,7 @@ impl<B: Backend> FlashDevice for FlashEmulator<B> {
             self.zones[address.zone as usize].state = ZoneState::ReadOnly;
             self.dirty_zones.insert(address.zone);
             self.lifetime.program_failures_injected += 1;
-            return Err(DeviceError::ProgramFailed {
-                address,
-                block,
-                erase_count,
-            });
+            return Err(DeviceError::ProgramFailed { address, block, erase_count });
         }
         let mut bytes = Vec::with_capacity(data.len() + oob.len());
         bytes.extend_from_slice(data);
@@ -1141,28 +1039,19 @@ impl<B: Backend> FlashDevice for FlashEmulator<B> {
         // except over-programmed bits, which cannot be un-programmed.
         match self.overlay.remove(&physical) {
             Some(PageFault::Stored { media }) => {
-                let combined: Box<[u8]> = media
-                    .iter()
-                    .zip(&bytes)
-                    .map(|(medium, byte)| medium & byte)
-                    .collect();
-                self.overlay
-                    .insert(physical, PageFault::Stored { media: combined });
+                let combined: Box<[u8]> = media.iter().zip(&bytes).map(|(medium, byte)| medium & byte).collect();
+                self.overlay.insert(physical, PageFault::Stored { media: combined });
                 self.overlay_dirty = true;
             }
             Some(_) => self.overlay_dirty = true,
             None => {}
         }
         let misdirected = self.options.faults.misdirected_write_probability > 0.0
-            && self
-                .rng
-                .random_bool(self.options.faults.misdirected_write_probability);
+            && self.rng.random_bool(self.options.faults.misdirected_write_probability);
         if misdirected {
             self.misdirect(physical, &bytes)?;
         }
-        if address.page % self.geometry.block_pages == 0
-            || self.blocks[block as usize].programmed_at_ns == 0
-        {
+        if address.page % self.geometry.block_pages == 0 || self.blocks[block as usize].programmed_at_ns == 0 {
             self.blocks[block as usize].programmed_at_ns = self.clock.now_ns();
             self.dirty_blocks.insert(block);
         }
@@ -1176,11 +1065,7 @@ impl<B: Backend> FlashDevice for FlashEmulator<B> {
         });
         let zone = &mut self.zones[address.zone as usize];
         zone.write_pointer += 1;
-        zone.state = if zone.write_pointer == capacity_pages {
-            ZoneState::Full
-        } else {
-            ZoneState::Open
-        };
+        zone.state = if zone.write_pointer == capacity_pages { ZoneState::Full } else { ZoneState::Open };
         self.dirty_zones.insert(address.zone);
         self.lifetime.pages_programmed += 1;
         self.lifetime.data_bytes_programmed += data.len() as u64;
@@ -1223,7 +1108,10 @@ impl<B: Backend> FlashDevice for FlashEmulator<B> {
         let cut_now = self.count_operation();
         let entry = &mut self.zones[zone as usize];
         match entry.state {
-            ZoneState::Empty | ZoneState::Open | ZoneState::Closed => entry.state = ZoneState::Full,
+            ZoneState::Empty | ZoneState::Open | ZoneState::Closed => {
+                entry.state = ZoneState::Full;
+                entry.finished = entry.write_pointer < entry.durable.capacity_pages;
+            }
             ZoneState::Full => {}
             ZoneState::ReadOnly | ZoneState::Offline => {
                 return Err(DeviceError::ZoneState {
@@ -1234,10 +1122,20 @@ impl<B: Backend> FlashDevice for FlashEmulator<B> {
                 })
             }
         }
-        self.dirty_zones.insert(zone);
         if cut_now {
+            // Cut during the finish: it took effect or it did not.
+            if self.zones[zone as usize].finished && self.coin_for_interrupted_operation() {
+                let entry = &mut self.zones[zone as usize];
+                entry.finished = false;
+                entry.state = if entry.write_pointer == 0 { ZoneState::Empty } else { ZoneState::Open };
+            }
             return Err(self.fire_scheduled_cut("finish", InFlight::Nothing));
         }
+        // Durable on return, like a reset.
+        let entry = &mut self.zones[zone as usize];
+        entry.durable.condition = durable_condition_of(entry);
+        let record = entry.durable;
+        self.backend.write_zone_record(zone, &record)?;
         Ok(())
     }
 
@@ -1245,26 +1143,19 @@ impl<B: Backend> FlashDevice for FlashEmulator<B> {
         self.geometry.check_zone(zone)?;
         let entry = &self.zones[zone as usize];
         let first = u64::from(zone) * u64::from(self.geometry.zone_blocks);
-        let blocks =
-            &self.blocks[first as usize..(first + u64::from(self.geometry.zone_blocks)) as usize];
+        let blocks = &self.blocks[first as usize..(first + u64::from(self.geometry.zone_blocks)) as usize];
         Ok(ZoneReport {
             zone,
             state: entry.state,
             write_pointer: entry.write_pointer,
             capacity_pages: entry.durable.capacity_pages,
-            erase_count_max: blocks
-                .iter()
-                .map(|block| block.erase_count)
-                .max()
-                .unwrap_or(0),
+            erase_count_max: blocks.iter().map(|block| block.erase_count).max().unwrap_or(0),
             bad_blocks: blocks.iter().filter(|block| block.bad).count() as u32,
         })
     }
 
     fn report_zones(&self) -> Vec<ZoneReport> {
-        (0..self.geometry.zone_count)
-            .map(|zone| self.report_zone(zone).expect("zone in range"))
-            .collect()
+        (0..self.geometry.zone_count).map(|zone| self.report_zone(zone).expect("zone in range")).collect()
     }
 
     fn flush(&mut self) -> Result<()> {
@@ -1295,8 +1186,7 @@ impl<B: Backend> FlashDevice for FlashEmulator<B> {
         self.nvm_live[offset as usize..offset as usize + data.len()].copy_from_slice(data);
         if !data.is_empty() {
             let end = offset + data.len() as u64;
-            self.nvm_dirty_words
-                .extend(offset / NVM_WORD_BYTES..end.div_ceil(NVM_WORD_BYTES));
+            self.nvm_dirty_words.extend(offset / NVM_WORD_BYTES..end.div_ceil(NVM_WORD_BYTES));
         }
         self.lifetime.nvm_bytes_written += data.len() as u64;
         self.clock.nvm_write(data.len() as u64);
@@ -1330,8 +1220,7 @@ impl<B: Backend> FlashDevice for FlashEmulator<B> {
                 index += 1;
                 let range = (start * NVM_WORD_BYTES) as usize..(end * NVM_WORD_BYTES) as usize;
                 self.nvm_durable[range.clone()].copy_from_slice(&self.nvm_live[range.clone()]);
-                self.backend
-                    .write_nvm(range.start as u64, &self.nvm_durable[range])?;
+                self.backend.write_nvm(range.start as u64, &self.nvm_durable[range])?;
             }
             for word in words {
                 self.nvm_dirty_words.remove(&word);

@@ -24,56 +24,28 @@ pub enum DeviceError {
     OutOfRange { what: String, limit: String },
 
     #[error("buffer for {what} is {actual} bytes, the device needs exactly {expected}")]
-    BufferLength {
-        what: &'static str,
-        expected: usize,
-        actual: usize,
-    },
+    BufferLength { what: &'static str, expected: usize, actual: usize },
 
     #[error("program at {address} refused: zone {} write pointer is at page {write_pointer}; pages of a zone are programmed strictly in order", address.zone)]
-    NotAtWritePointer {
-        address: PageAddress,
-        write_pointer: u32,
-    },
+    NotAtWritePointer { address: PageAddress, write_pointer: u32 },
 
     #[error("program at {address} refused: zone {} is full (capacity {capacity_pages} pages)", address.zone)]
-    ZoneFull {
-        address: PageAddress,
-        capacity_pages: u32,
-    },
+    ZoneFull { address: PageAddress, capacity_pages: u32 },
 
     #[error("zone {zone} is {state}: {operation} refused (write pointer {write_pointer})")]
-    ZoneState {
-        zone: u32,
-        state: &'static str,
-        operation: &'static str,
-        write_pointer: u32,
-    },
+    ZoneState { zone: u32, state: &'static str, operation: &'static str, write_pointer: u32 },
 
     #[error("zone {zone} cannot be opened: {open_zones} zones are open and the device allows {open_zones_max}")]
-    TooManyOpenZones {
-        zone: u32,
-        open_zones: u32,
-        open_zones_max: u32,
-    },
+    TooManyOpenZones { zone: u32, open_zones: u32, open_zones_max: u32 },
 
     #[error("read of {address} failed: the page is uncorrectable (injected read failure, block {block})")]
     ReadFailed { address: PageAddress, block: u64 },
 
     #[error("program of {address} failed: block {block} went bad (erase count {erase_count}); zone {} is now read-only", address.zone)]
-    ProgramFailed {
-        address: PageAddress,
-        block: u64,
-        erase_count: u32,
-    },
+    ProgramFailed { address: PageAddress, block: u64, erase_count: u32 },
 
     #[error("reset of zone {zone} failed: block {block} went bad while erasing (erase count {erase_count}); the zone's capacity is now {capacity_pages} pages")]
-    EraseFailed {
-        zone: u32,
-        block: u64,
-        erase_count: u32,
-        capacity_pages: u32,
-    },
+    EraseFailed { zone: u32, block: u64, erase_count: u32, capacity_pages: u32 },
 
     #[error("power was cut during {operation}: the device is off until it is powered on")]
     PowerLost { operation: &'static str },
@@ -82,11 +54,7 @@ pub enum DeviceError {
     Image { path: String, reason: String },
 
     #[error("image {path}: {operation}: {source}")]
-    Io {
-        path: String,
-        operation: &'static str,
-        source: std::io::Error,
-    },
+    Io { path: String, operation: &'static str, source: std::io::Error },
 }
 
 impl DeviceError {
@@ -114,9 +82,7 @@ impl DeviceError {
     pub fn is_media_failure(&self) -> bool {
         matches!(
             self,
-            DeviceError::ReadFailed { .. }
-                | DeviceError::ProgramFailed { .. }
-                | DeviceError::EraseFailed { .. }
+            DeviceError::ReadFailed { .. } | DeviceError::ProgramFailed { .. } | DeviceError::EraseFailed { .. }
         )
     }
 }

@@ -68,13 +68,7 @@ impl BitErrorModel {
     }
 
     /// The rate at a given state of a block.
-    pub fn rate(
-        &self,
-        erase_count: u32,
-        endurance_cycles: u32,
-        age_ns: u64,
-        reads_since_erase: u32,
-    ) -> f64 {
+    pub fn rate(&self, erase_count: u32, endurance_cycles: u32, age_ns: u64, reads_since_erase: u32) -> f64 {
         let wear_fraction = f64::from(erase_count) / f64::from(endurance_cycles.max(1));
         let age_years = age_ns as f64 / YEAR_NS;
         let wear = self.wear_rate_at_endurance
@@ -199,34 +193,13 @@ impl FaultConfig {
     pub fn validate(&self) -> crate::Result<()> {
         let probabilities = [
             ("read_failure_probability", self.read_failure_probability),
-            (
-                "program_failure_probability_at_endurance",
-                self.program_failure_probability_at_endurance,
-            ),
-            (
-                "erase_failure_probability_at_endurance",
-                self.erase_failure_probability_at_endurance,
-            ),
-            (
-                "misdirected_write_probability",
-                self.misdirected_write_probability,
-            ),
-            (
-                "paired_page_bit_error_rate",
-                self.paired_page_bit_error_rate,
-            ),
-            (
-                "factory_bad_block_fraction",
-                self.factory_bad_block_fraction,
-            ),
-            (
-                "torn_operation_probability",
-                self.torn_operation_probability,
-            ),
-            (
-                "interrupted_erase_bit_error_rate",
-                self.interrupted_erase_bit_error_rate,
-            ),
+            ("program_failure_probability_at_endurance", self.program_failure_probability_at_endurance),
+            ("erase_failure_probability_at_endurance", self.erase_failure_probability_at_endurance),
+            ("misdirected_write_probability", self.misdirected_write_probability),
+            ("paired_page_bit_error_rate", self.paired_page_bit_error_rate),
+            ("factory_bad_block_fraction", self.factory_bad_block_fraction),
+            ("torn_operation_probability", self.torn_operation_probability),
+            ("interrupted_erase_bit_error_rate", self.interrupted_erase_bit_error_rate),
         ];
         for (field, value) in probabilities {
             if !(0.0..=1.0).contains(&value) {
@@ -245,10 +218,7 @@ impl FaultConfig {
         if !self.failure_growth_exponent.is_finite() || self.failure_growth_exponent < 0.0 {
             return Err(crate::DeviceError::Geometry {
                 field: "failure_growth_exponent",
-                reason: format!(
-                    "{} is not a finite non-negative exponent",
-                    self.failure_growth_exponent
-                ),
+                reason: format!("{} is not a finite non-negative exponent", self.failure_growth_exponent),
             });
         }
         if let Some(model) = &self.bit_errors {
@@ -281,10 +251,7 @@ mod tests {
         assert!((fresh - 1e-8).abs() < 1e-12, "fresh rate {fresh}");
         let one_year_ns = YEAR_NS as u64;
         let end_of_life = model.rate(3_000, 3_000, one_year_ns, 0);
-        assert!(
-            (end_of_life - 3.4e-4).abs() / 3.4e-4 < 0.01,
-            "end of life rate {end_of_life}"
-        );
+        assert!((end_of_life - 3.4e-4).abs() / 3.4e-4 < 0.01, "end of life rate {end_of_life}");
         // Monotone in every argument.
         assert!(model.rate(1_000, 3_000, 0, 0) < model.rate(2_000, 3_000, 0, 0));
         assert!(model.rate(1_000, 3_000, 0, 0) < model.rate(1_000, 3_000, one_year_ns, 0));
@@ -303,19 +270,14 @@ mod tests {
     fn failures_grow_with_wear_and_bad_configs_are_refused() {
         let config = FaultConfig::preset(CellType::Mlc, 1);
         config.validate().unwrap();
-        let young =
-            config.wear_failure_probability(config.program_failure_probability_at_endurance, 300);
-        let old =
-            config.wear_failure_probability(config.program_failure_probability_at_endurance, 3_000);
+        let young = config.wear_failure_probability(config.program_failure_probability_at_endurance, 300);
+        let old = config.wear_failure_probability(config.program_failure_probability_at_endurance, 3_000);
         assert!(young < old && old <= 1.0);
         let mut bad = FaultConfig::none(0);
         bad.read_failure_probability = 1.5;
         assert!(bad.validate().is_err());
         let mut bad = FaultConfig::none(0);
-        bad.bit_errors = Some(BitErrorModel {
-            fresh_rate: f64::NAN,
-            ..BitErrorModel::mlc()
-        });
+        bad.bit_errors = Some(BitErrorModel { fresh_rate: f64::NAN, ..BitErrorModel::mlc() });
         assert!(bad.validate().is_err());
     }
 }

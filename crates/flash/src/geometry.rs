@@ -82,8 +82,7 @@ impl Geometry {
 
     /// Checks every rule on the shape, naming the field that breaks one.
     pub fn validate(&self) -> Result<()> {
-        let bad =
-            |field: &'static str, reason: String| Err(DeviceError::Geometry { field, reason });
+        let bad = |field: &'static str, reason: String| Err(DeviceError::Geometry { field, reason });
         if !self.page_size_bytes.is_power_of_two()
             || !(PAGE_SIZE_BYTES_MIN..=PAGE_SIZE_BYTES_MAX).contains(&self.page_size_bytes)
         {
@@ -107,60 +106,37 @@ impl Geometry {
         if self.oob_size_bytes > self.page_size_bytes / 4 {
             return bad(
                 "oob_size_bytes",
-                format!(
-                    "{} is more than a quarter of the {}-byte page",
-                    self.oob_size_bytes, self.page_size_bytes
-                ),
+                format!("{} is more than a quarter of the {}-byte page", self.oob_size_bytes, self.page_size_bytes),
             );
         }
         if self.block_pages == 0 {
-            return bad(
-                "block_pages",
-                "an erase block needs at least one page".into(),
-            );
+            return bad("block_pages", "an erase block needs at least one page".into());
         }
         if self.zone_blocks == 0 {
-            return bad(
-                "zone_blocks",
-                "a zone needs at least one erase block".into(),
-            );
+            return bad("zone_blocks", "a zone needs at least one erase block".into());
         }
         if self.zone_count == 0 {
             return bad("zone_count", "the device needs at least one zone".into());
         }
         if self.open_zones_max == 0 {
-            return bad(
-                "open_zones_max",
-                "at least one zone must be allowed open".into(),
-            );
+            return bad("open_zones_max", "at least one zone must be allowed open".into());
         }
         if self.zone_pages() > ZONE_PAGES_MAX {
             return bad(
                 "zone_blocks",
-                format!(
-                    "a zone of {} pages is more than the {} allowed",
-                    self.zone_pages(),
-                    ZONE_PAGES_MAX
-                ),
+                format!("a zone of {} pages is more than the {} allowed", self.zone_pages(), ZONE_PAGES_MAX),
             );
         }
         if self.device_pages() > DEVICE_PAGES_MAX {
             return bad(
                 "zone_count",
-                format!(
-                    "a device of {} pages is more than the {} allowed",
-                    self.device_pages(),
-                    DEVICE_PAGES_MAX
-                ),
+                format!("a device of {} pages is more than the {} allowed", self.device_pages(), DEVICE_PAGES_MAX),
             );
         }
         if self.nvm_size_bytes % NVM_WORD_BYTES != 0 || self.nvm_size_bytes > NVM_SIZE_BYTES_MAX {
             return bad(
                 "nvm_size_bytes",
-                format!(
-                    "{} is not a multiple of {} up to {}",
-                    self.nvm_size_bytes, NVM_WORD_BYTES, NVM_SIZE_BYTES_MAX
-                ),
+                format!("{} is not a multiple of {} up to {}", self.nvm_size_bytes, NVM_WORD_BYTES, NVM_SIZE_BYTES_MAX),
             );
         }
         Ok(())
@@ -309,17 +285,11 @@ mod tests {
 
     #[test]
     fn addresses_outside_the_device_are_refused() {
-        let geometry = Geometry {
-            zone_count: 4,
-            ..Geometry::default()
-        };
+        let geometry = Geometry { zone_count: 4, ..Geometry::default() };
         assert!(geometry.check_address(PageAddress::new(3, 1023)).is_ok());
         assert!(geometry.check_address(PageAddress::new(4, 0)).is_err());
         assert!(geometry.check_address(PageAddress::new(0, 1024)).is_err());
-        let with_nvm = Geometry {
-            nvm_size_bytes: 4096,
-            ..geometry
-        };
+        let with_nvm = Geometry { nvm_size_bytes: 4096, ..geometry };
         assert!(with_nvm.check_nvm_range(4088, 8).is_ok());
         assert!(with_nvm.check_nvm_range(4090, 8).is_err());
         assert!(with_nvm.check_nvm_range(u64::MAX, 2).is_err());

@@ -10,8 +10,8 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use crate::backend::{
-    Backend, BlockRecord, DurableCondition, DurableState, Overlay, PageFault, ZoneRecord,
-    OVERLAY_ENTRIES_MAX, OVERLAY_STORED_PAGES_MAX,
+    Backend, BlockRecord, DurableCondition, DurableState, Overlay, PageFault, ZoneRecord, OVERLAY_ENTRIES_MAX,
+    OVERLAY_STORED_PAGES_MAX,
 };
 use crate::counters::Counters;
 use crate::device::{fresh_state, DeviceOptions, FlashEmulator};
@@ -48,10 +48,7 @@ const HEADER_CLOCK: usize = 136;
 const HEADER_COUNTERS: usize = 144;
 const HEADER_CRC: usize = HEADER_SLOT_BYTES as usize - 4;
 
-const _: () = assert!(
-    HEADER_COUNTERS + 8 * 64 <= HEADER_CRC,
-    "room for 64 counters"
-);
+const _: () = assert!(HEADER_COUNTERS + 8 * 64 <= HEADER_CRC, "room for 64 counters");
 const _: () = assert!(HEADER_SLOT_BYTES % REGION_ALIGNMENT_BYTES == 0);
 
 const OVERLAY_KIND_TORN: u8 = 1;
@@ -81,14 +78,10 @@ impl ImageLayout {
         let align = |offset: u64| offset.div_ceil(REGION_ALIGNMENT_BYTES) * REGION_ALIGNMENT_BYTES;
         let slot_bytes = u64::from(geometry.page_size_bytes + geometry.oob_size_bytes);
         let zone_table_offset = 2 * HEADER_SLOT_BYTES;
-        let block_table_offset =
-            align(zone_table_offset + u64::from(geometry.zone_count) * ZONE_RECORD_BYTES);
-        let overlay_slot_offset =
-            align(block_table_offset + geometry.block_count() * BLOCK_RECORD_BYTES);
-        let overlay_slot_bytes = align(
-            OVERLAY_ENTRIES_MAX as u64 * OVERLAY_ENTRY_BYTES
-                + OVERLAY_STORED_PAGES_MAX as u64 * slot_bytes,
-        );
+        let block_table_offset = align(zone_table_offset + u64::from(geometry.zone_count) * ZONE_RECORD_BYTES);
+        let overlay_slot_offset = align(block_table_offset + geometry.block_count() * BLOCK_RECORD_BYTES);
+        let overlay_slot_bytes =
+            align(OVERLAY_ENTRIES_MAX as u64 * OVERLAY_ENTRY_BYTES + OVERLAY_STORED_PAGES_MAX as u64 * slot_bytes);
         let nvm_offset = overlay_slot_offset + 2 * overlay_slot_bytes;
         let page_area_offset = align(nvm_offset + geometry.nvm_size_bytes);
         let image_bytes = page_area_offset + geometry.device_pages() * slot_bytes;
@@ -171,11 +164,7 @@ impl ImageHeader {
         for (index, value) in self.layout.to_array().into_iter().enumerate() {
             put_u64(&mut bytes, HEADER_LAYOUT + 8 * index, value);
         }
-        put_u32(
-            &mut bytes,
-            HEADER_OVERLAY_ACTIVE_SLOT,
-            self.overlay_active_slot,
-        );
+        put_u32(&mut bytes, HEADER_OVERLAY_ACTIVE_SLOT, self.overlay_active_slot);
         put_u32(&mut bytes, HEADER_OVERLAY_ENTRIES, self.overlay_entries);
         put_u64(&mut bytes, HEADER_OVERLAY_BYTES, self.overlay_bytes);
         put_u32(&mut bytes, HEADER_OVERLAY_CRC, self.overlay_crc);
@@ -194,11 +183,7 @@ impl ImageHeader {
     /// Decodes one header copy; any bytes give a value or a reason.
     pub fn decode(bytes: &[u8]) -> std::result::Result<ImageHeader, String> {
         if bytes.len() < HEADER_SLOT_BYTES as usize {
-            return Err(format!(
-                "header is {} bytes, expected {}",
-                bytes.len(),
-                HEADER_SLOT_BYTES
-            ));
+            return Err(format!("header is {} bytes, expected {}", bytes.len(), HEADER_SLOT_BYTES));
         }
         if bytes[HEADER_MAGIC..HEADER_MAGIC + 8] != IMAGE_MAGIC {
             return Err("not a flintfs device image (bad magic)".into());
@@ -212,16 +197,10 @@ impl ImageHeader {
         let stored_crc = u32_at(bytes, HEADER_CRC);
         let computed_crc = crc32c::crc32c(&bytes[..HEADER_CRC]);
         if stored_crc != computed_crc {
-            return Err(format!(
-                "header checksum {stored_crc:#010x} does not match {computed_crc:#010x}"
-            ));
+            return Err(format!("header checksum {stored_crc:#010x} does not match {computed_crc:#010x}"));
         }
         if u32_at(bytes, HEADER_SLOT_SIZE) != HEADER_SLOT_BYTES as u32 {
-            return Err(format!(
-                "header slot size {} is not {}",
-                u32_at(bytes, HEADER_SLOT_SIZE),
-                HEADER_SLOT_BYTES
-            ));
+            return Err(format!("header slot size {} is not {}", u32_at(bytes, HEADER_SLOT_SIZE), HEADER_SLOT_BYTES));
         }
         let field = |index: usize| u32_at(bytes, HEADER_GEOMETRY + 4 * index);
         let geometry = Geometry {
@@ -235,9 +214,7 @@ impl ImageHeader {
         };
         geometry.validate().map_err(|error| error.to_string())?;
         let layout = ImageLayout::of(&geometry);
-        let stored_layout: Vec<u64> = (0..7)
-            .map(|index| u64_at(bytes, HEADER_LAYOUT + 8 * index))
-            .collect();
+        let stored_layout: Vec<u64> = (0..7).map(|index| u64_at(bytes, HEADER_LAYOUT + 8 * index)).collect();
         if stored_layout != layout.to_array() {
             return Err(format!(
                 "region offsets {stored_layout:?} disagree with the geometry's {:?}",
@@ -246,14 +223,9 @@ impl ImageHeader {
         }
         let counter_count = u32_at(bytes, HEADER_COUNTER_COUNT) as usize;
         if counter_count != Counters::FIELD_NAMES.len() {
-            return Err(format!(
-                "{counter_count} counters, expected {}",
-                Counters::FIELD_NAMES.len()
-            ));
+            return Err(format!("{counter_count} counters, expected {}", Counters::FIELD_NAMES.len()));
         }
-        let values: Vec<u64> = (0..counter_count)
-            .map(|index| u64_at(bytes, HEADER_COUNTERS + 8 * index))
-            .collect();
+        let values: Vec<u64> = (0..counter_count).map(|index| u64_at(bytes, HEADER_COUNTERS + 8 * index)).collect();
         let counters = Counters::from_array(&values).ok_or("counter count mismatch")?;
         let header = ImageHeader {
             generation: u64_at(bytes, HEADER_GENERATION),
@@ -267,20 +239,12 @@ impl ImageHeader {
             counters,
         };
         if header.overlay_active_slot > 1 {
-            return Err(format!(
-                "overlay slot {} is not 0 or 1",
-                header.overlay_active_slot
-            ));
+            return Err(format!("overlay slot {} is not 0 or 1", header.overlay_active_slot));
         }
-        if header.overlay_bytes > layout.overlay_slot_bytes
-            || header.overlay_entries as usize > OVERLAY_ENTRIES_MAX
-        {
+        if header.overlay_bytes > layout.overlay_slot_bytes || header.overlay_entries as usize > OVERLAY_ENTRIES_MAX {
             return Err(format!(
                 "overlay of {} entries in {} bytes exceeds its slot ({} entries, {} bytes)",
-                header.overlay_entries,
-                header.overlay_bytes,
-                OVERLAY_ENTRIES_MAX,
-                layout.overlay_slot_bytes
+                header.overlay_entries, header.overlay_bytes, OVERLAY_ENTRIES_MAX, layout.overlay_slot_bytes
             ));
         }
         Ok(header)
@@ -304,28 +268,16 @@ pub fn encode_zone_record(zone: u32, record: &ZoneRecord) -> [u8; ZONE_RECORD_BY
 }
 
 /// Decodes a zone record and checks it against the geometry.
-pub fn decode_zone_record(
-    zone: u32,
-    bytes: &[u8],
-    geometry: &Geometry,
-) -> std::result::Result<ZoneRecord, String> {
+pub fn decode_zone_record(zone: u32, bytes: &[u8], geometry: &Geometry) -> std::result::Result<ZoneRecord, String> {
     if bytes.len() != ZONE_RECORD_BYTES as usize {
-        return Err(format!(
-            "zone {zone} record is {} bytes, expected {}",
-            bytes.len(),
-            ZONE_RECORD_BYTES
-        ));
+        return Err(format!("zone {zone} record is {} bytes, expected {}", bytes.len(), ZONE_RECORD_BYTES));
     }
     if record_crc(u64::from(zone), &bytes[..28]) != u32_at(bytes, 28) {
         return Err(format!("zone {zone} record checksum mismatch"));
     }
-    let condition = DurableCondition::from_byte(bytes[0])
-        .ok_or(format!("zone {zone} condition {} unknown", bytes[0]))?;
-    let record = ZoneRecord {
-        condition,
-        write_pointer: u32_at(bytes, 4),
-        capacity_pages: u32_at(bytes, 8),
-    };
+    let condition =
+        DurableCondition::from_byte(bytes[0]).ok_or(format!("zone {zone} condition {} unknown", bytes[0]))?;
+    let record = ZoneRecord { condition, write_pointer: u32_at(bytes, 4), capacity_pages: u32_at(bytes, 8) };
     if u64::from(record.capacity_pages) > geometry.zone_pages()
         || record.capacity_pages % geometry.block_pages != 0
         || record.write_pointer > record.capacity_pages
@@ -340,9 +292,7 @@ pub fn decode_zone_record(
     let consistent = match condition {
         DurableCondition::Empty => record.write_pointer == 0 && record.capacity_pages > 0,
         DurableCondition::Offline => record.capacity_pages == 0,
-        DurableCondition::Closed => {
-            record.write_pointer > 0 && record.write_pointer < record.capacity_pages
-        }
+        DurableCondition::Closed => record.write_pointer > 0 && record.write_pointer < record.capacity_pages,
         DurableCondition::Full | DurableCondition::ReadOnly => record.capacity_pages > 0,
     };
     if !consistent {
@@ -378,11 +328,7 @@ pub fn encode_block_record(block: u64, record: &BlockRecord) -> [u8; BLOCK_RECOR
 
 pub fn decode_block_record(block: u64, bytes: &[u8]) -> std::result::Result<BlockRecord, String> {
     if bytes.len() != BLOCK_RECORD_BYTES as usize {
-        return Err(format!(
-            "block {block} record is {} bytes, expected {}",
-            bytes.len(),
-            BLOCK_RECORD_BYTES
-        ));
+        return Err(format!("block {block} record is {} bytes, expected {}", bytes.len(), BLOCK_RECORD_BYTES));
     }
     if record_crc(block, &bytes[..28]) != u32_at(bytes, 28) {
         return Err(format!("block {block} record checksum mismatch"));
@@ -395,8 +341,7 @@ pub fn decode_block_record(block: u64, bytes: &[u8]) -> std::result::Result<Bloc
         erase_count: u32_at(bytes, 0),
         reads_since_erase: u32_at(bytes, 4),
         programmed_at_ns: u64_at(bytes, 8),
-        interrupted_erase_seed: (flags & BLOCK_FLAG_INTERRUPTED_ERASE != 0)
-            .then(|| u64_at(bytes, 16)),
+        interrupted_erase_seed: (flags & BLOCK_FLAG_INTERRUPTED_ERASE != 0).then(|| u64_at(bytes, 16)),
         bad: flags & BLOCK_FLAG_BAD != 0,
         excluded: flags & BLOCK_FLAG_EXCLUDED != 0,
     })
@@ -424,11 +369,7 @@ pub fn encode_overlay(overlay: &Overlay) -> Vec<u8> {
     bytes
 }
 
-pub fn decode_overlay(
-    bytes: &[u8],
-    entries: u32,
-    geometry: &Geometry,
-) -> std::result::Result<Overlay, String> {
+pub fn decode_overlay(bytes: &[u8], entries: u32, geometry: &Geometry) -> std::result::Result<Overlay, String> {
     let slot_bytes = (geometry.page_size_bytes + geometry.oob_size_bytes) as usize;
     let mut overlay = Overlay::new();
     let mut offset = 0usize;
@@ -437,16 +378,11 @@ pub fn decode_overlay(
     for index in 0..entries {
         let entry = bytes
             .get(offset..offset + OVERLAY_ENTRY_BYTES as usize)
-            .ok_or(format!(
-                "overlay entry {index} runs past the overlay's {} bytes",
-                bytes.len()
-            ))?;
+            .ok_or(format!("overlay entry {index} runs past the overlay's {} bytes", bytes.len()))?;
         offset += OVERLAY_ENTRY_BYTES as usize;
         let physical = u64_at(entry, 0);
         if physical >= geometry.device_pages() {
-            return Err(format!(
-                "overlay entry {index} names page slot {physical}, past the device"
-            ));
+            return Err(format!("overlay entry {index} names page slot {physical}, past the device"));
         }
         if previous.is_some_and(|previous| physical <= previous) {
             return Err(format!("overlay entry {index} is out of order"));
@@ -456,37 +392,24 @@ pub fn decode_overlay(
         let fault = match entry[8] {
             OVERLAY_KIND_TORN => PageFault::Torn { seed },
             OVERLAY_KIND_LOST_WRITE => PageFault::LostWrite,
-            OVERLAY_KIND_DISTURBED if rate_ppm <= 1_000_000 => {
-                PageFault::Disturbed { seed, rate_ppm }
-            }
+            OVERLAY_KIND_DISTURBED if rate_ppm <= 1_000_000 => PageFault::Disturbed { seed, rate_ppm },
             OVERLAY_KIND_STORED => {
                 stored += 1;
                 if stored > OVERLAY_STORED_PAGES_MAX {
-                    return Err(format!(
-                        "more than {OVERLAY_STORED_PAGES_MAX} stored overlay pages"
-                    ));
+                    return Err(format!("more than {OVERLAY_STORED_PAGES_MAX} stored overlay pages"));
                 }
-                let media = bytes.get(offset..offset + slot_bytes).ok_or(format!(
-                    "overlay entry {index}'s page runs past the overlay"
-                ))?;
+                let media = bytes
+                    .get(offset..offset + slot_bytes)
+                    .ok_or(format!("overlay entry {index}'s page runs past the overlay"))?;
                 offset += slot_bytes;
-                PageFault::Stored {
-                    media: media.into(),
-                }
+                PageFault::Stored { media: media.into() }
             }
-            kind => {
-                return Err(format!(
-                    "overlay entry {index} has unknown kind {kind} or rate {rate_ppm}"
-                ))
-            }
+            kind => return Err(format!("overlay entry {index} has unknown kind {kind} or rate {rate_ppm}")),
         };
         overlay.insert(physical, fault);
     }
     if offset != bytes.len() {
-        return Err(format!(
-            "overlay has {} trailing bytes",
-            bytes.len() - offset
-        ));
+        return Err(format!("overlay has {} trailing bytes", bytes.len() - offset));
     }
     Ok(overlay)
 }
@@ -504,20 +427,14 @@ pub type ImageFlash = FlashEmulator<ImageBackend>;
 
 impl ImageBackend {
     fn io(&self, operation: &'static str) -> impl FnOnce(std::io::Error) -> DeviceError + '_ {
-        move |source| DeviceError::Io {
-            path: self.path.display().to_string(),
-            operation,
-            source,
-        }
+        move |source| DeviceError::Io { path: self.path.display().to_string(), operation, source }
     }
 
     fn write_header(&mut self) -> Result<()> {
         self.header.generation += 1;
         let bytes = self.header.encode();
         let offset = (self.header.generation % 2) * HEADER_SLOT_BYTES;
-        self.file
-            .write_all_at(&bytes, offset)
-            .map_err(self.io("write header"))
+        self.file.write_all_at(&bytes, offset).map_err(self.io("write header"))
     }
 
     fn page_offset(&self, physical: u64) -> u64 {
@@ -537,40 +454,29 @@ impl ImageBackend {
 }
 
 fn image_error(path: &Path, reason: impl Into<String>) -> DeviceError {
-    DeviceError::Image {
-        path: path.display().to_string(),
-        reason: reason.into(),
-    }
+    DeviceError::Image { path: path.display().to_string(), reason: reason.into() }
 }
 
 fn read_newest_header(path: &Path, file: &File) -> Result<ImageHeader> {
     let length = file
         .metadata()
-        .map_err(|source| DeviceError::Io {
-            path: path.display().to_string(),
-            operation: "stat",
-            source,
-        })?
+        .map_err(|source| DeviceError::Io { path: path.display().to_string(), operation: "stat", source })?
         .len();
     if length < 2 * HEADER_SLOT_BYTES {
         return Err(image_error(
             path,
-            format!(
-                "truncated: {length} bytes, a device image has at least {}",
-                2 * HEADER_SLOT_BYTES
-            ),
+            format!("truncated: {length} bytes, a device image has at least {}", 2 * HEADER_SLOT_BYTES),
         ));
     }
     let mut candidates = Vec::new();
     let mut reasons = Vec::new();
     for slot in 0..2 {
         let mut bytes = vec![0u8; HEADER_SLOT_BYTES as usize];
-        file.read_exact_at(&mut bytes, slot * HEADER_SLOT_BYTES)
-            .map_err(|source| DeviceError::Io {
-                path: path.display().to_string(),
-                operation: "read header",
-                source,
-            })?;
+        file.read_exact_at(&mut bytes, slot * HEADER_SLOT_BYTES).map_err(|source| DeviceError::Io {
+            path: path.display().to_string(),
+            operation: "read header",
+            source,
+        })?;
         match ImageHeader::decode(&bytes) {
             Ok(header) => candidates.push(header),
             Err(reason) => reasons.push(format!("header copy {slot}: {reason}")),
@@ -583,10 +489,7 @@ fn read_newest_header(path: &Path, file: &File) -> Result<ImageHeader> {
     if length < header.layout.image_bytes {
         return Err(image_error(
             path,
-            format!(
-                "truncated: {length} bytes, its geometry needs {}",
-                header.layout.image_bytes
-            ),
+            format!("truncated: {length} bytes, its geometry needs {}", header.layout.image_bytes),
         ));
     }
     Ok(header)
@@ -595,11 +498,7 @@ fn read_newest_header(path: &Path, file: &File) -> Result<ImageHeader> {
 impl FlashEmulator<ImageBackend> {
     /// Creates a new image file for a fresh device; refuses a path that
     /// already exists. The file is sparse: untouched pages take no space.
-    pub fn create_image(
-        path: impl AsRef<Path>,
-        geometry: Geometry,
-        options: DeviceOptions,
-    ) -> Result<ImageFlash> {
+    pub fn create_image(path: impl AsRef<Path>, geometry: Geometry, options: DeviceOptions) -> Result<ImageFlash> {
         let path = path.as_ref();
         geometry.validate()?;
         options.validate()?;
@@ -608,19 +507,14 @@ impl FlashEmulator<ImageBackend> {
             .write(true)
             .create_new(true)
             .open(path)
-            .map_err(|source| DeviceError::Io {
-                path: path.display().to_string(),
-                operation: "create",
-                source,
-            })?;
+            .map_err(|source| DeviceError::Io { path: path.display().to_string(), operation: "create", source })?;
         lock(path, &file)?;
         let layout = ImageLayout::of(&geometry);
-        file.set_len(layout.image_bytes)
-            .map_err(|source| DeviceError::Io {
-                path: path.display().to_string(),
-                operation: "size",
-                source,
-            })?;
+        file.set_len(layout.image_bytes).map_err(|source| DeviceError::Io {
+            path: path.display().to_string(),
+            operation: "size",
+            source,
+        })?;
         let state = fresh_state(&geometry, &options.faults);
         let mut backend = ImageBackend {
             path: path.to_path_buf(),
@@ -638,26 +532,16 @@ impl FlashEmulator<ImageBackend> {
             },
             slot_bytes: u64::from(geometry.page_size_bytes + geometry.oob_size_bytes),
         };
-        let zone_table: Vec<u8> = state
-            .zones
-            .iter()
-            .enumerate()
-            .flat_map(|(zone, record)| encode_zone_record(zone as u32, record))
-            .collect();
-        backend
-            .file
-            .write_all_at(&zone_table, layout.zone_table_offset)
-            .map_err(backend.io("write zone table"))?;
+        let zone_table: Vec<u8> =
+            state.zones.iter().enumerate().flat_map(|(zone, record)| encode_zone_record(zone as u32, record)).collect();
+        backend.file.write_all_at(&zone_table, layout.zone_table_offset).map_err(backend.io("write zone table"))?;
         let block_table: Vec<u8> = state
             .blocks
             .iter()
             .enumerate()
             .flat_map(|(block, record)| encode_block_record(block as u64, record))
             .collect();
-        backend
-            .file
-            .write_all_at(&block_table, layout.block_table_offset)
-            .map_err(backend.io("write block table"))?;
+        backend.file.write_all_at(&block_table, layout.block_table_offset).map_err(backend.io("write block table"))?;
         // Both header copies, so neither slot holds garbage.
         backend.write_header()?;
         backend.write_header()?;
@@ -673,52 +557,38 @@ impl FlashEmulator<ImageBackend> {
     pub fn open_image(path: impl AsRef<Path>, options: DeviceOptions) -> Result<ImageFlash> {
         let path = path.as_ref();
         options.validate()?;
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(path)
-            .map_err(|source| DeviceError::Io {
-                path: path.display().to_string(),
-                operation: "open",
-                source,
-            })?;
+        let file = OpenOptions::new().read(true).write(true).open(path).map_err(|source| DeviceError::Io {
+            path: path.display().to_string(),
+            operation: "open",
+            source,
+        })?;
         lock(path, &file)?;
         let header = read_newest_header(path, &file)?;
         let geometry = header.geometry;
         let layout = header.layout;
         let read = |offset: u64, length: u64, what: &'static str| -> Result<Vec<u8>> {
             let mut bytes = vec![0u8; length as usize];
-            file.read_exact_at(&mut bytes, offset)
-                .map_err(|source| DeviceError::Io {
-                    path: path.display().to_string(),
-                    operation: what,
-                    source,
-                })?;
+            file.read_exact_at(&mut bytes, offset).map_err(|source| DeviceError::Io {
+                path: path.display().to_string(),
+                operation: what,
+                source,
+            })?;
             Ok(bytes)
         };
-        let block_table = read(
-            layout.block_table_offset,
-            geometry.block_count() * BLOCK_RECORD_BYTES,
-            "read block table",
-        )?;
+        let block_table =
+            read(layout.block_table_offset, geometry.block_count() * BLOCK_RECORD_BYTES, "read block table")?;
         let blocks = block_table
             .chunks_exact(BLOCK_RECORD_BYTES as usize)
             .enumerate()
             .map(|(block, bytes)| decode_block_record(block as u64, bytes))
             .collect::<std::result::Result<Vec<_>, _>>()
             .map_err(|reason| image_error(path, reason))?;
-        let zone_table = read(
-            layout.zone_table_offset,
-            u64::from(geometry.zone_count) * ZONE_RECORD_BYTES,
-            "read zone table",
-        )?;
+        let zone_table =
+            read(layout.zone_table_offset, u64::from(geometry.zone_count) * ZONE_RECORD_BYTES, "read zone table")?;
         let mut zones = Vec::with_capacity(geometry.zone_count as usize);
-        for (zone, bytes) in zone_table
-            .chunks_exact(ZONE_RECORD_BYTES as usize)
-            .enumerate()
-        {
-            let record = decode_zone_record(zone as u32, bytes, &geometry)
-                .map_err(|reason| image_error(path, reason))?;
+        for (zone, bytes) in zone_table.chunks_exact(ZONE_RECORD_BYTES as usize).enumerate() {
+            let record =
+                decode_zone_record(zone as u32, bytes, &geometry).map_err(|reason| image_error(path, reason))?;
             let first = zone as u64 * u64::from(geometry.zone_blocks);
             let mapped = (first..first + u64::from(geometry.zone_blocks))
                 .filter(|&block| !blocks[block as usize].excluded)
@@ -734,8 +604,8 @@ impl FlashEmulator<ImageBackend> {
             }
             zones.push(record);
         }
-        let overlay_offset = layout.overlay_slot_offset
-            + u64::from(header.overlay_active_slot) * layout.overlay_slot_bytes;
+        let overlay_offset =
+            layout.overlay_slot_offset + u64::from(header.overlay_active_slot) * layout.overlay_slot_bytes;
         let overlay_bytes = read(overlay_offset, header.overlay_bytes, "read overlay")?;
         if crc32c::crc32c(&overlay_bytes) != header.overlay_crc {
             return Err(image_error(path, "fault overlay checksum mismatch"));
@@ -743,14 +613,7 @@ impl FlashEmulator<ImageBackend> {
         let overlay = decode_overlay(&overlay_bytes, header.overlay_entries, &geometry)
             .map_err(|reason| image_error(path, reason))?;
         let nvm = read(layout.nvm_offset, geometry.nvm_size_bytes, "read NVM")?;
-        let state = DurableState {
-            zones,
-            blocks,
-            overlay,
-            counters: header.counters,
-            clock_ns: header.clock_ns,
-            nvm,
-        };
+        let state = DurableState { zones, blocks, overlay, counters: header.counters, clock_ns: header.clock_ns, nvm };
         let backend = ImageBackend {
             path: path.to_path_buf(),
             file,
@@ -766,30 +629,22 @@ impl FlashEmulator<ImageBackend> {
 fn lock(path: &Path, file: &File) -> Result<()> {
     file.try_lock().map_err(|error| match error {
         std::fs::TryLockError::WouldBlock => image_error(path, "in use by another process"),
-        std::fs::TryLockError::Error(source) => DeviceError::Io {
-            path: path.display().to_string(),
-            operation: "lock",
-            source,
-        },
+        std::fs::TryLockError::Error(source) => {
+            DeviceError::Io { path: path.display().to_string(), operation: "lock", source }
+        }
     })
 }
 
 impl Backend for ImageBackend {
     fn read_page(&mut self, physical: u64, data: &mut [u8], oob: &mut [u8]) -> Result<()> {
         let offset = self.page_offset(physical);
-        self.file
-            .read_exact_at(data, offset)
-            .map_err(self.io("read page"))?;
-        self.file
-            .read_exact_at(oob, offset + data.len() as u64)
-            .map_err(self.io("read page OOB"))
+        self.file.read_exact_at(data, offset).map_err(self.io("read page"))?;
+        self.file.read_exact_at(oob, offset + data.len() as u64).map_err(self.io("read page OOB"))
     }
 
     fn read_oob(&mut self, physical: u64, oob: &mut [u8]) -> Result<()> {
         let offset = self.page_offset(physical) + u64::from(self.header.geometry.page_size_bytes);
-        self.file
-            .read_exact_at(oob, offset)
-            .map_err(self.io("read OOB"))
+        self.file.read_exact_at(oob, offset).map_err(self.io("read OOB"))
     }
 
     fn write_page(&mut self, physical: u64, data: &[u8], oob: &[u8]) -> Result<()> {
@@ -797,9 +652,7 @@ impl Backend for ImageBackend {
         let mut slot = Vec::with_capacity(data.len() + oob.len());
         slot.extend_from_slice(data);
         slot.extend_from_slice(oob);
-        self.file
-            .write_all_at(&slot, offset)
-            .map_err(self.io("write page"))
+        self.file.write_all_at(&slot, offset).map_err(self.io("write page"))
     }
 
     fn erase_zone(&mut self, _zone: u32) -> Result<()> {
@@ -810,41 +663,29 @@ impl Backend for ImageBackend {
 
     fn write_nvm(&mut self, offset: u64, bytes: &[u8]) -> Result<()> {
         let position = self.header.layout.nvm_offset + offset;
-        self.file
-            .write_all_at(bytes, position)
-            .map_err(self.io("write NVM"))
+        self.file.write_all_at(bytes, position).map_err(self.io("write NVM"))
     }
 
     fn write_zone_record(&mut self, zone: u32, record: &ZoneRecord) -> Result<()> {
         let offset = self.header.layout.zone_table_offset + u64::from(zone) * ZONE_RECORD_BYTES;
         let bytes = encode_zone_record(zone, record);
-        self.file
-            .write_all_at(&bytes, offset)
-            .map_err(self.io("write zone record"))
+        self.file.write_all_at(&bytes, offset).map_err(self.io("write zone record"))
     }
 
     fn write_block_record(&mut self, block: u64, record: &BlockRecord) -> Result<()> {
         let offset = self.header.layout.block_table_offset + block * BLOCK_RECORD_BYTES;
         let bytes = encode_block_record(block, record);
-        self.file
-            .write_all_at(&bytes, offset)
-            .map_err(self.io("write block record"))
+        self.file.write_all_at(&bytes, offset).map_err(self.io("write block record"))
     }
 
     fn write_overlay(&mut self, overlay: &Overlay) -> Result<()> {
         // Into the inactive slot, then a header that points at it: a process
         // killed in between leaves the old overlay in force.
         let bytes = encode_overlay(overlay);
-        assert!(
-            bytes.len() as u64 <= self.header.layout.overlay_slot_bytes,
-            "overlay exceeds its slot"
-        );
+        assert!(bytes.len() as u64 <= self.header.layout.overlay_slot_bytes, "overlay exceeds its slot");
         let slot = 1 - self.header.overlay_active_slot;
-        let offset = self.header.layout.overlay_slot_offset
-            + u64::from(slot) * self.header.layout.overlay_slot_bytes;
-        self.file
-            .write_all_at(&bytes, offset)
-            .map_err(self.io("write overlay"))?;
+        let offset = self.header.layout.overlay_slot_offset + u64::from(slot) * self.header.layout.overlay_slot_bytes;
+        self.file.write_all_at(&bytes, offset).map_err(self.io("write overlay"))?;
         self.header.overlay_active_slot = slot;
         self.header.overlay_entries = overlay.len() as u32;
         self.header.overlay_bytes = bytes.len() as u64;

@@ -114,8 +114,8 @@ mod image;
 mod timing;
 
 pub use backend::{
-    Backend, BlockRecord, DurableCondition, DurableState, MemoryBackend, Overlay, PageFault,
-    ZoneRecord, OVERLAY_ENTRIES_MAX, OVERLAY_STORED_PAGES_MAX,
+    Backend, BlockRecord, DurableCondition, DurableState, MemoryBackend, Overlay, PageFault, ZoneRecord,
+    OVERLAY_ENTRIES_MAX, OVERLAY_STORED_PAGES_MAX,
 };
 pub use counters::Counters;
 pub use device::{
@@ -125,11 +125,13 @@ pub use device::{
 pub use error::{errno, DeviceError, Result};
 pub use faults::{BitErrorModel, CellType, FaultConfig, RAW_BIT_ERROR_RATE_MAX};
 pub use geometry::{
-    Geometry, PageAddress, DEVICE_PAGES_MAX, NVM_SIZE_BYTES_MAX, NVM_WORD_BYTES,
-    OOB_SIZE_BYTES_MAX, OOB_SIZE_BYTES_MIN, PAGE_SIZE_BYTES_MAX, PAGE_SIZE_BYTES_MIN,
-    ZONE_PAGES_MAX,
+    Geometry, PageAddress, DEVICE_PAGES_MAX, NVM_SIZE_BYTES_MAX, NVM_WORD_BYTES, OOB_SIZE_BYTES_MAX,
+    OOB_SIZE_BYTES_MIN, PAGE_SIZE_BYTES_MAX, PAGE_SIZE_BYTES_MIN, ZONE_PAGES_MAX,
 };
-pub use image::{ImageBackend, ImageFlash, IMAGE_FORMAT_VERSION, IMAGE_MAGIC};
+pub use image::{
+    decode_block_record, decode_overlay, decode_zone_record, encode_block_record, encode_overlay, encode_zone_record,
+    ImageBackend, ImageFlash, ImageHeader, ImageLayout, HEADER_SLOT_BYTES, IMAGE_FORMAT_VERSION, IMAGE_MAGIC,
+};
 pub use timing::TimingConfig;
 
 /// What a read found.
@@ -196,12 +198,7 @@ pub trait FlashDevice {
 
     /// Reads a page's data and spare area. `data` must be `page_size_bytes`
     /// long and `oob` `oob_size_bytes`.
-    fn read_page(
-        &mut self,
-        address: PageAddress,
-        data: &mut [u8],
-        oob: &mut [u8],
-    ) -> Result<PageState>;
+    fn read_page(&mut self, address: PageAddress, data: &mut [u8], oob: &mut [u8]) -> Result<PageState>;
 
     /// Reads only the spare area (cheaper: no data transfer).
     fn read_oob(&mut self, address: PageAddress, oob: &mut [u8]) -> Result<PageState>;

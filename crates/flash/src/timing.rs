@@ -127,12 +127,7 @@ impl Clock {
 
     /// A flush: wait for every die, then the command's own cost.
     pub fn flush(&mut self) {
-        let busy = self
-            .die_free_ns
-            .iter()
-            .copied()
-            .max()
-            .unwrap_or(self.now_ns);
+        let busy = self.die_free_ns.iter().copied().max().unwrap_or(self.now_ns);
         self.now_ns = self.now_ns.max(busy) + self.config.flush_ns;
     }
 
@@ -151,11 +146,7 @@ impl Clock {
 
     /// After a power cut: nothing is in flight any more.
     pub fn power_up(&mut self) {
-        for free in self
-            .channel_free_ns
-            .iter_mut()
-            .chain(self.die_free_ns.iter_mut())
-        {
+        for free in self.channel_free_ns.iter_mut().chain(self.die_free_ns.iter_mut()) {
             *free = self.now_ns;
         }
     }
@@ -174,10 +165,7 @@ mod tests {
         assert_eq!(clock.now_ns(), transfer);
         assert_eq!(done, transfer + config.program_ns);
         clock.flush();
-        assert_eq!(
-            clock.now_ns(),
-            transfer + config.program_ns + config.flush_ns
-        );
+        assert_eq!(clock.now_ns(), transfer + config.program_ns + config.flush_ns);
     }
 
     #[test]
