@@ -438,10 +438,7 @@ impl<B: Backend> FlashEmulator<B> {
     fn count_operation(&mut self) -> bool {
         let index = self.mutating_operations;
         self.mutating_operations += 1;
-        match self.scheduled_cut {
-            Some((operation, _)) if operation == index => true,
-            _ => false,
-        }
+        matches!(self.scheduled_cut, Some((operation, _)) if operation == index)
     }
 
     /// Fires the scheduled cut after the operation in flight was accepted.
@@ -1051,7 +1048,7 @@ impl<B: Backend> FlashDevice for FlashEmulator<B> {
         if misdirected {
             self.misdirect(physical, &bytes)?;
         }
-        if address.page % self.geometry.block_pages == 0 || self.blocks[block as usize].programmed_at_ns == 0 {
+        if address.page.is_multiple_of(self.geometry.block_pages) || self.blocks[block as usize].programmed_at_ns == 0 {
             self.blocks[block as usize].programmed_at_ns = self.clock.now_ns();
             self.dirty_blocks.insert(block);
         }

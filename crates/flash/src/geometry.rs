@@ -133,7 +133,7 @@ impl Geometry {
                 format!("a device of {} pages is more than the {} allowed", self.device_pages(), DEVICE_PAGES_MAX),
             );
         }
-        if self.nvm_size_bytes % NVM_WORD_BYTES != 0 || self.nvm_size_bytes > NVM_SIZE_BYTES_MAX {
+        if !self.nvm_size_bytes.is_multiple_of(NVM_WORD_BYTES) || self.nvm_size_bytes > NVM_SIZE_BYTES_MAX {
             return bad(
                 "nvm_size_bytes",
                 format!("{} is not a multiple of {} up to {}", self.nvm_size_bytes, NVM_WORD_BYTES, NVM_SIZE_BYTES_MAX),
@@ -250,7 +250,8 @@ mod tests {
 
     #[test]
     fn every_bad_geometry_names_its_field() {
-        let cases: Vec<(&str, Box<dyn Fn(&mut Geometry)>)> = vec![
+        type Mutation = Box<dyn Fn(&mut Geometry)>;
+        let cases: Vec<(&str, Mutation)> = vec![
             ("page_size_bytes", Box::new(|g| g.page_size_bytes = 3000)),
             ("page_size_bytes", Box::new(|g| g.page_size_bytes = 256)),
             ("page_size_bytes", Box::new(|g| g.page_size_bytes = 1 << 17)),

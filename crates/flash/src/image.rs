@@ -49,7 +49,7 @@ const HEADER_COUNTERS: usize = 144;
 const HEADER_CRC: usize = HEADER_SLOT_BYTES as usize - 4;
 
 const _: () = assert!(HEADER_COUNTERS + 8 * 64 <= HEADER_CRC, "room for 64 counters");
-const _: () = assert!(HEADER_SLOT_BYTES % REGION_ALIGNMENT_BYTES == 0);
+const _: () = assert!(HEADER_SLOT_BYTES.is_multiple_of(REGION_ALIGNMENT_BYTES));
 
 const OVERLAY_KIND_TORN: u8 = 1;
 const OVERLAY_KIND_LOST_WRITE: u8 = 2;
@@ -279,7 +279,7 @@ pub fn decode_zone_record(zone: u32, bytes: &[u8], geometry: &Geometry) -> std::
         DurableCondition::from_byte(bytes[0]).ok_or(format!("zone {zone} condition {} unknown", bytes[0]))?;
     let record = ZoneRecord { condition, write_pointer: u32_at(bytes, 4), capacity_pages: u32_at(bytes, 8) };
     if u64::from(record.capacity_pages) > geometry.zone_pages()
-        || record.capacity_pages % geometry.block_pages != 0
+        || !record.capacity_pages.is_multiple_of(geometry.block_pages)
         || record.write_pointer > record.capacity_pages
     {
         return Err(format!(

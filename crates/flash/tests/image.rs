@@ -1,0 +1,365 @@
+//! The image backend: reopens identical in another process, a killed
+//! process is a power cut, and bad images are refused with clear errors,
+//! never a panic.
+
+mod common;
+
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+
+use common::*;
+use flintfs_flash::{
+    decode_block_record, decode_overlay, decode_zone_record, BlockRecord, Counters, DeviceError, DeviceOptions,
+    FaultConfig, FlashDevice, Geometry, ImageBackend, ImageFlash, ImageHeader, ImageLayout, Overlay, PageAddress,
+    ZoneReport, HEADER_SLOT_BYTES,
+};
+use proptest::prelude::*;
+
+fn image_options(faults: FaultConfig) -> DeviceOptions {
+    DeviceOptions { write_buffer_pages: 3, host_sync: true, ..options(faults) }
+}
+
+type PageContents = (Vec<u8>, Vec<u8>);
+
+/// Everything observable about a device, for "reopens identical".
+#[derive(Debug, PartialEq)]
+struct Snapshot {
+    zones: Vec<ZoneReport>,
+    blocks: Vec<BlockRecord>,
+    overlay: Overlay,
+    counters: Counters,
+    now_ns: u64,
+    nvm: Vec<u8>,
+    /// Address, pristine contents and media contents of every page slot.
+    pages: Vec<(PageAddress, Option<PageContents>, Option<PageContents>)>,
+}
+
+fn snapshot(device: &mut ImageFlash) -> Snapshot {
+    let geometry = device.geometry();
+    let zones = device.report_zones();
+    let mut pages = Vec::new();
+    for zone in &zones {
+        if zone.state == flintfs_flash::ZoneState::Offline {
+            continue;
+        }
+        for page in 0..zone.capacity_pages {
+            let address = PageAddress::new(zone.zone, page);
+            pages.push((address, device.pristine_page(address).unwrap(), device.media_page(address).unwrap()));
+        }
+    }
+    let mut nvm = vec![0; geometry.nvm_size_bytes as usize];
+    device.nvm_read(0, &mut nvm).unwrap();
+    Snapshot {
+        zones,
+        blocks: device.blocks().to_vec(),
+        overlay: device.overlay().clone(),
+        counters: device.lifetime_counters(),
+        now_ns: device.now_ns(),
+        nvm,
+        pages,
+    }
+}
+
+fn faulty(seed: u64) -> FaultConfig {
+    FaultConfig {
+        factory_bad_block_fraction: 0.15,
+        misdirected_write_probability: 0.1,
+        paired_page_distance: 1,
+        torn_operation_probability: 1.0,
+        ..FaultConfig::none(seed)
+    }
+}
+
+#[test]
+fn an_image_reopens_identical() {
+    let directory = tempfile::tempdir().unwrap();
+    let path = directory.path().join("device.img");
+    let geometry = small_geometry();
+    let mut device = ImageFlash::create_image(&path, geometry, image_options(faulty(4))).unwrap();
+    for round in 0..3u8 {
+        for zone in 0..geometry.zone_count {
+            let report = device.report_zone(zone).unwrap();
+            use flintfs_flash::ZoneState;
+            if !matches!(report.state, ZoneState::Empty | ZoneState::Closed | ZoneState::Open) {
+                continue;
+            }
+            for page in report.write_pointer..report.write_pointer.saturating_add(3).min(report.capacity_pages) {
+                let address = PageAddress::new(zone, page);
+                let (data, oob) = page_bytes(&geometry, address, round);
+                device.program_page(address, &data, &oob).unwrap();
+            }
+            if round == 1 && zone % 2 == 0 {
+                device.reset_zone(zone).unwrap();
+            }
+            let _ = device.finish_zone(zone);
+        }
+        device.nvm_write(u64::from(round) * 16, &[round + 1; 24]).unwrap();
+        device.nvm_persist(0, 128).unwrap();
+        if round == 1 {
+            // Unflushed pages and a cut: torn and paired-page damage enter
+            // the overlay.
+            for zone in 0..geometry.zone_count {
+                let report = device.report_zone(zone).unwrap();
+                if report.state == flintfs_flash::ZoneState::Closed || report.state == flintfs_flash::ZoneState::Empty {
+                    let address = PageAddress::new(zone, report.write_pointer);
+                    let (data, oob) = page_bytes(&geometry, address, 9);
+                    let _ = device.program_page(address, &data, &oob);
+                }
+            }
+            device.power_cut(77).unwrap();
+        }
+        device.advance_time(1_000_000_000);
+        device.flush().unwrap();
+    }
+    let counters = device.lifetime_counters();
+    assert!(counters.misdirected_writes_injected > 0, "{counters:?}");
+    assert!(!device.overlay().is_empty());
+    assert!(device.blocks().iter().any(|block| block.bad), "factory bad blocks present");
+    let before = snapshot(&mut device);
+    drop(device);
+    let mut reopened = ImageFlash::open_image(&path, image_options(faulty(4))).unwrap();
+    let after = snapshot(&mut reopened);
+    assert_eq!(before.zones, after.zones);
+    assert_eq!(before.blocks, after.blocks);
+    assert_eq!(before.overlay, after.overlay);
+    assert_eq!(before.counters, after.counters);
+    assert_eq!(before.now_ns, after.now_ns);
+    assert_eq!(before.nvm, after.nvm);
+    assert_eq!(before.pages, after.pages);
+    assert_eq!(ImageBackend::read_geometry(&path).unwrap(), geometry);
+}
+
+#[test]
+fn unflushed_writes_are_gone_after_drop_and_drained_ones_need_a_flush() {
+    let directory = tempfile::tempdir().unwrap();
+    let path = directory.path().join("device.img");
+    let geometry = small_geometry();
+    let mut device = ImageFlash::create_image(&path, geometry, image_options(FaultConfig::none(0))).unwrap();
+    for page in 0..4 {
+        program(&mut device, 0, page, 1);
+    }
+    device.flush().unwrap();
+    for page in 4..8 {
+        program(&mut device, 0, page, 2); // the 3-page buffer drains page 4 to the file
+    }
+    drop(device);
+    let mut device = ImageFlash::open_image(&path, image_options(FaultConfig::none(0))).unwrap();
+    let report = device.report_zone(0).unwrap();
+    assert_eq!(report.write_pointer, 4, "only the flushed prefix is recorded durable");
+    assert_eq!(report.state, flintfs_flash::ZoneState::Closed);
+    assert_eq!(read(&mut device, 0, 4).0, flintfs_flash::PageState::Erased);
+    assert_eq!(read(&mut device, 0, 3).1, page_bytes(&geometry, PageAddress::new(0, 3), 1).0);
+    // The slot holding a drained, unrecorded page is programmed over cleanly.
+    program(&mut device, 0, 4, 3);
+    device.flush().unwrap();
+    assert_eq!(read(&mut device, 0, 4).1, page_bytes(&geometry, PageAddress::new(0, 4), 3).0);
+}
+
+const CHILD_ENVIRONMENT: &str = "FLINTFS_FLASH_KILL_CHILD_IMAGE";
+
+/// Run only as the child of `killing_the_process_is_a_power_cut`: writes,
+/// flushes, writes more and dies without warning.
+#[test]
+#[ignore = "child process of killing_the_process_is_a_power_cut"]
+fn child_writes_then_aborts() {
+    let path = std::env::var(CHILD_ENVIRONMENT).expect("run by the parent test");
+    let mut device = ImageFlash::open_image(&path, image_options(FaultConfig::none(0))).unwrap();
+    for page in 0..5 {
+        program(&mut device, 1, page, 1);
+    }
+    device.nvm_write(0, &[0xAB; 16]).unwrap();
+    device.nvm_persist(0, 8).unwrap();
+    device.flush().unwrap();
+    for page in 5..8 {
+        program(&mut device, 1, page, 2);
+    }
+    device.nvm_write(8, &[0xCD; 8]).unwrap();
+    std::process::abort();
+}
+
+#[test]
+fn killing_the_process_is_a_power_cut() {
+    let directory = tempfile::tempdir().unwrap();
+    let path = directory.path().join("device.img");
+    let geometry = small_geometry();
+    drop(ImageFlash::create_image(&path, geometry, image_options(FaultConfig::none(0))).unwrap());
+    let status = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "child_writes_then_aborts", "--ignored", "--nocapture", "--test-threads=1"])
+        .env(CHILD_ENVIRONMENT, &path)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .unwrap();
+    assert!(!status.success(), "the child dies by abort");
+    let mut device = ImageFlash::open_image(&path, image_options(FaultConfig::none(0))).unwrap();
+    let report = device.report_zone(1).unwrap();
+    assert_eq!(report.write_pointer, 5, "the flushed prefix survives, nothing after it");
+    for page in 0..5 {
+        assert_eq!(read(&mut device, 1, page).1, page_bytes(&geometry, PageAddress::new(1, page), 1).0);
+    }
+    let mut nvm = vec![0; 24];
+    device.nvm_read(0, &mut nvm).unwrap();
+    assert_eq!(&nvm[..8], &[0xAB; 8], "the persisted word survives");
+    assert_eq!(&nvm[8..], &[0; 16], "unpersisted words are lost");
+    assert_eq!(device.lifetime_counters().pages_programmed, 5, "counters as of the last flush");
+}
+
+#[test]
+fn an_image_in_use_or_existing_is_refused() {
+    let directory = tempfile::tempdir().unwrap();
+    let path = directory.path().join("device.img");
+    let device = ImageFlash::create_image(&path, small_geometry(), image_options(FaultConfig::none(0))).unwrap();
+    let error = ImageFlash::open_image(&path, image_options(FaultConfig::none(0))).err().unwrap();
+    assert!(error.to_string().contains("in use by another process"), "{error}");
+    drop(device);
+    let error = ImageFlash::create_image(&path, small_geometry(), image_options(FaultConfig::none(0))).err().unwrap();
+    assert!(matches!(error, DeviceError::Io { operation: "create", .. }), "{error}");
+    ImageFlash::open_image(&path, image_options(FaultConfig::none(0))).unwrap();
+}
+
+fn fresh_image(directory: &Path) -> std::path::PathBuf {
+    let path = directory.join("device.img");
+    let mut device = ImageFlash::create_image(&path, small_geometry(), image_options(FaultConfig::none(0))).unwrap();
+    for page in 0..3 {
+        program(&mut device, 0, page, 1);
+    }
+    device.flush().unwrap();
+    path
+}
+
+fn open_error(path: &Path) -> String {
+    match ImageFlash::open_image(path, image_options(FaultConfig::none(0))) {
+        Ok(_) => panic!("{} opened", path.display()),
+        Err(error) => error.to_string(),
+    }
+}
+
+fn patch(path: &Path, offset: u64, bytes: &[u8]) {
+    let file = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+    file.write_all_at(bytes, offset).unwrap();
+}
+
+#[test]
+fn bad_images_get_clear_errors() {
+    let directory = tempfile::tempdir().unwrap();
+    // Nonexistent.
+    let missing = open_error(&directory.path().join("missing.img"));
+    assert!(missing.contains("missing.img") && missing.contains("open"), "{missing}");
+    // Foreign: a file of other bytes.
+    let foreign = directory.path().join("foreign.img");
+    std::fs::write(&foreign, vec![0x5A; 64 * 1024]).unwrap();
+    assert!(open_error(&foreign).contains("not a flintfs device image"), "{}", open_error(&foreign));
+    // Too short to hold a header.
+    let tiny = directory.path().join("tiny.img");
+    std::fs::write(&tiny, b"FLINTDEV").unwrap();
+    assert!(open_error(&tiny).contains("truncated"), "{}", open_error(&tiny));
+    // Truncated page area.
+    let path = fresh_image(directory.path());
+    let length = std::fs::metadata(&path).unwrap().len();
+    std::fs::OpenOptions::new().write(true).open(&path).unwrap().set_len(length - 1).unwrap();
+    let message = open_error(&path);
+    assert!(message.contains("truncated") && message.contains(&length.to_string()), "{message}");
+    std::fs::remove_file(&path).unwrap();
+    // Another format version in both header copies.
+    let path = fresh_image(directory.path());
+    patch(&path, 8, &2u32.to_le_bytes());
+    patch(&path, HEADER_SLOT_BYTES + 8, &2u32.to_le_bytes());
+    let message = open_error(&path);
+    assert!(message.contains("version 2") && message.contains("reads version 1"), "{message}");
+    std::fs::remove_file(&path).unwrap();
+    // A corrupted zone record.
+    let path = fresh_image(directory.path());
+    let layout = ImageLayout::of(&small_geometry());
+    patch(&path, layout.zone_table_offset + 4, &[7]);
+    assert!(open_error(&path).contains("zone 0 record checksum mismatch"), "{}", open_error(&path));
+    std::fs::remove_file(&path).unwrap();
+    // A corrupted block record.
+    let path = fresh_image(directory.path());
+    patch(&path, layout.block_table_offset + 32 * 3, &[1, 2, 3]);
+    assert!(open_error(&path).contains("block 3 record"), "{}", open_error(&path));
+}
+
+#[test]
+fn one_damaged_header_copy_falls_back_to_the_other() {
+    let directory = tempfile::tempdir().unwrap();
+    let path = fresh_image(directory.path());
+    patch(&path, 100, &[0xEE; 8]); // copy 0
+    let mut device = ImageFlash::open_image(&path, image_options(FaultConfig::none(0))).unwrap();
+    assert_eq!(device.report_zone(0).unwrap().write_pointer, 3);
+    device.flush().unwrap(); // rewrites a copy
+    drop(device);
+    patch(&path, 100, &[0xEE; 8]);
+    patch(&path, HEADER_SLOT_BYTES + 100, &[0xEE; 8]);
+    let message = open_error(&path);
+    assert!(message.contains("header copy 0") && message.contains("header copy 1"), "{message}");
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 512, failure_persistence: None, ..ProptestConfig::default() })]
+
+    /// Decoders are total: any bytes give a value or an error.
+    #[test]
+    fn decoders_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..5000), index in any::<u32>(), entries in 0u32..40) {
+        let geometry = small_geometry();
+        let _ = ImageHeader::decode(&bytes);
+        let _ = decode_zone_record(index, &bytes[..bytes.len().min(32)], &geometry);
+        let _ = decode_block_record(u64::from(index), &bytes[..bytes.len().min(32)]);
+        let _ = decode_overlay(&bytes, entries, &geometry);
+    }
+
+    /// A valid header with random fields changed decodes or is refused.
+    #[test]
+    fn mutated_headers_never_panic(offset in 0usize..4096, value in any::<u64>()) {
+        let geometry = Geometry { nvm_size_bytes: 64, ..small_geometry() };
+        let header = ImageHeader {
+            generation: 3,
+            geometry,
+            layout: ImageLayout::of(&geometry),
+            overlay_active_slot: 0,
+            overlay_entries: 0,
+            overlay_bytes: 0,
+            overlay_crc: 0,
+            clock_ns: 0,
+            counters: Counters::default(),
+        };
+        let mut bytes = header.encode();
+        let end = (offset + 8).min(bytes.len());
+        bytes[offset..end].copy_from_slice(&value.to_le_bytes()[..end - offset]);
+        // With the checksum recomputed, field checks are what must hold.
+        let crc = crc32c::crc32c(&bytes[..4092]);
+        bytes[4092..].copy_from_slice(&crc.to_le_bytes());
+        let _ = ImageHeader::decode(&bytes);
+    }
+}
+
+/// Corrupting any metadata byte of a real image gives an error at open or a
+/// device that still answers every call; never a panic.
+#[test]
+fn corrupted_image_metadata_never_panics() {
+    let directory = tempfile::tempdir().unwrap();
+    let pristine = fresh_image(directory.path());
+    let original = std::fs::read(&pristine).unwrap();
+    let layout = ImageLayout::of(&small_geometry());
+    let metadata_end = layout.overlay_slot_offset as usize + 64;
+    let corrupt = directory.path().join("corrupt.img");
+    let mut refused = 0;
+    for (case, offset) in (0..metadata_end).step_by(7).enumerate() {
+        let mut bytes = original.clone();
+        bytes[offset] ^= 1 << (case % 8);
+        std::fs::write(&corrupt, &bytes).unwrap();
+        match ImageFlash::open_image(&corrupt, image_options(FaultConfig::none(0))) {
+            Err(_) => refused += 1,
+            Ok(mut device) => {
+                for zone in device.report_zones() {
+                    for page in 0..zone.capacity_pages.min(8) {
+                        let mut data = vec![0; 512];
+                        let mut oob = vec![0; 64];
+                        let _ = device.read_page(PageAddress::new(zone.zone, page), &mut data, &mut oob);
+                    }
+                }
+                let _ = device.flush();
+            }
+        }
+    }
+    assert!(refused > 0);
+}
