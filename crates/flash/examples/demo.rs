@@ -66,7 +66,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let total_operations =
         u64::from(LOG_ZONES * LOG_PAGES_PER_ZONE + LOG_ZONES * LOG_PAGES_PER_ZONE / FLUSH_EVERY_PAGES);
     let cut_at = total_operations / 2 + seed % (total_operations / 4);
-    device.schedule_power_cut(cut_at, seed);
+    device.schedule_power_cut(cut_at, seed)?;
     let mut flushed = vec![0u32; zones.len()];
     let mut accepted = vec![0u32; zones.len()];
     'workload: for page in 0..LOG_PAGES_PER_ZONE {

@@ -133,7 +133,9 @@ pub trait Backend {
     /// Stores persisted NVM bytes.
     fn write_nvm(&mut self, offset: u64, bytes: &[u8]) -> Result<()>;
     fn write_zone_record(&mut self, zone: u32, record: &ZoneRecord) -> Result<()>;
-    fn write_block_record(&mut self, block: u64, record: &BlockRecord) -> Result<()>;
+    /// Records of consecutive blocks starting at `first_block`, in one
+    /// write where the backend can (a zone's blocks change together).
+    fn write_block_records(&mut self, first_block: u64, records: &[BlockRecord]) -> Result<()>;
     fn write_overlay(&mut self, overlay: &Overlay) -> Result<()>;
     /// Lifetime counters and the simulated clock.
     fn write_summary(&mut self, counters: &Counters, clock_ns: u64) -> Result<()>;
@@ -220,7 +222,7 @@ impl Backend for MemoryBackend {
         Ok(())
     }
 
-    fn write_block_record(&mut self, _block: u64, _record: &BlockRecord) -> Result<()> {
+    fn write_block_records(&mut self, _first_block: u64, _records: &[BlockRecord]) -> Result<()> {
         Ok(())
     }
 

@@ -55,6 +55,7 @@ impl Default for DeviceOptions {
 impl DeviceOptions {
     pub fn validate(&self) -> Result<()> {
         self.faults.validate()?;
+        self.timing.validate()?;
         if self.write_buffer_pages == 0 || self.write_buffer_pages > WRITE_BUFFER_PAGES_MAX {
             return Err(DeviceError::Geometry {
                 field: "write_buffer_pages",
@@ -148,6 +149,14 @@ impl WriteBuffer {
         Some(page)
     }
 
+    /// Puts back an entry just taken by `pop_front`.
+    fn push_front(&mut self, page: BufferedPage) {
+        self.front_sequence -= 1;
+        let previous = self.by_physical.insert(page.physical, self.front_sequence);
+        assert!(previous.is_none(), "page slot {} buffered twice", page.physical);
+        self.entries.push_front(page);
+    }
+
     /// Removes every entry, oldest first.
     fn take_all(&mut self) -> Vec<BufferedPage> {
         self.by_physical.clear();
@@ -210,6 +219,17 @@ pub struct FlashEmulator<B: Backend> {
 /// The device on host memory.
 pub type MemoryFlash = FlashEmulator<MemoryBackend>;
 
+impl<B: Backend> FlashEmulator<B> {
+    /// A fresh, erased device over a caller's backend (a test double, or a
+    /// store of another kind). The backend must read back what it is given.
+    pub fn with_backend(geometry: Geometry, options: DeviceOptions, backend: B) -> Result<Self> {
+        geometry.validate()?;
+        options.validate()?;
+        let state = fresh_state(&geometry, &options.faults);
+        FlashEmulator::from_parts(geometry, options, backend, state)
+    }
+}
+
 impl FlashEmulator<MemoryBackend> {
     /// A fresh, erased device in memory.
     pub fn memory(geometry: Geometry, options: DeviceOptions) -> Result<MemoryFlash> {
@@ -255,6 +275,12 @@ pub(crate) fn fresh_state(geometry: &Geometry, faults: &FaultConfig) -> DurableS
         clock_ns: 0,
         nvm: vec![0; geometry.nvm_size_bytes as usize],
     }
+}
+
+/// Adds to a counter without overflow: an image may come with counters near
+/// the top of the range.
+fn bump(counter: &mut u64, amount: u64) {
+    *counter = counter.saturating_add(amount);
 }
 
 /// A generator for a fault's garbage, reproducible from its seed and page.
@@ -311,7 +337,14 @@ impl<B: Backend> FlashEmulator<B> {
             });
         }
         Ok(FlashEmulator {
-            rng: Pcg64Mcg::seed_from_u64(options.faults.seed),
+            // The seed mixed with the image's lifetime activity: reproducible,
+            // yet a reopened image does not replay the faults of its last open.
+            rng: Pcg64Mcg::seed_from_u64(
+                options.faults.seed
+                    ^ state.counters.pages_programmed.wrapping_mul(0x9E37_79B9_7F4A_7C15)
+                    ^ state.counters.pages_read.rotate_left(21)
+                    ^ state.counters.erases.rotate_left(42),
+            ),
             clock: Clock::new(options.timing, state.clock_ns),
             geometry,
             backend,
@@ -365,7 +398,9 @@ impl<B: Backend> FlashEmulator<B> {
 
     /// Mutating operations (program, reset, finish, flush, NVM write and
     /// persist) issued so far by this process; a scheduled power cut names
-    /// one of these by index.
+    /// one of these by index. An operation counts once its arguments are
+    /// well-formed (address in range, buffers the right size), whether the
+    /// device then accepts it or refuses it.
     pub fn mutating_operations(&self) -> u64 {
         self.mutating_operations
     }
@@ -381,8 +416,15 @@ impl<B: Backend> FlashEmulator<B> {
     /// `operation` (see [`FlashEmulator::mutating_operations`]). That
     /// operation fails with [`DeviceError::PowerLost`], as does every later
     /// one until [`FlashEmulator::power_on`].
-    pub fn schedule_power_cut(&mut self, operation: u64, seed: u64) {
+    pub fn schedule_power_cut(&mut self, operation: u64, seed: u64) -> Result<()> {
+        if operation < self.mutating_operations {
+            return Err(DeviceError::OutOfRange {
+                what: format!("a power cut at operation {operation}"),
+                limit: format!("{} operations have already been issued", self.mutating_operations),
+            });
+        }
         self.scheduled_cut = Some((operation, seed));
+        Ok(())
     }
 
     /// True while a fired scheduled cut keeps the device off.
@@ -594,8 +636,18 @@ impl<B: Backend> FlashEmulator<B> {
             return Ok(PageState::Erased);
         };
         let (block, _) = self.locate(address);
-        let buffered = self.buffer.get(physical).is_some();
-        // Fetch the pristine contents.
+        let bytes = if full { page + oob.len() } else { oob.len() } as u64;
+        self.count_read(full);
+        // A page still in the write buffer is served from the controller's
+        // DRAM: no medium, so no medium faults, no read disturb.
+        if let Some(entry) = self.buffer.get(physical) {
+            if let Some(data) = data {
+                data.copy_from_slice(&entry.bytes[..page]);
+            }
+            oob.copy_from_slice(&entry.bytes[page..]);
+            self.clock.read_buffered(bytes);
+            return Ok(PageState::Programmed);
+        }
         let mut scratch_data;
         let data_target: &mut [u8] = match data {
             Some(data) => data,
@@ -611,71 +663,94 @@ impl<B: Backend> FlashEmulator<B> {
                 data_target.copy_from_slice(&whole_data);
             }
             oob.copy_from_slice(&whole_oob);
-        } else if let Some(entry) = self.buffer.get(physical) {
-            if full {
-                data_target.copy_from_slice(&entry.bytes[..page]);
-            }
-            oob.copy_from_slice(&entry.bytes[page..]);
         } else if full {
             self.backend.read_page(physical, data_target, oob)?;
         } else {
             self.backend.read_oob(physical, oob)?;
         }
-        // Cost.
-        let bytes = if full { page + oob.len() } else { oob.len() } as u64;
-        if buffered {
-            self.clock.read_buffered(bytes);
-        } else {
-            self.clock.read(block, bytes);
-        }
-        self.count_read(full);
+        self.clock.read(block, bytes);
         let record = &mut self.blocks[block as usize];
         record.reads_since_erase = record.reads_since_erase.saturating_add(1);
         self.dirty_blocks.insert(block);
-        // Whole-page failure, then bit flips. A page still in the write
-        // buffer is served from DRAM and suffers neither.
-        if !buffered {
-            let faults = &self.options.faults;
-            if faults.read_failure_probability > 0.0 && self.rng.random_bool(faults.read_failure_probability) {
-                self.lifetime.read_failures_injected += 1;
-                return Err(DeviceError::ReadFailed { address, block });
+        // Whole-page failure, then bit flips.
+        let faults = &self.options.faults;
+        if faults.read_failure_probability > 0.0 && self.rng.random_bool(faults.read_failure_probability) {
+            bump(&mut self.lifetime.read_failures_injected, 1);
+            return Err(DeviceError::ReadFailed { address, block });
+        }
+        let rate = self.raw_bit_error_rate(block);
+        if rate > 0.0 {
+            let mut flips = 0;
+            if full {
+                flips += flip_bits(data_target, rate, &mut self.rng);
             }
-            let rate = self.raw_bit_error_rate(block);
-            if rate > 0.0 {
-                let mut flips = 0;
-                if full {
-                    flips += flip_bits(data_target, rate, &mut self.rng);
-                }
-                flips += flip_bits(oob, rate, &mut self.rng);
-                self.lifetime.bit_flips_injected += flips;
-            }
+            flips += flip_bits(oob, rate, &mut self.rng);
+            bump(&mut self.lifetime.bit_flips_injected, flips);
         }
         Ok(PageState::Programmed)
     }
 
     fn count_read(&mut self, full: bool) {
-        if full {
-            self.lifetime.pages_read += 1;
-        } else {
-            self.lifetime.oob_reads += 1;
-        }
+        bump(if full { &mut self.lifetime.pages_read } else { &mut self.lifetime.oob_reads }, 1);
     }
 
-    /// Makes the oldest buffered page durable.
-    fn drain_one(&mut self) -> Result<()> {
+    /// Makes the oldest buffered page durable. A drain the device does on its
+    /// own (`record_now`) also records the new durable write pointer at once,
+    /// so a killed process keeps what an in-process power cut would keep.
+    fn drain_one(&mut self, record_now: bool) -> Result<()> {
         let entry = self.buffer.pop_front().expect("drain of an empty write buffer");
         self.clock.wait_until(entry.programmed_ns);
-        self.make_durable(&entry)
+        if let Err(error) = self.make_durable(&entry) {
+            // Not durable after all: it stays buffered, and the prefix rule
+            // still holds for the next attempt.
+            self.buffer.push_front(entry);
+            return Err(error);
+        }
+        if record_now {
+            let zone = entry.zone;
+            let record = self.zones[zone as usize].durable;
+            self.backend.write_zone_record(zone, &record)?;
+            self.dirty_zones.remove(&zone);
+        }
+        Ok(())
     }
 
+    /// Programs a buffered page into the medium. Medium faults happen here,
+    /// when the cells are programmed: a misdirected landing, and bits that
+    /// an earlier misdirected write over-programmed into this slot.
     fn make_durable(&mut self, entry: &BufferedPage) -> Result<()> {
         let page = self.geometry.page_size_bytes as usize;
+        assert_eq!(
+            self.zones[entry.zone as usize].durable.write_pointer, entry.page,
+            "zone {}: durability must be a prefix",
+            entry.zone
+        );
         self.backend.write_page(entry.physical, &entry.bytes[..page], &entry.bytes[page..])?;
+        match self.overlay.remove(&entry.physical) {
+            Some(PageFault::Stored { media }) => {
+                let combined: Box<[u8]> =
+                    media.iter().zip(entry.bytes.iter()).map(|(medium, byte)| medium & byte).collect();
+                self.overlay.insert(entry.physical, PageFault::Stored { media: combined });
+                self.overlay_dirty = true;
+            }
+            Some(_) => self.overlay_dirty = true,
+            None => {}
+        }
+        let misdirected_probability = self.options.faults.misdirected_write_probability;
+        if misdirected_probability > 0.0 && self.rng.random_bool(misdirected_probability) {
+            self.misdirect(entry.physical, &entry.bytes)?;
+        }
         let zone = &mut self.zones[entry.zone as usize];
-        assert_eq!(zone.durable.write_pointer, entry.page, "zone {}: durability must be a prefix", entry.zone);
         zone.durable.write_pointer = entry.page + 1;
         zone.durable.condition = durable_condition_of(zone);
         self.dirty_zones.insert(entry.zone);
+        Ok(())
+    }
+
+    fn sync_host(&mut self) -> Result<()> {
+        if self.options.host_sync {
+            self.backend.sync()?;
+        }
         Ok(())
     }
 
@@ -687,7 +762,7 @@ impl<B: Backend> FlashEmulator<B> {
             self.backend.write_zone_record(zone, &zone_entry.durable)?;
         }
         for block in std::mem::take(&mut self.dirty_blocks) {
-            self.backend.write_block_record(block, &self.blocks[block as usize])?;
+            self.backend.write_block_records(block, std::slice::from_ref(&self.blocks[block as usize]))?;
         }
         if self.overlay_dirty {
             self.backend.write_overlay(&self.overlay)?;
@@ -695,10 +770,7 @@ impl<B: Backend> FlashEmulator<B> {
         }
         let counters = self.lifetime_counters();
         self.backend.write_summary(&counters, self.clock.now_ns())?;
-        if self.options.host_sync {
-            self.backend.sync()?;
-        }
-        Ok(())
+        self.sync_host()
     }
 
     /// Records a page fault unless the overlay is full.
@@ -710,7 +782,7 @@ impl<B: Backend> FlashEmulator<B> {
                 && !matches!(self.overlay.get(&physical), Some(PageFault::Stored { .. }))
                 && stored >= OVERLAY_STORED_PAGES_MAX;
         if full {
-            self.lifetime.faults_suppressed += 1;
+            bump(&mut self.lifetime.faults_suppressed, 1);
             return false;
         }
         self.overlay.insert(physical, fault);
@@ -722,56 +794,150 @@ impl<B: Backend> FlashEmulator<B> {
         self.zones.iter().filter(|zone| zone.state == ZoneState::Open).count() as u32
     }
 
-    /// A misdirected program: the addressed page stays erased, a random
-    /// victim page is over-programmed with the data.
+    /// A misdirected program: the data lands on a random victim page, which
+    /// is over-programmed, and the addressed page keeps its erased cells.
     fn misdirect(&mut self, physical: u64, bytes: &[u8]) -> Result<()> {
-        self.lifetime.misdirected_writes_injected += 1;
-        self.record_fault(physical, PageFault::LostWrite);
         let zone = self.rng.random_range(0..self.geometry.zone_count);
         let capacity = self.zones[zone as usize].durable.capacity_pages;
         if capacity == 0 {
-            return Ok(());
+            return Ok(()); // landed on a dead zone's slot: as good as nowhere
         }
         let victim_address = PageAddress::new(zone, self.rng.random_range(0..capacity));
         let (_, victim) = self.locate(victim_address);
         if victim == physical {
-            return Ok(());
+            return Ok(()); // landed where it was meant to
         }
-        let page = self.geometry.page_size_bytes as usize;
-        let mut media = match self.readable_physical(victim_address)? {
-            Some(_) => {
-                let (mut data, mut oob) = self.pristine(victim)?;
-                self.apply_media_faults(victim, &mut data, &mut oob);
-                [data, oob].concat()
-            }
-            None => match self.overlay.get(&victim) {
+        // What the victim's cells hold now: durable contents with their
+        // faults, an earlier misdirected landing, or erased.
+        let durable = victim_address.page < self.zones[zone as usize].durable.write_pointer;
+        let mut media = if durable {
+            let page = self.geometry.page_size_bytes as usize;
+            let mut data = vec![0; page];
+            let mut oob = vec![0; self.geometry.oob_size_bytes as usize];
+            self.backend.read_page(victim, &mut data, &mut oob)?;
+            self.apply_media_faults(victim, &mut data, &mut oob);
+            [data, oob].concat()
+        } else {
+            match self.overlay.get(&victim) {
                 Some(PageFault::Stored { media }) => media.to_vec(),
                 _ => vec![0xFF; bytes.len()],
-            },
+            }
         };
-        debug_assert_eq!(media.len(), page + self.geometry.oob_size_bytes as usize);
         for (medium, byte) in media.iter_mut().zip(bytes) {
             *medium &= byte;
         }
+        bump(&mut self.lifetime.misdirected_writes_injected, 1);
+        self.record_fault(physical, PageFault::LostWrite);
         self.record_fault(victim, PageFault::Stored { media: media.into_boxed_slice() });
         Ok(())
     }
 
+    /// The checks and effects of a program, apart from power-cut handling.
+    fn accept_program(&mut self, address: PageAddress, data: &[u8], oob: &[u8]) -> Result<()> {
+        let zone = &self.zones[address.zone as usize];
+        let (state, write_pointer, capacity_pages) = (zone.state, zone.write_pointer, zone.durable.capacity_pages);
+        match state {
+            ZoneState::ReadOnly | ZoneState::Offline => {
+                return Err(DeviceError::ZoneState {
+                    zone: address.zone,
+                    state: state.name(),
+                    operation: "program",
+                    write_pointer,
+                })
+            }
+            ZoneState::Full => return Err(DeviceError::ZoneFull { address, write_pointer, capacity_pages }),
+            _ => {}
+        }
+        if address.page >= capacity_pages {
+            return Err(DeviceError::ZoneFull { address, write_pointer, capacity_pages });
+        }
+        if address.page != write_pointer {
+            return Err(DeviceError::NotAtWritePointer { address, write_pointer });
+        }
+        if matches!(state, ZoneState::Empty | ZoneState::Closed) {
+            let open_zones = self.open_zone_count();
+            if open_zones >= self.geometry.open_zones_max {
+                return Err(DeviceError::TooManyOpenZones {
+                    address,
+                    open_zones,
+                    open_zones_max: self.geometry.open_zones_max,
+                });
+            }
+        }
+        let (block, physical) = self.locate(address);
+        let failure_probability = self.options.faults.wear_failure_probability(
+            self.options.faults.program_failure_probability_at_endurance,
+            self.blocks[block as usize].erase_count,
+        );
+        if failure_probability > 0.0 && self.rng.random_bool(failure_probability) {
+            let record = &mut self.blocks[block as usize];
+            record.bad = true;
+            let erase_count = record.erase_count;
+            self.zones[address.zone as usize].state = ZoneState::ReadOnly;
+            bump(&mut self.lifetime.program_failures_injected, 1);
+            // Recorded at once: a grown bad block survives a killed process.
+            let zone_entry = &mut self.zones[address.zone as usize];
+            zone_entry.durable.condition = durable_condition_of(zone_entry);
+            let zone_record = zone_entry.durable;
+            self.backend.write_block_records(block, std::slice::from_ref(&self.blocks[block as usize]))?;
+            self.backend.write_zone_record(address.zone, &zone_record)?;
+            self.dirty_blocks.remove(&block);
+            self.dirty_zones.remove(&address.zone);
+            return Err(DeviceError::ProgramFailed { address, block, erase_count });
+        }
+        let mut bytes = Vec::with_capacity(data.len() + oob.len());
+        bytes.extend_from_slice(data);
+        bytes.extend_from_slice(oob);
+        // Programs reach a block in page order, so its first page starts the
+        // retention clock.
+        if address.page.is_multiple_of(self.geometry.block_pages) {
+            self.blocks[block as usize].programmed_at_ns = self.clock.now_ns();
+            self.dirty_blocks.insert(block);
+        }
+        let programmed_ns = self.clock.program(block, bytes.len() as u64);
+        self.buffer.push(BufferedPage {
+            physical,
+            zone: address.zone,
+            page: address.page,
+            bytes: bytes.into_boxed_slice(),
+            programmed_ns,
+        });
+        let zone = &mut self.zones[address.zone as usize];
+        zone.write_pointer += 1;
+        zone.state = if zone.write_pointer == capacity_pages { ZoneState::Full } else { ZoneState::Open };
+        self.dirty_zones.insert(address.zone);
+        bump(&mut self.lifetime.pages_programmed, 1);
+        bump(&mut self.lifetime.data_bytes_programmed, data.len() as u64);
+        bump(&mut self.lifetime.oob_bytes_programmed, oob.len() as u64);
+        while self.buffer.len() > self.options.write_buffer_pages as usize {
+            self.drain_one(true)?;
+        }
+        Ok(())
+    }
+
+    /// The power cut itself. A backend error part way (an image on a full
+    /// host disk) does not leave the device half cut: every zone still comes
+    /// back at its durable write pointer, and the first error is returned.
     fn cut(&mut self, seed: u64, in_flight: InFlight) -> Result<PowerCutReport> {
         let mut rng = Pcg64Mcg::seed_from_u64(seed);
         let mut report = PowerCutReport { seed, ..PowerCutReport::default() };
+        let mut first_error: Option<DeviceError> = None;
         let tear_probability = self.options.faults.torn_operation_probability;
-        // Decide the in-flight erase first: it happened, did not, or was
-        // interrupted half way.
+        // The erase in flight happened, did not, or was interrupted.
         if let InFlight::Reset { zone } = in_flight {
-            if rng.random_bool(tear_probability) {
+            if rng.random_bool(self.options.faults.interrupted_erase_probability) {
                 self.interrupt_erase(zone, &mut rng);
                 report.interrupted_erase = Some(zone);
             } else if rng.random_bool(0.5) {
-                // The erase completed before power went: do it for real,
-                // ignoring an injected erase failure's error value (the
-                // block is marked bad all the same).
-                let _ = self.erase_zone_now(zone);
+                // It completed before power went. An injected erase failure
+                // has marked its block bad all the same; the host never saw
+                // the command complete, so its error value goes nowhere.
+                match self.erase_zone_now(zone) {
+                    Ok(()) | Err(DeviceError::EraseFailed { .. }) => {}
+                    Err(error) => {
+                        first_error.get_or_insert(error);
+                    }
+                }
             }
         }
         // Per zone, a durable prefix of the buffered pages.
@@ -783,28 +949,21 @@ impl<B: Backend> FlashEmulator<B> {
             let durable_before = self.zones[zone as usize].durable.write_pointer;
             let accepted = self.zones[zone as usize].write_pointer;
             let keep = rng.random_range(0..=pages.len());
+            let tear = rng.random_bool(tear_probability);
+            let fault_seed: u64 = rng.random();
+            let mut kept_all = true;
             for entry in &pages[..keep] {
-                self.make_durable(entry)?;
+                if let Err(error) = self.make_durable(entry) {
+                    first_error.get_or_insert(error);
+                    kept_all = false;
+                    break;
+                }
             }
-            if let Some(torn) = pages.get(keep) {
-                if rng.random_bool(tear_probability) {
-                    self.make_durable(torn)?;
-                    let address = PageAddress::new(zone, torn.page);
-                    if self.record_fault(torn.physical, PageFault::Torn { seed: rng.random() }) {
-                        self.lifetime.torn_pages += 1;
-                        report.torn_pages.push(address);
-                    }
-                    let distance = self.options.faults.paired_page_distance;
-                    if distance > 0 && torn.page % self.geometry.block_pages >= distance {
-                        let paired = PageAddress::new(zone, torn.page - distance);
-                        let (_, physical) = self.locate(paired);
-                        let rate_ppm = (self.options.faults.paired_page_bit_error_rate * 1e6) as u32;
-                        if !self.overlay.contains_key(&physical)
-                            && self.record_fault(physical, PageFault::Disturbed { seed: rng.random(), rate_ppm })
-                        {
-                            self.lifetime.paired_page_corruptions += 1;
-                            report.paired_page_corruptions.push(paired);
-                        }
+            if let Some(torn) = pages.get(keep).filter(|_| tear && kept_all) {
+                match self.make_durable(torn) {
+                    Ok(()) => self.tear(zone, torn, fault_seed, &mut report),
+                    Err(error) => {
+                        first_error.get_or_insert(error);
                     }
                 }
             }
@@ -820,10 +979,14 @@ impl<B: Backend> FlashEmulator<B> {
         // NVM: each unpersisted 8-byte word is kept or dropped.
         for word in std::mem::take(&mut self.nvm_dirty_words) {
             let range = (word * NVM_WORD_BYTES) as usize..((word + 1) * NVM_WORD_BYTES) as usize;
-            if rng.random_bool(0.5) {
-                let (live, durable) = (&self.nvm_live[range.clone()], &mut self.nvm_durable[range.clone()]);
-                durable.copy_from_slice(live);
-                self.backend.write_nvm(range.start as u64, &self.nvm_durable[range])?;
+            let keep = rng.random_bool(0.5);
+            let kept = keep && {
+                let written = self.backend.write_nvm(range.start as u64, &self.nvm_live[range.clone()]);
+                written.map_err(|error| first_error.get_or_insert(error)).is_ok()
+            };
+            if kept {
+                let live = &self.nvm_live[range.clone()];
+                self.nvm_durable[range].copy_from_slice(live);
                 report.nvm_words_kept += 1;
             } else {
                 self.nvm_live[range.clone()].copy_from_slice(&self.nvm_durable[range]);
@@ -832,14 +995,43 @@ impl<B: Backend> FlashEmulator<B> {
         }
         // Power-up: open zones come back closed, nothing is in flight.
         for (index, zone) in self.zones.iter_mut().enumerate() {
+            zone.write_pointer = zone.durable.write_pointer;
             zone.durable.condition = durable_condition_of(zone);
             zone.state = live_state_after_power_up(&zone.durable);
             self.dirty_zones.insert(index as u32);
         }
         self.clock.power_up();
-        self.lifetime.power_cuts += 1;
-        self.commit_metadata()?;
-        Ok(report)
+        bump(&mut self.lifetime.power_cuts, 1);
+        if let Err(error) = self.commit_metadata() {
+            first_error.get_or_insert(error);
+        }
+        match first_error {
+            Some(error) => Err(error),
+            None => Ok(report),
+        }
+    }
+
+    /// Leaves a just-durable page half programmed, and with MLC pairing,
+    /// damages the earlier page that shares its cells.
+    fn tear(&mut self, zone: u32, torn: &BufferedPage, seed: u64, report: &mut PowerCutReport) {
+        let address = PageAddress::new(zone, torn.page);
+        if self.record_fault(torn.physical, PageFault::Torn { seed }) {
+            bump(&mut self.lifetime.torn_pages, 1);
+            report.torn_pages.push(address);
+        }
+        let distance = self.options.faults.paired_page_distance;
+        if distance > 0 && torn.page % self.geometry.block_pages >= distance {
+            let paired = PageAddress::new(zone, torn.page - distance);
+            let (_, physical) = self.locate(paired);
+            let rate_ppm = (self.options.faults.paired_page_bit_error_rate * 1e6) as u32;
+            let paired_seed = seed.rotate_left(17) ^ 0x5041_4952;
+            if !self.overlay.contains_key(&physical)
+                && self.record_fault(physical, PageFault::Disturbed { seed: paired_seed, rate_ppm })
+            {
+                bump(&mut self.lifetime.paired_page_corruptions, 1);
+                report.paired_page_corruptions.push(paired);
+            }
+        }
     }
 
     /// A power cut in the middle of a reset: the zone's good blocks are
@@ -857,7 +1049,7 @@ impl<B: Backend> FlashEmulator<B> {
             record.interrupted_erase_seed = Some(rng.random());
             self.dirty_blocks.insert(block);
         }
-        self.lifetime.interrupted_erases += 1;
+        bump(&mut self.lifetime.interrupted_erases, 1);
         let zone_entry = &mut self.zones[zone as usize];
         zone_entry.write_pointer = zone_entry.durable.write_pointer;
     }
@@ -885,12 +1077,12 @@ impl<B: Backend> FlashEmulator<B> {
             record.interrupted_erase_seed = None;
             self.dirty_blocks.insert(block);
             erased.push(block);
-            self.lifetime.erases += 1;
+            bump(&mut self.lifetime.erases, 1);
             if failure_probability > 0.0 && self.rng.random_bool(failure_probability) {
                 let record = &mut self.blocks[block as usize];
                 record.bad = true;
                 record.excluded = true;
-                self.lifetime.erase_failures_injected += 1;
+                bump(&mut self.lifetime.erase_failures_injected, 1);
                 failed.get_or_insert((block, record.erase_count));
             }
         }
@@ -915,20 +1107,26 @@ impl<B: Backend> FlashEmulator<B> {
             write_pointer: 0,
             capacity_pages,
         };
-        self.lifetime.zone_resets += 1;
+        bump(&mut self.lifetime.zone_resets, 1);
         // Durable now, before any page of the new generation can reach the
-        // backend: the zone record and the blocks it is made of.
-        self.backend.write_zone_record(zone, &self.zones[zone as usize].durable)?;
-        for offset in 0..self.geometry.zone_blocks {
-            let block = self.block_id(zone, offset);
-            self.backend.write_block_record(block, &self.blocks[block as usize])?;
-            self.dirty_blocks.remove(&block);
-        }
-        self.dirty_zones.remove(&zone);
+        // backend, in an order a killed process cannot break: the overlay
+        // without the zone's entries (its pages are being erased), then the
+        // zone's block records in one write, then the zone record. A zone
+        // record whose capacity disagrees with its blocks on open is a reset
+        // that completed.
         if self.overlay_dirty {
             self.backend.write_overlay(&self.overlay)?;
             self.overlay_dirty = false;
         }
+        let first_block = self.block_id(zone, 0);
+        let zone_blocks = first_block as usize..first_block as usize + self.geometry.zone_blocks as usize;
+        self.backend.write_block_records(first_block, &self.blocks[zone_blocks.clone()])?;
+        for block in zone_blocks {
+            self.dirty_blocks.remove(&(block as u64));
+        }
+        self.backend.write_zone_record(zone, &self.zones[zone as usize].durable)?;
+        self.dirty_zones.remove(&zone);
+        self.sync_host()?;
         if let Some((block, erase_count)) = failed {
             return Err(DeviceError::EraseFailed { zone, block, erase_count, capacity_pages });
         }
@@ -984,96 +1182,11 @@ impl<B: Backend> FlashDevice for FlashEmulator<B> {
         Self::check_buffer("page data", self.geometry.page_size_bytes, data.len())?;
         Self::check_buffer("page OOB", self.geometry.oob_size_bytes, oob.len())?;
         let cut_now = self.count_operation();
-        let zone = &self.zones[address.zone as usize];
-        let (state, write_pointer, capacity_pages) = (zone.state, zone.write_pointer, zone.durable.capacity_pages);
-        match state {
-            ZoneState::ReadOnly | ZoneState::Offline => {
-                return Err(DeviceError::ZoneState {
-                    zone: address.zone,
-                    state: state.name(),
-                    operation: "program",
-                    write_pointer,
-                })
-            }
-            ZoneState::Full => return Err(DeviceError::ZoneFull { address, capacity_pages }),
-            _ => {}
-        }
-        if address.page >= capacity_pages {
-            return Err(DeviceError::ZoneFull { address, capacity_pages });
-        }
-        if address.page != write_pointer {
-            return Err(DeviceError::NotAtWritePointer { address, write_pointer });
-        }
-        if matches!(state, ZoneState::Empty | ZoneState::Closed) {
-            let open_zones = self.open_zone_count();
-            if open_zones >= self.geometry.open_zones_max {
-                return Err(DeviceError::TooManyOpenZones {
-                    zone: address.zone,
-                    open_zones,
-                    open_zones_max: self.geometry.open_zones_max,
-                });
-            }
-        }
-        let (block, physical) = self.locate(address);
-        let failure_probability = self.options.faults.wear_failure_probability(
-            self.options.faults.program_failure_probability_at_endurance,
-            self.blocks[block as usize].erase_count,
-        );
-        if failure_probability > 0.0 && self.rng.random_bool(failure_probability) {
-            let record = &mut self.blocks[block as usize];
-            record.bad = true;
-            let erase_count = record.erase_count;
-            self.dirty_blocks.insert(block);
-            self.zones[address.zone as usize].state = ZoneState::ReadOnly;
-            self.dirty_zones.insert(address.zone);
-            self.lifetime.program_failures_injected += 1;
-            return Err(DeviceError::ProgramFailed { address, block, erase_count });
-        }
-        let mut bytes = Vec::with_capacity(data.len() + oob.len());
-        bytes.extend_from_slice(data);
-        bytes.extend_from_slice(oob);
-        // Whatever the slot held as a fault is replaced by this program,
-        // except over-programmed bits, which cannot be un-programmed.
-        match self.overlay.remove(&physical) {
-            Some(PageFault::Stored { media }) => {
-                let combined: Box<[u8]> = media.iter().zip(&bytes).map(|(medium, byte)| medium & byte).collect();
-                self.overlay.insert(physical, PageFault::Stored { media: combined });
-                self.overlay_dirty = true;
-            }
-            Some(_) => self.overlay_dirty = true,
-            None => {}
-        }
-        let misdirected = self.options.faults.misdirected_write_probability > 0.0
-            && self.rng.random_bool(self.options.faults.misdirected_write_probability);
-        if misdirected {
-            self.misdirect(physical, &bytes)?;
-        }
-        if address.page.is_multiple_of(self.geometry.block_pages) || self.blocks[block as usize].programmed_at_ns == 0 {
-            self.blocks[block as usize].programmed_at_ns = self.clock.now_ns();
-            self.dirty_blocks.insert(block);
-        }
-        let programmed_ns = self.clock.program(block, bytes.len() as u64);
-        self.buffer.push(BufferedPage {
-            physical,
-            zone: address.zone,
-            page: address.page,
-            bytes: bytes.into_boxed_slice(),
-            programmed_ns,
-        });
-        let zone = &mut self.zones[address.zone as usize];
-        zone.write_pointer += 1;
-        zone.state = if zone.write_pointer == capacity_pages { ZoneState::Full } else { ZoneState::Open };
-        self.dirty_zones.insert(address.zone);
-        self.lifetime.pages_programmed += 1;
-        self.lifetime.data_bytes_programmed += data.len() as u64;
-        self.lifetime.oob_bytes_programmed += oob.len() as u64;
-        while self.buffer.len() > self.options.write_buffer_pages as usize {
-            self.drain_one()?;
-        }
+        let result = self.accept_program(address, data, oob);
         if cut_now {
             return Err(self.fire_scheduled_cut("program", InFlight::Nothing));
         }
-        Ok(())
+        result
     }
 
     fn reset_zone(&mut self, zone: u32) -> Result<()> {
@@ -1082,12 +1195,13 @@ impl<B: Backend> FlashDevice for FlashEmulator<B> {
         let cut_now = self.count_operation();
         let entry = &self.zones[zone as usize];
         if entry.state == ZoneState::Offline {
-            return Err(DeviceError::ZoneState {
+            let error = DeviceError::ZoneState {
                 zone,
                 state: entry.state.name(),
                 operation: "reset",
                 write_pointer: entry.write_pointer,
-            });
+            };
+            return Err(if cut_now { self.fire_scheduled_cut("reset", InFlight::Nothing) } else { error });
         }
         // Buffered pages of the zone are moot: it is being erased.
         self.buffer.discard_zone(zone);
@@ -1103,37 +1217,33 @@ impl<B: Backend> FlashDevice for FlashEmulator<B> {
         self.check_powered("finish")?;
         self.geometry.check_zone(zone)?;
         let cut_now = self.count_operation();
-        let entry = &mut self.zones[zone as usize];
-        match entry.state {
-            ZoneState::Empty | ZoneState::Open | ZoneState::Closed => {
-                entry.state = ZoneState::Full;
-                entry.finished = entry.write_pointer < entry.durable.capacity_pages;
-            }
-            ZoneState::Full => {}
-            ZoneState::ReadOnly | ZoneState::Offline => {
-                return Err(DeviceError::ZoneState {
-                    zone,
-                    state: entry.state.name(),
-                    operation: "finish",
-                    write_pointer: entry.write_pointer,
-                })
-            }
+        let entry = &self.zones[zone as usize];
+        if matches!(entry.state, ZoneState::ReadOnly | ZoneState::Offline) {
+            let error = DeviceError::ZoneState {
+                zone,
+                state: entry.state.name(),
+                operation: "finish",
+                write_pointer: entry.write_pointer,
+            };
+            return Err(if cut_now { self.fire_scheduled_cut("finish", InFlight::Nothing) } else { error });
         }
-        if cut_now {
-            // Cut during the finish: it took effect or it did not.
-            if self.zones[zone as usize].finished && self.coin_for_interrupted_operation() {
-                let entry = &mut self.zones[zone as usize];
-                entry.finished = false;
-                entry.state = if entry.write_pointer == 0 { ZoneState::Empty } else { ZoneState::Open };
-            }
+        // A cut during the finish: it took effect or it did not.
+        if cut_now && self.coin_for_interrupted_operation() {
             return Err(self.fire_scheduled_cut("finish", InFlight::Nothing));
         }
-        // Durable on return, like a reset.
         let entry = &mut self.zones[zone as usize];
+        entry.state = ZoneState::Full;
+        // Full whatever a later cut drops: a finish is durable on return.
+        entry.finished = true;
         entry.durable.condition = durable_condition_of(entry);
         let record = entry.durable;
+        self.dirty_zones.remove(&zone);
+        if cut_now {
+            self.backend.write_zone_record(zone, &record)?;
+            return Err(self.fire_scheduled_cut("finish", InFlight::Nothing));
+        }
         self.backend.write_zone_record(zone, &record)?;
-        Ok(())
+        self.sync_host()
     }
 
     fn report_zone(&self, zone: u32) -> Result<ZoneReport> {
@@ -1161,10 +1271,13 @@ impl<B: Backend> FlashDevice for FlashEmulator<B> {
             return Err(self.fire_scheduled_cut("flush", InFlight::Nothing));
         }
         while self.buffer.len() > 0 {
-            self.drain_one()?;
+            self.drain_one(false)?;
         }
+        // Pages before the records that make them durable, even across a
+        // host crash.
+        self.sync_host()?;
         self.clock.flush();
-        self.lifetime.flushes += 1;
+        bump(&mut self.lifetime.flushes, 1);
         self.commit_metadata()
     }
 
@@ -1172,7 +1285,7 @@ impl<B: Backend> FlashDevice for FlashEmulator<B> {
         self.check_powered("NVM read")?;
         self.geometry.check_nvm_range(offset, buffer.len() as u64)?;
         buffer.copy_from_slice(&self.nvm_live[offset as usize..offset as usize + buffer.len()]);
-        self.clock.nvm_write(buffer.len() as u64);
+        self.clock.nvm_access(buffer.len() as u64);
         Ok(())
     }
 
@@ -1185,8 +1298,8 @@ impl<B: Backend> FlashDevice for FlashEmulator<B> {
             let end = offset + data.len() as u64;
             self.nvm_dirty_words.extend(offset / NVM_WORD_BYTES..end.div_ceil(NVM_WORD_BYTES));
         }
-        self.lifetime.nvm_bytes_written += data.len() as u64;
-        self.clock.nvm_write(data.len() as u64);
+        bump(&mut self.lifetime.nvm_bytes_written, data.len() as u64);
+        self.clock.nvm_access(data.len() as u64);
         if cut_now {
             return Err(self.fire_scheduled_cut("NVM write", InFlight::Nothing));
         }
@@ -1223,9 +1336,9 @@ impl<B: Backend> FlashDevice for FlashEmulator<B> {
                 self.nvm_dirty_words.remove(&word);
             }
         }
-        self.lifetime.nvm_persists += 1;
+        bump(&mut self.lifetime.nvm_persists, 1);
         self.clock.nvm_persist();
-        Ok(())
+        self.sync_host()
     }
 
     fn counters(&self) -> Counters {

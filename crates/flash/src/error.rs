@@ -29,14 +29,14 @@ pub enum DeviceError {
     #[error("program at {address} refused: zone {} write pointer is at page {write_pointer}; pages of a zone are programmed strictly in order", address.zone)]
     NotAtWritePointer { address: PageAddress, write_pointer: u32 },
 
-    #[error("program at {address} refused: zone {} is full (capacity {capacity_pages} pages)", address.zone)]
-    ZoneFull { address: PageAddress, capacity_pages: u32 },
+    #[error("program at {address} refused: zone {} is full (write pointer {write_pointer}, capacity {capacity_pages} pages)", address.zone)]
+    ZoneFull { address: PageAddress, write_pointer: u32, capacity_pages: u32 },
 
     #[error("zone {zone} is {state}: {operation} refused (write pointer {write_pointer})")]
     ZoneState { zone: u32, state: &'static str, operation: &'static str, write_pointer: u32 },
 
-    #[error("zone {zone} cannot be opened: {open_zones} zones are open and the device allows {open_zones_max}")]
-    TooManyOpenZones { zone: u32, open_zones: u32, open_zones_max: u32 },
+    #[error("program at {address} refused: zone {} would open, but {open_zones} zones are open and the device allows {open_zones_max}", address.zone)]
+    TooManyOpenZones { address: PageAddress, open_zones: u32, open_zones_max: u32 },
 
     #[error("read of {address} failed: the page is uncorrectable (injected read failure, block {block})")]
     ReadFailed { address: PageAddress, block: u64 },

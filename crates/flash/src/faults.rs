@@ -112,11 +112,14 @@ pub struct FaultConfig {
     pub paired_page_bit_error_rate: f64,
     /// Fraction of blocks marked bad at the factory, chosen at creation.
     pub factory_bad_block_fraction: f64,
-    /// On a power cut, probability that the operation in flight in a zone
-    /// (the first page past the durable point, or an erase) is left torn
-    /// rather than cleanly absent. This is part of the durability model and
-    /// applies even with [`FaultConfig::none`].
+    /// On a power cut, probability that the page in flight in a zone (the
+    /// first page past the durable point) is left torn rather than cleanly
+    /// absent. This is part of the durability model and applies even with
+    /// [`FaultConfig::none`].
     pub torn_operation_probability: f64,
+    /// Probability that a power cut during a zone reset leaves its blocks
+    /// half erased (otherwise the reset completed or never started).
+    pub interrupted_erase_probability: f64,
     /// Added raw bit error rate of a block whose erase was interrupted, until
     /// it is erased completely.
     pub interrupted_erase_bit_error_rate: f64,
@@ -130,7 +133,8 @@ impl Default for FaultConfig {
 
 impl FaultConfig {
     /// No injected faults. Power cuts still tear the page in flight with
-    /// probability one half.
+    /// probability one half (the durability model), but never interrupt an
+    /// erase.
     pub fn none(seed: u64) -> FaultConfig {
         FaultConfig {
             seed,
@@ -145,6 +149,7 @@ impl FaultConfig {
             paired_page_bit_error_rate: 0.01,
             factory_bad_block_fraction: 0.0,
             torn_operation_probability: 0.5,
+            interrupted_erase_probability: 0.0,
             interrupted_erase_bit_error_rate: 1e-3,
         }
     }
@@ -176,6 +181,7 @@ impl FaultConfig {
             paired_page_bit_error_rate: 0.01,
             factory_bad_block_fraction: 0.02,
             torn_operation_probability: 0.5,
+            interrupted_erase_probability: 0.5,
             interrupted_erase_bit_error_rate: 1e-3,
         }
     }
@@ -199,6 +205,7 @@ impl FaultConfig {
             ("paired_page_bit_error_rate", self.paired_page_bit_error_rate),
             ("factory_bad_block_fraction", self.factory_bad_block_fraction),
             ("torn_operation_probability", self.torn_operation_probability),
+            ("interrupted_erase_probability", self.interrupted_erase_probability),
             ("interrupted_erase_bit_error_rate", self.interrupted_erase_bit_error_rate),
         ];
         for (field, value) in probabilities {

@@ -20,6 +20,10 @@ pub const ZONE_PAGES_MAX: u64 = 1 << 24;
 /// The whole device may not be larger than this many pages, so a flat page
 /// index fits comfortably in a `u64` and tables stay allocatable.
 pub const DEVICE_PAGES_MAX: u64 = 1 << 32;
+/// Most zones, and most erase blocks, a device may have: the emulator keeps
+/// a record per zone and per block in host memory (about 40 bytes each).
+pub const ZONE_COUNT_MAX: u32 = 1 << 20;
+pub const BLOCK_COUNT_MAX: u64 = 1 << 22;
 /// Upper bound on the NVM region: it is held in host memory.
 pub const NVM_SIZE_BYTES_MAX: u64 = 1 << 32;
 /// NVM persistence is 8-byte atomic, so the region is made of 8-byte words.
@@ -28,7 +32,10 @@ pub const NVM_WORD_BYTES: u64 = 8;
 const _: () = assert!(PAGE_SIZE_BYTES_MIN.is_power_of_two());
 const _: () = assert!(PAGE_SIZE_BYTES_MAX.is_power_of_two());
 const _: () = assert!(OOB_SIZE_BYTES_MIN <= OOB_SIZE_BYTES_MAX);
-const _: () = assert!(OOB_SIZE_BYTES_MIN * 4 <= PAGE_SIZE_BYTES_MIN * 4);
+// The smallest page can carry the smallest spare area within the rule that
+// OOB is at most a quarter of the page.
+const _: () = assert!(OOB_SIZE_BYTES_MIN <= PAGE_SIZE_BYTES_MIN / 4);
+const _: () = assert!(ZONE_COUNT_MAX as u64 <= BLOCK_COUNT_MAX);
 const _: () = assert!(ZONE_PAGES_MAX <= u32::MAX as u64);
 const _: () = assert!(ZONE_PAGES_MAX <= DEVICE_PAGES_MAX);
 
@@ -121,10 +128,19 @@ impl Geometry {
         if self.open_zones_max == 0 {
             return bad("open_zones_max", "at least one zone must be allowed open".into());
         }
+        if self.zone_count > ZONE_COUNT_MAX {
+            return bad("zone_count", format!("{} zones is more than the {} allowed", self.zone_count, ZONE_COUNT_MAX));
+        }
         if self.zone_pages() > ZONE_PAGES_MAX {
             return bad(
                 "zone_blocks",
                 format!("a zone of {} pages is more than the {} allowed", self.zone_pages(), ZONE_PAGES_MAX),
+            );
+        }
+        if self.block_count() > BLOCK_COUNT_MAX {
+            return bad(
+                "zone_count",
+                format!("{} erase blocks is more than the {} allowed", self.block_count(), BLOCK_COUNT_MAX),
             );
         }
         if self.device_pages() > DEVICE_PAGES_MAX {

@@ -76,7 +76,7 @@ pub struct ImageLayout {
 impl ImageLayout {
     pub fn of(geometry: &Geometry) -> ImageLayout {
         let align = |offset: u64| offset.div_ceil(REGION_ALIGNMENT_BYTES) * REGION_ALIGNMENT_BYTES;
-        let slot_bytes = u64::from(geometry.page_size_bytes + geometry.oob_size_bytes);
+        let slot_bytes = u64::from(geometry.page_size_bytes) + u64::from(geometry.oob_size_bytes);
         let zone_table_offset = 2 * HEADER_SLOT_BYTES;
         let block_table_offset = align(zone_table_offset + u64::from(geometry.zone_count) * ZONE_RECORD_BYTES);
         let overlay_slot_offset = align(block_table_offset + geometry.block_count() * BLOCK_RECORD_BYTES);
@@ -176,7 +176,6 @@ impl ImageHeader {
         }
         let crc = crc32c::crc32c(&bytes[..HEADER_CRC]);
         put_u32(&mut bytes, HEADER_CRC, crc);
-        debug_assert_eq!(ImageHeader::decode(&bytes).as_ref(), Ok(self));
         bytes
     }
 
@@ -188,14 +187,18 @@ impl ImageHeader {
         if bytes[HEADER_MAGIC..HEADER_MAGIC + 8] != IMAGE_MAGIC {
             return Err("not a flintfs device image (bad magic)".into());
         }
+        // Another version may place its checksum elsewhere, so a version
+        // mismatch is reported whatever the checksum says; a bad checksum
+        // then says the version field itself may be the damage.
         let version = u32_at(bytes, HEADER_VERSION);
-        if version != IMAGE_FORMAT_VERSION {
-            return Err(format!(
-                "device image format version {version}; this build reads version {IMAGE_FORMAT_VERSION} only"
-            ));
-        }
         let stored_crc = u32_at(bytes, HEADER_CRC);
         let computed_crc = crc32c::crc32c(&bytes[..HEADER_CRC]);
+        if version != IMAGE_FORMAT_VERSION {
+            let doubt = if stored_crc == computed_crc { "" } else { " (or a corrupted header)" };
+            return Err(format!(
+                "device image format version {version}{doubt}; this build reads version {IMAGE_FORMAT_VERSION} only"
+            ));
+        }
         if stored_crc != computed_crc {
             return Err(format!("header checksum {stored_crc:#010x} does not match {computed_crc:#010x}"));
         }
@@ -370,14 +373,14 @@ pub fn encode_overlay(overlay: &Overlay) -> Vec<u8> {
 }
 
 pub fn decode_overlay(bytes: &[u8], entries: u32, geometry: &Geometry) -> std::result::Result<Overlay, String> {
-    let slot_bytes = (geometry.page_size_bytes + geometry.oob_size_bytes) as usize;
+    let slot_bytes = geometry.page_size_bytes as usize + geometry.oob_size_bytes as usize;
     let mut overlay = Overlay::new();
     let mut offset = 0usize;
     let mut stored = 0usize;
     let mut previous = None;
     for index in 0..entries {
         let entry = bytes
-            .get(offset..offset + OVERLAY_ENTRY_BYTES as usize)
+            .get(offset..offset.saturating_add(OVERLAY_ENTRY_BYTES as usize))
             .ok_or(format!("overlay entry {index} runs past the overlay's {} bytes", bytes.len()))?;
         offset += OVERLAY_ENTRY_BYTES as usize;
         let physical = u64_at(entry, 0);
@@ -399,7 +402,7 @@ pub fn decode_overlay(bytes: &[u8], entries: u32, geometry: &Geometry) -> std::r
                     return Err(format!("more than {OVERLAY_STORED_PAGES_MAX} stored overlay pages"));
                 }
                 let media = bytes
-                    .get(offset..offset + slot_bytes)
+                    .get(offset..offset.saturating_add(slot_bytes))
                     .ok_or(format!("overlay entry {index}'s page runs past the overlay"))?;
                 offset += slot_bytes;
                 PageFault::Stored { media: media.into() }
@@ -420,6 +423,8 @@ pub struct ImageBackend {
     file: File,
     header: ImageHeader,
     slot_bytes: u64,
+    /// Sync between an overlay and the header that points at it.
+    host_sync: bool,
 }
 
 /// The device on an image file.
@@ -430,11 +435,16 @@ impl ImageBackend {
         move |source| DeviceError::Io { path: self.path.display().to_string(), operation, source }
     }
 
-    fn write_header(&mut self) -> Result<()> {
-        self.header.generation += 1;
-        let bytes = self.header.encode();
-        let offset = (self.header.generation % 2) * HEADER_SLOT_BYTES;
-        self.file.write_all_at(&bytes, offset).map_err(self.io("write header"))
+    /// Writes `header` as the next generation; only once it is written does
+    /// it become the backend's header.
+    fn write_header(&mut self, mut header: ImageHeader) -> Result<()> {
+        header.generation = self.header.generation + 1;
+        let bytes = header.encode();
+        assert_eq!(ImageHeader::decode(&bytes).as_ref(), Ok(&header), "header must read back as written");
+        let offset = (header.generation % 2) * HEADER_SLOT_BYTES;
+        self.file.write_all_at(&bytes, offset).map_err(self.io("write header"))?;
+        self.header = header;
+        Ok(())
     }
 
     fn page_offset(&self, physical: u64) -> u64 {
@@ -449,7 +459,7 @@ impl ImageBackend {
             operation: "open",
             source,
         })?;
-        Ok(read_newest_header(path, &file)?.geometry)
+        Ok(read_headers(path, &file)?[0].geometry)
     }
 }
 
@@ -457,7 +467,8 @@ fn image_error(path: &Path, reason: impl Into<String>) -> DeviceError {
     DeviceError::Image { path: path.display().to_string(), reason: reason.into() }
 }
 
-fn read_newest_header(path: &Path, file: &File) -> Result<ImageHeader> {
+/// Both header copies that decode, newest first; an error when none does.
+fn read_headers(path: &Path, file: &File) -> Result<Vec<ImageHeader>> {
     let length = file
         .metadata()
         .map_err(|source| DeviceError::Io { path: path.display().to_string(), operation: "stat", source })?
@@ -482,17 +493,18 @@ fn read_newest_header(path: &Path, file: &File) -> Result<ImageHeader> {
             Err(reason) => reasons.push(format!("header copy {slot}: {reason}")),
         }
     }
-    let header = candidates
-        .into_iter()
-        .max_by_key(|header| header.generation)
-        .ok_or_else(|| image_error(path, reasons.join("; ")))?;
-    if length < header.layout.image_bytes {
+    if candidates.is_empty() {
+        return Err(image_error(path, reasons.join("; ")));
+    }
+    candidates.sort_by_key(|header| std::cmp::Reverse(header.generation));
+    let newest = &candidates[0];
+    if length < newest.layout.image_bytes {
         return Err(image_error(
             path,
-            format!("truncated: {length} bytes, its geometry needs {}", header.layout.image_bytes),
+            format!("truncated: {length} bytes, its geometry needs {}", newest.layout.image_bytes),
         ));
     }
-    Ok(header)
+    Ok(candidates)
 }
 
 impl FlashEmulator<ImageBackend> {
@@ -531,6 +543,7 @@ impl FlashEmulator<ImageBackend> {
                 counters: Counters::default(),
             },
             slot_bytes: u64::from(geometry.page_size_bytes + geometry.oob_size_bytes),
+            host_sync: options.host_sync,
         };
         let zone_table: Vec<u8> =
             state.zones.iter().enumerate().flat_map(|(zone, record)| encode_zone_record(zone as u32, record)).collect();
@@ -543,8 +556,8 @@ impl FlashEmulator<ImageBackend> {
             .collect();
         backend.file.write_all_at(&block_table, layout.block_table_offset).map_err(backend.io("write block table"))?;
         // Both header copies, so neither slot holds garbage.
-        backend.write_header()?;
-        backend.write_header()?;
+        backend.write_header(backend.header.clone())?;
+        backend.write_header(backend.header.clone())?;
         if options.host_sync {
             backend.sync()?;
         }
@@ -563,9 +576,12 @@ impl FlashEmulator<ImageBackend> {
             source,
         })?;
         lock(path, &file)?;
-        let header = read_newest_header(path, &file)?;
-        let geometry = header.geometry;
-        let layout = header.layout;
+        let headers = read_headers(path, &file)?;
+        let geometry = headers[0].geometry;
+        let layout = headers[0].layout;
+        if headers.iter().any(|header| header.geometry != geometry) {
+            return Err(image_error(path, "the two header copies disagree on the geometry"));
+        }
         let read = |offset: u64, length: u64, what: &'static str| -> Result<Vec<u8>> {
             let mut bytes = vec![0u8; length as usize];
             file.read_exact_at(&mut bytes, offset).map_err(|source| DeviceError::Io {
@@ -587,31 +603,47 @@ impl FlashEmulator<ImageBackend> {
             read(layout.zone_table_offset, u64::from(geometry.zone_count) * ZONE_RECORD_BYTES, "read zone table")?;
         let mut zones = Vec::with_capacity(geometry.zone_count as usize);
         for (zone, bytes) in zone_table.chunks_exact(ZONE_RECORD_BYTES as usize).enumerate() {
-            let record =
+            let mut record =
                 decode_zone_record(zone as u32, bytes, &geometry).map_err(|reason| image_error(path, reason))?;
             let first = zone as u64 * u64::from(geometry.zone_blocks);
             let mapped = (first..first + u64::from(geometry.zone_blocks))
                 .filter(|&block| !blocks[block as usize].excluded)
                 .count() as u32;
             if mapped * geometry.block_pages != record.capacity_pages {
-                return Err(image_error(
-                    path,
-                    format!(
-                        "zone {zone}: capacity {} disagrees with its {mapped} mapped blocks",
-                        record.capacity_pages
-                    ),
-                ));
+                // A reset writes the zone's block records, then its zone
+                // record: a process killed between the two leaves exactly
+                // this, and the reset had completed.
+                let capacity_pages = mapped * geometry.block_pages;
+                record = ZoneRecord {
+                    condition: if capacity_pages == 0 { DurableCondition::Offline } else { DurableCondition::Empty },
+                    write_pointer: 0,
+                    capacity_pages,
+                };
             }
             zones.push(record);
         }
-        let overlay_offset =
-            layout.overlay_slot_offset + u64::from(header.overlay_active_slot) * layout.overlay_slot_bytes;
-        let overlay_bytes = read(overlay_offset, header.overlay_bytes, "read overlay")?;
-        if crc32c::crc32c(&overlay_bytes) != header.overlay_crc {
-            return Err(image_error(path, "fault overlay checksum mismatch"));
+        // The newest header whose overlay is intact: a host crash can lose an
+        // overlay the newest header already points at.
+        let mut overlay_reasons = Vec::new();
+        let mut chosen = None;
+        for header in headers {
+            let overlay_offset =
+                layout.overlay_slot_offset + u64::from(header.overlay_active_slot) * layout.overlay_slot_bytes;
+            let overlay_bytes = read(overlay_offset, header.overlay_bytes, "read overlay")?;
+            if crc32c::crc32c(&overlay_bytes) != header.overlay_crc {
+                overlay_reasons
+                    .push(format!("header generation {}: fault overlay checksum mismatch", header.generation));
+                continue;
+            }
+            match decode_overlay(&overlay_bytes, header.overlay_entries, &geometry) {
+                Ok(overlay) => {
+                    chosen = Some((header, overlay));
+                    break;
+                }
+                Err(reason) => overlay_reasons.push(format!("header generation {}: {reason}", header.generation)),
+            }
         }
-        let overlay = decode_overlay(&overlay_bytes, header.overlay_entries, &geometry)
-            .map_err(|reason| image_error(path, reason))?;
+        let (header, overlay) = chosen.ok_or_else(|| image_error(path, overlay_reasons.join("; ")))?;
         let nvm = read(layout.nvm_offset, geometry.nvm_size_bytes, "read NVM")?;
         let state = DurableState { zones, blocks, overlay, counters: header.counters, clock_ns: header.clock_ns, nvm };
         let backend = ImageBackend {
@@ -619,6 +651,7 @@ impl FlashEmulator<ImageBackend> {
             file,
             slot_bytes: u64::from(geometry.page_size_bytes + geometry.oob_size_bytes),
             header,
+            host_sync: options.host_sync,
         };
         FlashEmulator::from_parts(geometry, options, backend, state)
     }
@@ -672,10 +705,14 @@ impl Backend for ImageBackend {
         self.file.write_all_at(&bytes, offset).map_err(self.io("write zone record"))
     }
 
-    fn write_block_record(&mut self, block: u64, record: &BlockRecord) -> Result<()> {
-        let offset = self.header.layout.block_table_offset + block * BLOCK_RECORD_BYTES;
-        let bytes = encode_block_record(block, record);
-        self.file.write_all_at(&bytes, offset).map_err(self.io("write block record"))
+    fn write_block_records(&mut self, first_block: u64, records: &[BlockRecord]) -> Result<()> {
+        let offset = self.header.layout.block_table_offset + first_block * BLOCK_RECORD_BYTES;
+        let bytes: Vec<u8> = records
+            .iter()
+            .enumerate()
+            .flat_map(|(index, record)| encode_block_record(first_block + index as u64, record))
+            .collect();
+        self.file.write_all_at(&bytes, offset).map_err(self.io("write block records"))
     }
 
     fn write_overlay(&mut self, overlay: &Overlay) -> Result<()> {
@@ -686,17 +723,22 @@ impl Backend for ImageBackend {
         let slot = 1 - self.header.overlay_active_slot;
         let offset = self.header.layout.overlay_slot_offset + u64::from(slot) * self.header.layout.overlay_slot_bytes;
         self.file.write_all_at(&bytes, offset).map_err(self.io("write overlay"))?;
-        self.header.overlay_active_slot = slot;
-        self.header.overlay_entries = overlay.len() as u32;
-        self.header.overlay_bytes = bytes.len() as u64;
-        self.header.overlay_crc = crc32c::crc32c(&bytes);
-        self.write_header()
+        if self.host_sync {
+            self.sync()?;
+        }
+        let header = ImageHeader {
+            overlay_active_slot: slot,
+            overlay_entries: overlay.len() as u32,
+            overlay_bytes: bytes.len() as u64,
+            overlay_crc: crc32c::crc32c(&bytes),
+            ..self.header.clone()
+        };
+        self.write_header(header)
     }
 
     fn write_summary(&mut self, counters: &Counters, clock_ns: u64) -> Result<()> {
-        self.header.counters = *counters;
-        self.header.clock_ns = clock_ns;
-        self.write_header()
+        let header = ImageHeader { counters: *counters, clock_ns, ..self.header.clone() };
+        self.write_header(header)
     }
 
     fn sync(&mut self) -> Result<()> {

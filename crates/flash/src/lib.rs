@@ -17,12 +17,16 @@
 //!
 //! ## Durability model
 //! - A program is accepted into a volatile write buffer and is readable at
-//!   once. Within a zone durability is a prefix: the durable write pointer.
-//!   Across zones pages become durable in any order.
+//!   once, served from the controller's DRAM (no medium faults, no read
+//!   disturb). Within a zone durability is a prefix: the durable write
+//!   pointer. Across zones pages become durable in any order.
 //! - `flush` makes every accepted program durable. The buffer holds at most
 //!   `write_buffer_pages`; past that the device makes its oldest page durable
-//!   on its own, as a real controller drains its buffer.
-//! - Zone resets and finishes are durable when they return.
+//!   on its own, as a real controller drains its buffer. Medium faults of a
+//!   program (a misdirected landing, over-programmed bits) happen when the
+//!   page reaches the medium.
+//! - Zone resets and finishes are durable when they return, and so is a
+//!   grown bad block.
 //! - NVM writes land in a volatile view; `nvm_persist` makes the 8-byte words
 //!   of a range durable.
 //! - A power cut picks, per zone, a durable point uniformly between the
@@ -35,14 +39,18 @@
 //!   pointers, open zones come back closed, and the device is freshly powered
 //!   up. A cut can be immediate ([`FlashEmulator::power_cut`]) or scheduled
 //!   to fire during the Nth mutating operation
-//!   ([`FlashEmulator::schedule_power_cut`]), which can interrupt an erase.
+//!   ([`FlashEmulator::schedule_power_cut`]), whether the device accepts or
+//!   refuses that operation; a cut during a reset can interrupt the erase.
 //! - For the image backend only durable state reaches the file, so killing
-//!   the process is a power cut that keeps exactly the durable prefix.
+//!   the process is a power cut that keeps exactly the durable prefix (the
+//!   same lower bound an in-process cut keeps), tearing nothing.
 //!
 //! ## Fault model
 //! Every fault below is off in [`FaultConfig::none`] (the default) and drawn
 //! from one seeded generator in operation order, so the same seed and the
-//! same operations give the same faults. Faults never touch the pristine
+//! same operations give the same faults. A reopened image seeds that
+//! generator from the seed mixed with its lifetime counters, so it does not
+//! replay the faults of its last open. Faults never touch the pristine
 //! data: what was programmed stays in the backend, and what the medium really
 //! holds is the pristine data seen through a *fault overlay*
 //! ([`FlashEmulator::pristine_page`] against [`FlashEmulator::media_page`]).
@@ -78,9 +86,9 @@
 //!   start (presets: 2%, the scale of the valid-block minimum in NAND
 //!   datasheets and ONFI).
 //! - **Misdirected writes.** With `misdirected_write_probability` a program
-//!   lands on another page: the addressed page still reads erased, and the
-//!   victim page is over-programmed (bitwise AND, since programming only
-//!   clears bits). Such writes are reported in the storage stack by
+//!   lands on another page: the device reports the addressed page programmed
+//!   but it returns all-`0xFF` bytes, and the victim page is over-programmed
+//!   (bitwise AND, since programming only clears bits). Such writes are reported in the storage stack by
 //!   Bairavasundaram et al. and Krioukov et al. (FAST 2008), and as "flying
 //!   writes" of SSDs under power faults by Zheng et al. (FAST 2013). Off in
 //!   the presets; tests turn them on.
@@ -91,10 +99,12 @@
 //!   corrupts the earlier page (bits flipped at `paired_page_bit_error_rate`,
 //!   1%), even if it was flushed long before (Grupp et al., MICRO 2009; Zheng
 //!   et al., FAST 2013). Presets use a distance of 4 for MLC and eMLC.
-//! - **Interrupted erase.** A power cut during a zone reset may leave it half
-//!   done: the zone keeps its write pointer, its pages read back with bits
-//!   pulled towards 1, and its blocks carry an added RBER
-//!   (`interrupted_erase_bit_error_rate`, 1e-3) until a complete erase.
+//! - **Interrupted erase.** A power cut during a zone reset leaves it half
+//!   done with `interrupted_erase_probability` (presets: 0.5; otherwise the
+//!   reset completed or never started, evenly): the zone keeps its write
+//!   pointer, its pages read back with bits pulled towards 1, and its blocks
+//!   carry an added RBER (`interrupted_erase_bit_error_rate`, 1e-3) until a
+//!   complete erase.
 //!
 //! ## Cost model
 //! [`Counters`] count pages read, OOB-only reads, pages programmed, data and
@@ -125,14 +135,14 @@ pub use device::{
 pub use error::{errno, DeviceError, Result};
 pub use faults::{BitErrorModel, CellType, FaultConfig, RAW_BIT_ERROR_RATE_MAX};
 pub use geometry::{
-    Geometry, PageAddress, DEVICE_PAGES_MAX, NVM_SIZE_BYTES_MAX, NVM_WORD_BYTES, OOB_SIZE_BYTES_MAX,
-    OOB_SIZE_BYTES_MIN, PAGE_SIZE_BYTES_MAX, PAGE_SIZE_BYTES_MIN, ZONE_PAGES_MAX,
+    Geometry, PageAddress, BLOCK_COUNT_MAX, DEVICE_PAGES_MAX, NVM_SIZE_BYTES_MAX, NVM_WORD_BYTES, OOB_SIZE_BYTES_MAX,
+    OOB_SIZE_BYTES_MIN, PAGE_SIZE_BYTES_MAX, PAGE_SIZE_BYTES_MIN, ZONE_COUNT_MAX, ZONE_PAGES_MAX,
 };
 pub use image::{
     decode_block_record, decode_overlay, decode_zone_record, encode_block_record, encode_overlay, encode_zone_record,
     ImageBackend, ImageFlash, ImageHeader, ImageLayout, HEADER_SLOT_BYTES, IMAGE_FORMAT_VERSION, IMAGE_MAGIC,
 };
-pub use timing::TimingConfig;
+pub use timing::{TimingConfig, CHANNELS_MAX, DIES_PER_CHANNEL_MAX};
 
 /// What a read found.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

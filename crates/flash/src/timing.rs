@@ -22,10 +22,31 @@ pub struct TimingConfig {
     pub dies_per_channel: u32,
     /// Fixed cost of a flush command on top of waiting for the dies.
     pub flush_ns: u64,
-    /// NVM store cost per 64-byte line written.
-    pub nvm_write_ns_per_line: u64,
+    /// NVM load or store cost per 64-byte line.
+    pub nvm_access_ns_per_line: u64,
     /// Cost of one persist barrier (cache line write-back and fence).
     pub nvm_persist_ns: u64,
+}
+
+/// Most channels, and most dies per channel, the model accepts.
+pub const CHANNELS_MAX: u32 = 1024;
+pub const DIES_PER_CHANNEL_MAX: u32 = 64;
+const _: () = assert!((CHANNELS_MAX as u64) * (DIES_PER_CHANNEL_MAX as u64) <= u32::MAX as u64);
+
+impl TimingConfig {
+    pub fn validate(&self) -> crate::Result<()> {
+        let bad = |field: &'static str, value: u32, max: u32| crate::DeviceError::Geometry {
+            field,
+            reason: format!("{value} is outside 1..={max}"),
+        };
+        if !(1..=CHANNELS_MAX).contains(&self.channels) {
+            return Err(bad("channels", self.channels, CHANNELS_MAX));
+        }
+        if !(1..=DIES_PER_CHANNEL_MAX).contains(&self.dies_per_channel) {
+            return Err(bad("dies_per_channel", self.dies_per_channel, DIES_PER_CHANNEL_MAX));
+        }
+        Ok(())
+    }
 }
 
 impl Default for TimingConfig {
@@ -38,7 +59,7 @@ impl Default for TimingConfig {
             channels: 8,
             dies_per_channel: 4,
             flush_ns: 10_000,
-            nvm_write_ns_per_line: 100,
+            nvm_access_ns_per_line: 100,
             nvm_persist_ns: 300,
         }
     }
@@ -58,8 +79,9 @@ pub(crate) struct Clock {
 
 impl Clock {
     pub fn new(config: TimingConfig, now_ns: u64) -> Clock {
-        let channels = config.channels.max(1);
-        let dies = channels * config.dies_per_channel.max(1);
+        assert!(config.validate().is_ok(), "timing config validated by DeviceOptions");
+        let channels = config.channels;
+        let dies = channels * config.dies_per_channel;
         Clock {
             config,
             now_ns,
@@ -78,31 +100,31 @@ impl Clock {
     }
 
     fn transfer_ns(&self, bytes: u64) -> u64 {
-        (bytes * self.config.transfer_ps_per_byte).div_ceil(1000)
+        bytes.saturating_mul(self.config.transfer_ps_per_byte).div_ceil(1000)
     }
 
     /// A read of `bytes` from `block`; returns when the data is at the host.
     pub fn read(&mut self, block: u64, bytes: u64) {
         let (die, channel) = self.die_and_channel(block);
-        let sensed = self.now_ns.max(self.die_free_ns[die]) + self.config.read_ns;
+        let sensed = self.now_ns.max(self.die_free_ns[die]).saturating_add(self.config.read_ns);
         self.die_free_ns[die] = sensed;
-        let transferred = sensed.max(self.channel_free_ns[channel]) + self.transfer_ns(bytes);
+        let transferred = sensed.max(self.channel_free_ns[channel]).saturating_add(self.transfer_ns(bytes));
         self.channel_free_ns[channel] = transferred;
         self.now_ns = transferred;
     }
 
     /// A read served from the device's write buffer: transfer only.
     pub fn read_buffered(&mut self, bytes: u64) {
-        self.now_ns += self.transfer_ns(bytes);
+        self.advance(self.transfer_ns(bytes));
     }
 
     /// A program of `bytes` to `block`. The host continues once the transfer
     /// is done; returns the simulated time the program itself completes.
     pub fn program(&mut self, block: u64, bytes: u64) -> u64 {
         let (die, channel) = self.die_and_channel(block);
-        let transferred = self.now_ns.max(self.channel_free_ns[channel]) + self.transfer_ns(bytes);
+        let transferred = self.now_ns.max(self.channel_free_ns[channel]).saturating_add(self.transfer_ns(bytes));
         self.channel_free_ns[channel] = transferred;
-        let programmed = transferred.max(self.die_free_ns[die]) + self.config.program_ns;
+        let programmed = transferred.max(self.die_free_ns[die]).saturating_add(self.config.program_ns);
         self.die_free_ns[die] = programmed;
         self.now_ns = transferred;
         programmed
@@ -113,7 +135,7 @@ impl Clock {
         let mut done = self.now_ns;
         for block in blocks {
             let (die, _) = self.die_and_channel(block);
-            let erased = self.now_ns.max(self.die_free_ns[die]) + self.config.erase_ns;
+            let erased = self.now_ns.max(self.die_free_ns[die]).saturating_add(self.config.erase_ns);
             self.die_free_ns[die] = erased;
             done = done.max(erased);
         }
@@ -128,15 +150,15 @@ impl Clock {
     /// A flush: wait for every die, then the command's own cost.
     pub fn flush(&mut self) {
         let busy = self.die_free_ns.iter().copied().max().unwrap_or(self.now_ns);
-        self.now_ns = self.now_ns.max(busy) + self.config.flush_ns;
+        self.now_ns = self.now_ns.max(busy).saturating_add(self.config.flush_ns);
     }
 
-    pub fn nvm_write(&mut self, bytes: u64) {
-        self.now_ns += bytes.div_ceil(NVM_LINE_BYTES) * self.config.nvm_write_ns_per_line;
+    pub fn nvm_access(&mut self, bytes: u64) {
+        self.advance(bytes.div_ceil(NVM_LINE_BYTES).saturating_mul(self.config.nvm_access_ns_per_line));
     }
 
     pub fn nvm_persist(&mut self) {
-        self.now_ns += self.config.nvm_persist_ns;
+        self.advance(self.config.nvm_persist_ns);
     }
 
     /// Idle time passes (retention, background work).

@@ -64,7 +64,17 @@ fn opening_more_zones_than_the_maximum_is_refused() {
     }
     let (data, oob) = page_bytes(&geometry, PageAddress::new(3, 0), 1);
     let error = device.program_page(PageAddress::new(3, 0), &data, &oob).unwrap_err();
-    assert!(matches!(error, DeviceError::TooManyOpenZones { zone: 3, open_zones: 3, open_zones_max: 3 }), "{error:?}");
+    assert!(
+        matches!(
+            error,
+            DeviceError::TooManyOpenZones {
+                address: PageAddress { zone: 3, page: 0 },
+                open_zones: 3,
+                open_zones_max: 3
+            }
+        ),
+        "{error:?}"
+    );
     // Finishing a zone closes it for the count; a full zone is not open.
     device.finish_zone(0).unwrap();
     device.program_page(PageAddress::new(3, 0), &data, &oob).unwrap();
@@ -324,8 +334,9 @@ fn a_scheduled_cut_fires_in_the_named_operation_and_keeps_the_device_off() {
     assert_eq!(operations, 10);
     for operation in 0..operations {
         for seed in 0..8 {
-            let mut device = memory(geometry, FaultConfig::none(0));
-            device.schedule_power_cut(operation, seed);
+            let faults = FaultConfig { interrupted_erase_probability: 0.5, ..FaultConfig::none(0) };
+            let mut device = memory(geometry, faults);
+            device.schedule_power_cut(operation, seed).unwrap();
             let error = workload(&mut device).unwrap_err();
             assert!(matches!(error, DeviceError::PowerLost { .. }), "op {operation}: {error:?}");
             assert!(device.is_powered_off());

@@ -305,6 +305,7 @@ fn over_programmed_victims_and_the_landing_page_combine_by_and() {
         let faults = FaultConfig { misdirected_write_probability: 1.0, ..FaultConfig::none(seed) };
         let mut device = memory(geometry, faults);
         program(&mut device, 0, 0, 1);
+        device.flush().unwrap(); // the landing happens when the page reaches the medium
         let Some((&victim, _)) = device.overlay().iter().find(|(_, fault)| matches!(fault, PageFault::Stored { .. }))
         else {
             continue;

@@ -130,7 +130,7 @@ fn an_image_reopens_identical() {
 }
 
 #[test]
-fn unflushed_writes_are_gone_after_drop_and_drained_ones_need_a_flush() {
+fn unflushed_writes_are_gone_after_drop_and_drained_ones_stay() {
     let directory = tempfile::tempdir().unwrap();
     let path = directory.path().join("device.img");
     let geometry = small_geometry();
@@ -140,19 +140,21 @@ fn unflushed_writes_are_gone_after_drop_and_drained_ones_need_a_flush() {
     }
     device.flush().unwrap();
     for page in 4..8 {
-        program(&mut device, 0, page, 2); // the 3-page buffer drains page 4 to the file
+        program(&mut device, 0, page, 2); // the 3-page buffer drains page 4 on its own
     }
+    assert_eq!(device.durable_write_pointer(0).unwrap(), 5);
     drop(device);
     let mut device = ImageFlash::open_image(&path, image_options(FaultConfig::none(0))).unwrap();
     let report = device.report_zone(0).unwrap();
-    assert_eq!(report.write_pointer, 4, "only the flushed prefix is recorded durable");
+    assert_eq!(report.write_pointer, 5, "the flushed prefix and the drained page, as a power cut would keep");
     assert_eq!(report.state, flintfs_flash::ZoneState::Closed);
-    assert_eq!(read(&mut device, 0, 4).0, flintfs_flash::PageState::Erased);
+    assert_eq!(read(&mut device, 0, 5).0, flintfs_flash::PageState::Erased);
+    assert_eq!(read(&mut device, 0, 4).1, page_bytes(&geometry, PageAddress::new(0, 4), 2).0);
     assert_eq!(read(&mut device, 0, 3).1, page_bytes(&geometry, PageAddress::new(0, 3), 1).0);
-    // The slot holding a drained, unrecorded page is programmed over cleanly.
-    program(&mut device, 0, 4, 3);
+    // The slot of a dropped page is programmed over cleanly.
+    program(&mut device, 0, 5, 3);
     device.flush().unwrap();
-    assert_eq!(read(&mut device, 0, 4).1, page_bytes(&geometry, PageAddress::new(0, 4), 3).0);
+    assert_eq!(read(&mut device, 0, 5).1, page_bytes(&geometry, PageAddress::new(0, 5), 3).0);
 }
 
 const CHILD_ENVIRONMENT: &str = "FLINTFS_FLASH_KILL_CHILD_IMAGE";
