@@ -55,6 +55,11 @@ pub struct ZoneRecord {
     /// Pages the zone holds: its good blocks (at its last reset) times
     /// `block_pages`.
     pub capacity_pages: u32,
+    /// How many times the zone has been reset. A reset writes its blocks'
+    /// records (with the new generation) before its zone record, and fault
+    /// overlay entries carry the generation they belong to, so a reset cut
+    /// between two writes is recognised and stale faults are dropped.
+    pub generation: u32,
 }
 
 /// Wear and health of one erase block.
@@ -76,6 +81,9 @@ pub struct BlockRecord {
     /// The block is not part of its zone's current page numbering (it was
     /// bad at the zone's last reset).
     pub excluded: bool,
+    /// The generation of the zone reset (or creation) that last wrote this
+    /// record as part of its zone (see [`ZoneRecord::generation`]).
+    pub zone_generation: u32,
 }
 
 /// What the medium really holds at a page, where it differs from what was
@@ -97,6 +105,15 @@ pub enum PageFault {
 
 /// The fault overlay: physical page index to what the medium really holds.
 pub type Overlay = BTreeMap<u64, PageFault>;
+
+/// One persisted overlay entry: the fault and the generation of its zone
+/// when it was recorded.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OverlayRecord {
+    pub physical: u64,
+    pub generation: u32,
+    pub fault: PageFault,
+}
 
 /// Most overlay entries of any kind; a fault past this is counted in
 /// `faults_suppressed` instead of being recorded.
@@ -136,7 +153,9 @@ pub trait Backend {
     /// Records of consecutive blocks starting at `first_block`, in one
     /// write where the backend can (a zone's blocks change together).
     fn write_block_records(&mut self, first_block: u64, records: &[BlockRecord]) -> Result<()>;
-    fn write_overlay(&mut self, overlay: &Overlay) -> Result<()>;
+    /// The whole overlay; `generation_of` gives the current generation of
+    /// the zone holding a physical page.
+    fn write_overlay(&mut self, overlay: &Overlay, generation_of: &dyn Fn(u64) -> u32) -> Result<()>;
     /// Lifetime counters and the simulated clock.
     fn write_summary(&mut self, counters: &Counters, clock_ns: u64) -> Result<()>;
     /// Makes everything written so far survive a host crash, where the
@@ -226,7 +245,7 @@ impl Backend for MemoryBackend {
         Ok(())
     }
 
-    fn write_overlay(&mut self, _overlay: &Overlay) -> Result<()> {
+    fn write_overlay(&mut self, _overlay: &Overlay, _generation_of: &dyn Fn(u64) -> u32) -> Result<()> {
         Ok(())
     }
 

@@ -90,6 +90,9 @@ pub struct PowerCutReport {
     pub interrupted_erase: Option<u32>,
     pub nvm_words_kept: u64,
     pub nvm_words_dropped: u64,
+    /// A backend error met while applying the cut (an image on a full host
+    /// disk). The cut still took effect in the emulator.
+    pub backend_error: Option<String>,
 }
 
 #[derive(Clone, Debug)]
@@ -264,6 +267,7 @@ pub(crate) fn fresh_state(geometry: &Geometry, faults: &FaultConfig) -> DurableS
                 condition: if capacity_pages == 0 { DurableCondition::Offline } else { DurableCondition::Empty },
                 write_pointer: 0,
                 capacity_pages,
+                generation: 0,
             }
         })
         .collect();
@@ -444,7 +448,8 @@ impl<B: Backend> FlashEmulator<B> {
     /// unpersisted NVM word kept or dropped. The device then behaves as
     /// freshly powered up.
     pub fn power_cut(&mut self, seed: u64) -> Result<PowerCutReport> {
-        self.cut(seed, InFlight::Nothing)
+        let (report, outcome) = self.cut(seed, InFlight::Nothing);
+        outcome.map(|()| report)
     }
 
     /// The pristine contents of a page (what was programmed), bypassing
@@ -457,15 +462,16 @@ impl<B: Backend> FlashEmulator<B> {
         Ok(Some((data, oob)))
     }
 
-    /// What the medium really holds at a page (pristine plus the fault
-    /// overlay), without the transient bit flips of a read and without
-    /// counting; `None` for a page that reads erased.
+    /// What a read of the page returns, without the transient bit flips of
+    /// a read and without counting: for a durable page the medium (pristine
+    /// plus the fault overlay), for a buffered page the buffer. `None` for a
+    /// page that reads erased.
     pub fn media_page(&mut self, address: PageAddress) -> Result<Option<(Vec<u8>, Vec<u8>)>> {
-        let Some(physical) = self.readable_physical(address)? else {
-            return Ok(None);
-        };
+        let Some(physical) = self.readable_physical(address)? else { return Ok(None) };
         let (mut data, mut oob) = self.pristine(physical)?;
-        self.apply_media_faults(physical, &mut data, &mut oob);
+        if self.buffer.get(physical).is_none() {
+            self.apply_media_faults(physical, &mut data, &mut oob);
+        }
         Ok(Some((data, oob)))
     }
 
@@ -484,22 +490,22 @@ impl<B: Backend> FlashEmulator<B> {
     }
 
     /// Fires the scheduled cut after the operation in flight was accepted.
+    /// The device is off afterwards whatever the backend said; a backend
+    /// error goes into the report.
     fn fire_scheduled_cut(&mut self, operation: &'static str, in_flight: InFlight) -> DeviceError {
-        let (_, seed) = self.scheduled_cut.take().expect("a scheduled cut fires only when armed");
-        match self.cut(seed, in_flight) {
-            Ok(report) => {
-                self.last_power_cut = Some(report);
-                self.power = Power::Off;
-                DeviceError::PowerLost { operation }
-            }
-            Err(error) => error,
-        }
+        let (_, seed) = self.scheduled_cut.expect("a scheduled cut fires only when armed");
+        let (mut report, outcome) = self.cut(seed, in_flight);
+        self.scheduled_cut = None;
+        report.backend_error = outcome.err().map(|error| error.to_string());
+        self.last_power_cut = Some(report);
+        self.power = Power::Off;
+        DeviceError::PowerLost { operation }
     }
 
     /// A coin for what an interrupted operation did, drawn from the
     /// scheduled cut's own seed so the runtime fault stream is untouched.
     fn coin_for_interrupted_operation(&self) -> bool {
-        let (_, seed) = self.scheduled_cut.expect("only while a cut fires");
+        let (_, seed) = self.scheduled_cut.expect("only while a cut is armed");
         Pcg64Mcg::seed_from_u64(seed ^ 0xF1_2157).random_bool(0.5)
     }
 
@@ -695,8 +701,9 @@ impl<B: Backend> FlashEmulator<B> {
     }
 
     /// Makes the oldest buffered page durable. A drain the device does on its
-    /// own (`record_now`) also records the new durable write pointer at once,
-    /// so a killed process keeps what an in-process power cut would keep.
+    /// own (`record_now`) also records what it changed at once (overlay,
+    /// block, then the zone record that makes the page durable), so a killed
+    /// process keeps what an in-process power cut would keep.
     fn drain_one(&mut self, record_now: bool) -> Result<()> {
         let entry = self.buffer.pop_front().expect("drain of an empty write buffer");
         self.clock.wait_until(entry.programmed_ns);
@@ -707,17 +714,26 @@ impl<B: Backend> FlashEmulator<B> {
             return Err(error);
         }
         if record_now {
-            let zone = entry.zone;
-            let record = self.zones[zone as usize].durable;
-            self.backend.write_zone_record(zone, &record)?;
-            self.dirty_zones.remove(&zone);
+            if self.overlay_dirty {
+                self.persist_overlay()?;
+            }
+            let block = entry.physical / u64::from(self.geometry.block_pages);
+            if self.dirty_blocks.contains(&block) {
+                self.backend.write_block_records(block, std::slice::from_ref(&self.blocks[block as usize]))?;
+                self.dirty_blocks.remove(&block);
+            }
+            let record = self.zones[entry.zone as usize].durable;
+            self.backend.write_zone_record(entry.zone, &record)?;
+            self.dirty_zones.remove(&entry.zone);
         }
         Ok(())
     }
 
     /// Programs a buffered page into the medium. Medium faults happen here,
     /// when the cells are programmed: a misdirected landing, and bits that
-    /// an earlier misdirected write over-programmed into this slot.
+    /// an earlier misdirected write over-programmed into this slot. Every
+    /// fallible step comes before the first change, so an error leaves the
+    /// device as it was.
     fn make_durable(&mut self, entry: &BufferedPage) -> Result<()> {
         let page = self.geometry.page_size_bytes as usize;
         assert_eq!(
@@ -725,6 +741,12 @@ impl<B: Backend> FlashEmulator<B> {
             "zone {}: durability must be a prefix",
             entry.zone
         );
+        let misdirected_probability = self.options.faults.misdirected_write_probability;
+        let landing = if misdirected_probability > 0.0 && self.rng.random_bool(misdirected_probability) {
+            self.plan_misdirect(entry.physical, &entry.bytes)?
+        } else {
+            None
+        };
         self.backend.write_page(entry.physical, &entry.bytes[..page], &entry.bytes[page..])?;
         match self.overlay.remove(&entry.physical) {
             Some(PageFault::Stored { media }) => {
@@ -736,9 +758,10 @@ impl<B: Backend> FlashEmulator<B> {
             Some(_) => self.overlay_dirty = true,
             None => {}
         }
-        let misdirected_probability = self.options.faults.misdirected_write_probability;
-        if misdirected_probability > 0.0 && self.rng.random_bool(misdirected_probability) {
-            self.misdirect(entry.physical, &entry.bytes)?;
+        if let Some((victim, media)) = landing {
+            bump(&mut self.lifetime.misdirected_writes_injected, 1);
+            self.record_fault(entry.physical, PageFault::LostWrite);
+            self.record_fault(victim, PageFault::Stored { media });
         }
         let zone = &mut self.zones[entry.zone as usize];
         zone.durable.write_pointer = entry.page + 1;
@@ -754,19 +777,35 @@ impl<B: Backend> FlashEmulator<B> {
         Ok(())
     }
 
-    /// Writes every dirty record, then the summary, then syncs.
+    /// Writes the overlay, each entry tagged with its zone's generation.
+    fn persist_overlay(&mut self) -> Result<()> {
+        let zone_pages = self.geometry.zone_pages();
+        let zones = &self.zones;
+        let generation_of = |physical: u64| zones[(physical / zone_pages) as usize].durable.generation;
+        self.backend.write_overlay(&self.overlay, &generation_of)?;
+        self.overlay_dirty = false;
+        Ok(())
+    }
+
+    /// Writes every dirty record: the overlay first (zone records below make
+    /// faulted pages durable), then zones, blocks, the summary, and syncs. A
+    /// record leaves the dirty set only once written.
     fn commit_metadata(&mut self) -> Result<()> {
-        for zone in std::mem::take(&mut self.dirty_zones) {
+        if self.overlay_dirty {
+            self.persist_overlay()?;
+        }
+        let zones: Vec<u32> = self.dirty_zones.iter().copied().collect();
+        for zone in zones {
             let zone_entry = &mut self.zones[zone as usize];
             zone_entry.durable.condition = durable_condition_of(zone_entry);
-            self.backend.write_zone_record(zone, &zone_entry.durable)?;
+            let record = zone_entry.durable;
+            self.backend.write_zone_record(zone, &record)?;
+            self.dirty_zones.remove(&zone);
         }
-        for block in std::mem::take(&mut self.dirty_blocks) {
+        let blocks: Vec<u64> = self.dirty_blocks.iter().copied().collect();
+        for block in blocks {
             self.backend.write_block_records(block, std::slice::from_ref(&self.blocks[block as usize]))?;
-        }
-        if self.overlay_dirty {
-            self.backend.write_overlay(&self.overlay)?;
-            self.overlay_dirty = false;
+            self.dirty_blocks.remove(&block);
         }
         let counters = self.lifetime_counters();
         self.backend.write_summary(&counters, self.clock.now_ns())?;
@@ -794,18 +833,19 @@ impl<B: Backend> FlashEmulator<B> {
         self.zones.iter().filter(|zone| zone.state == ZoneState::Open).count() as u32
     }
 
-    /// A misdirected program: the data lands on a random victim page, which
-    /// is over-programmed, and the addressed page keeps its erased cells.
-    fn misdirect(&mut self, physical: u64, bytes: &[u8]) -> Result<()> {
+    /// Where a misdirected program lands and what the victim's cells will
+    /// hold: the data ANDed over their contents. `None` when it lands where
+    /// it was meant to, or on a dead zone. Reads, never changes.
+    fn plan_misdirect(&mut self, physical: u64, bytes: &[u8]) -> Result<Option<(u64, Box<[u8]>)>> {
         let zone = self.rng.random_range(0..self.geometry.zone_count);
         let capacity = self.zones[zone as usize].durable.capacity_pages;
         if capacity == 0 {
-            return Ok(()); // landed on a dead zone's slot: as good as nowhere
+            return Ok(None);
         }
         let victim_address = PageAddress::new(zone, self.rng.random_range(0..capacity));
         let (_, victim) = self.locate(victim_address);
         if victim == physical {
-            return Ok(()); // landed where it was meant to
+            return Ok(None);
         }
         // What the victim's cells hold now: durable contents with their
         // faults, an earlier misdirected landing, or erased.
@@ -826,10 +866,7 @@ impl<B: Backend> FlashEmulator<B> {
         for (medium, byte) in media.iter_mut().zip(bytes) {
             *medium &= byte;
         }
-        bump(&mut self.lifetime.misdirected_writes_injected, 1);
-        self.record_fault(physical, PageFault::LostWrite);
-        self.record_fault(victim, PageFault::Stored { media: media.into_boxed_slice() });
-        Ok(())
+        Ok(Some((victim, media.into_boxed_slice())))
     }
 
     /// The checks and effects of a program, apart from power-cut handling.
@@ -864,6 +901,11 @@ impl<B: Backend> FlashEmulator<B> {
                 });
             }
         }
+        // Room in the write buffer first: an error from here on means the
+        // program was not accepted.
+        while self.buffer.len() >= self.options.write_buffer_pages as usize {
+            self.drain_one(true)?;
+        }
         let (block, physical) = self.locate(address);
         let failure_probability = self.options.faults.wear_failure_probability(
             self.options.faults.program_failure_probability_at_endurance,
@@ -873,16 +915,24 @@ impl<B: Backend> FlashEmulator<B> {
             let record = &mut self.blocks[block as usize];
             record.bad = true;
             let erase_count = record.erase_count;
-            self.zones[address.zone as usize].state = ZoneState::ReadOnly;
-            bump(&mut self.lifetime.program_failures_injected, 1);
-            // Recorded at once: a grown bad block survives a killed process.
             let zone_entry = &mut self.zones[address.zone as usize];
+            zone_entry.state = ZoneState::ReadOnly;
             zone_entry.durable.condition = durable_condition_of(zone_entry);
             let zone_record = zone_entry.durable;
-            self.backend.write_block_records(block, std::slice::from_ref(&self.blocks[block as usize]))?;
-            self.backend.write_zone_record(address.zone, &zone_record)?;
-            self.dirty_blocks.remove(&block);
-            self.dirty_zones.remove(&address.zone);
+            bump(&mut self.lifetime.program_failures_injected, 1);
+            // Recorded at once, so a grown bad block survives a killed
+            // process; marked dirty first, so a failed write is retried at
+            // the next commit.
+            self.dirty_blocks.insert(block);
+            self.dirty_zones.insert(address.zone);
+            let recorded = self
+                .backend
+                .write_block_records(block, std::slice::from_ref(&self.blocks[block as usize]))
+                .and_then(|()| self.backend.write_zone_record(address.zone, &zone_record));
+            if recorded.is_ok() {
+                self.dirty_blocks.remove(&block);
+                self.dirty_zones.remove(&address.zone);
+            }
             return Err(DeviceError::ProgramFailed { address, block, erase_count });
         }
         let mut bytes = Vec::with_capacity(data.len() + oob.len());
@@ -909,16 +959,13 @@ impl<B: Backend> FlashEmulator<B> {
         bump(&mut self.lifetime.pages_programmed, 1);
         bump(&mut self.lifetime.data_bytes_programmed, data.len() as u64);
         bump(&mut self.lifetime.oob_bytes_programmed, oob.len() as u64);
-        while self.buffer.len() > self.options.write_buffer_pages as usize {
-            self.drain_one(true)?;
-        }
         Ok(())
     }
 
     /// The power cut itself. A backend error part way (an image on a full
     /// host disk) does not leave the device half cut: every zone still comes
     /// back at its durable write pointer, and the first error is returned.
-    fn cut(&mut self, seed: u64, in_flight: InFlight) -> Result<PowerCutReport> {
+    fn cut(&mut self, seed: u64, in_flight: InFlight) -> (PowerCutReport, Result<()>) {
         let mut rng = Pcg64Mcg::seed_from_u64(seed);
         let mut report = PowerCutReport { seed, ..PowerCutReport::default() };
         let mut first_error: Option<DeviceError> = None;
@@ -1005,10 +1052,7 @@ impl<B: Backend> FlashEmulator<B> {
         if let Err(error) = self.commit_metadata() {
             first_error.get_or_insert(error);
         }
-        match first_error {
-            Some(error) => Err(error),
-            None => Ok(report),
-        }
+        (report, first_error.map_or(Ok(()), Err))
     }
 
     /// Leaves a just-durable page half programmed, and with MLC pairing,
@@ -1055,76 +1099,75 @@ impl<B: Backend> FlashEmulator<B> {
     }
 
     /// Erases a zone's good blocks, retiring the bad ones, and makes the
-    /// reset durable at once (zone resets are not buffered).
+    /// reset durable at once (zone resets are not buffered). The new block
+    /// and zone records are worked out aside and written (blocks, then the
+    /// zone, each carrying the next generation) before anything in memory
+    /// changes, so a failed write leaves the device as it was on disk.
     fn erase_zone_now(&mut self, zone: u32) -> Result<()> {
+        let first_block = self.block_id(zone, 0) as usize;
+        let zone_blocks = first_block..first_block + self.geometry.zone_blocks as usize;
+        let generation = self.zones[zone as usize].durable.generation.wrapping_add(1);
+        let mut blocks = self.blocks[zone_blocks.clone()].to_vec();
         let mut failed = None;
         let mut erased = Vec::new();
-        for offset in 0..self.geometry.zone_blocks {
-            let block = self.block_id(zone, offset);
-            let failure_probability = self.options.faults.wear_failure_probability(
-                self.options.faults.erase_failure_probability_at_endurance,
-                self.blocks[block as usize].erase_count,
-            );
-            let record = &mut self.blocks[block as usize];
+        for (offset, record) in blocks.iter_mut().enumerate() {
+            let block = (first_block + offset) as u64;
+            record.zone_generation = generation;
             if record.bad {
                 record.excluded = true;
-                self.dirty_blocks.insert(block);
                 continue;
             }
+            let failure_probability = self.options.faults.wear_failure_probability(
+                self.options.faults.erase_failure_probability_at_endurance,
+                record.erase_count,
+            );
             record.erase_count = record.erase_count.saturating_add(1);
             record.reads_since_erase = 0;
             record.programmed_at_ns = 0;
             record.interrupted_erase_seed = None;
-            self.dirty_blocks.insert(block);
             erased.push(block);
-            bump(&mut self.lifetime.erases, 1);
             if failure_probability > 0.0 && self.rng.random_bool(failure_probability) {
-                let record = &mut self.blocks[block as usize];
                 record.bad = true;
                 record.excluded = true;
-                bump(&mut self.lifetime.erase_failures_injected, 1);
                 failed.get_or_insert((block, record.erase_count));
             }
         }
+        let capacity_pages = blocks.iter().filter(|record| !record.excluded).count() as u32 * self.geometry.block_pages;
+        let condition = if capacity_pages == 0 { DurableCondition::Offline } else { DurableCondition::Empty };
+        let zone_record = ZoneRecord { condition, write_pointer: 0, capacity_pages, generation };
+        self.backend.write_block_records(first_block as u64, &blocks)?;
+        // From here the reset is durable: on open, blocks a generation ahead
+        // of their zone record mean a completed reset.
+        self.blocks[zone_blocks.clone()].copy_from_slice(&blocks);
+        for block in zone_blocks {
+            self.dirty_blocks.remove(&(block as u64));
+        }
+        bump(&mut self.lifetime.erases, erased.len() as u64);
+        bump(&mut self.lifetime.zone_resets, 1);
+        if failed.is_some() {
+            bump(&mut self.lifetime.erase_failures_injected, 1);
+        }
+        self.clock.erase(erased.into_iter());
         let zone_pages = self.geometry.zone_pages();
-        let first = u64::from(zone) * zone_pages;
-        let stale: Vec<u64> = self.overlay.range(first..first + zone_pages).map(|(physical, _)| *physical).collect();
+        let first_page = u64::from(zone) * zone_pages;
+        let stale: Vec<u64> =
+            self.overlay.range(first_page..first_page + zone_pages).map(|(physical, _)| *physical).collect();
         for physical in stale {
+            // Left in the persisted overlay until its next write; their old
+            // generation drops them on open.
             self.overlay.remove(&physical);
             self.overlay_dirty = true;
         }
-        self.backend.erase_zone(zone)?;
-        self.clock.erase(erased.into_iter());
         let block_map = block_map_of(&self.geometry, &self.blocks, zone);
-        let capacity_pages = block_map.len() as u32 * self.geometry.block_pages;
         let zone_entry = &mut self.zones[zone as usize];
         zone_entry.block_map = block_map;
         zone_entry.write_pointer = 0;
         zone_entry.finished = false;
         zone_entry.state = if capacity_pages == 0 { ZoneState::Offline } else { ZoneState::Empty };
-        zone_entry.durable = ZoneRecord {
-            condition: if capacity_pages == 0 { DurableCondition::Offline } else { DurableCondition::Empty },
-            write_pointer: 0,
-            capacity_pages,
-        };
-        bump(&mut self.lifetime.zone_resets, 1);
-        // Durable now, before any page of the new generation can reach the
-        // backend, in an order a killed process cannot break: the overlay
-        // without the zone's entries (its pages are being erased), then the
-        // zone's block records in one write, then the zone record. A zone
-        // record whose capacity disagrees with its blocks on open is a reset
-        // that completed.
-        if self.overlay_dirty {
-            self.backend.write_overlay(&self.overlay)?;
-            self.overlay_dirty = false;
-        }
-        let first_block = self.block_id(zone, 0);
-        let zone_blocks = first_block as usize..first_block as usize + self.geometry.zone_blocks as usize;
-        self.backend.write_block_records(first_block, &self.blocks[zone_blocks.clone()])?;
-        for block in zone_blocks {
-            self.dirty_blocks.remove(&(block as u64));
-        }
-        self.backend.write_zone_record(zone, &self.zones[zone as usize].durable)?;
+        zone_entry.durable = zone_record;
+        self.dirty_zones.insert(zone);
+        self.backend.erase_zone(zone)?;
+        self.backend.write_zone_record(zone, &zone_record)?;
         self.dirty_zones.remove(&zone);
         self.sync_host()?;
         if let Some((block, erase_count)) = failed {
@@ -1237,12 +1280,15 @@ impl<B: Backend> FlashDevice for FlashEmulator<B> {
         entry.finished = true;
         entry.durable.condition = durable_condition_of(entry);
         let record = entry.durable;
-        self.dirty_zones.remove(&zone);
+        self.dirty_zones.insert(zone);
+        let written = self.backend.write_zone_record(zone, &record);
+        if written.is_ok() {
+            self.dirty_zones.remove(&zone);
+        }
         if cut_now {
-            self.backend.write_zone_record(zone, &record)?;
             return Err(self.fire_scheduled_cut("finish", InFlight::Nothing));
         }
-        self.backend.write_zone_record(zone, &record)?;
+        written?;
         self.sync_host()
     }
 
@@ -1329,11 +1375,11 @@ impl<B: Backend> FlashDevice for FlashEmulator<B> {
                 }
                 index += 1;
                 let range = (start * NVM_WORD_BYTES) as usize..(end * NVM_WORD_BYTES) as usize;
-                self.nvm_durable[range.clone()].copy_from_slice(&self.nvm_live[range.clone()]);
-                self.backend.write_nvm(range.start as u64, &self.nvm_durable[range])?;
-            }
-            for word in words {
-                self.nvm_dirty_words.remove(&word);
+                self.backend.write_nvm(range.start as u64, &self.nvm_live[range.clone()])?;
+                self.nvm_durable[range.clone()].copy_from_slice(&self.nvm_live[range]);
+                for word in start..end {
+                    self.nvm_dirty_words.remove(&word);
+                }
             }
         }
         bump(&mut self.lifetime.nvm_persists, 1);

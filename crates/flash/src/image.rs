@@ -10,8 +10,8 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use crate::backend::{
-    Backend, BlockRecord, DurableCondition, DurableState, Overlay, PageFault, ZoneRecord, OVERLAY_ENTRIES_MAX,
-    OVERLAY_STORED_PAGES_MAX,
+    Backend, BlockRecord, DurableCondition, DurableState, Overlay, OverlayRecord, PageFault, ZoneRecord,
+    OVERLAY_ENTRIES_MAX, OVERLAY_STORED_PAGES_MAX,
 };
 use crate::counters::Counters;
 use crate::device::{fresh_state, DeviceOptions, FlashEmulator};
@@ -21,14 +21,14 @@ use crate::geometry::Geometry;
 /// First bytes of every device image.
 pub const IMAGE_MAGIC: [u8; 8] = *b"FLINTDEV";
 /// The layout version this build reads and writes.
-pub const IMAGE_FORMAT_VERSION: u32 = 1;
+pub const IMAGE_FORMAT_VERSION: u32 = 2;
 /// Each of the two header copies occupies this many bytes.
 pub const HEADER_SLOT_BYTES: u64 = 4096;
 /// Bytes of one zone record and of one block record.
 pub const ZONE_RECORD_BYTES: u64 = 32;
-pub const BLOCK_RECORD_BYTES: u64 = 32;
+pub const BLOCK_RECORD_BYTES: u64 = 40;
 /// Bytes of an overlay entry before any stored page.
-pub const OVERLAY_ENTRY_BYTES: u64 = 24;
+pub const OVERLAY_ENTRY_BYTES: u64 = 32;
 /// Regions start on this alignment.
 const REGION_ALIGNMENT_BYTES: u64 = 4096;
 
@@ -265,6 +265,7 @@ pub fn encode_zone_record(zone: u32, record: &ZoneRecord) -> [u8; ZONE_RECORD_BY
     bytes[0] = record.condition.to_byte();
     put_u32(&mut bytes, 4, record.write_pointer);
     put_u32(&mut bytes, 8, record.capacity_pages);
+    put_u32(&mut bytes, 12, record.generation);
     let crc = record_crc(u64::from(zone), &bytes[..28]);
     put_u32(&mut bytes, 28, crc);
     bytes
@@ -280,7 +281,12 @@ pub fn decode_zone_record(zone: u32, bytes: &[u8], geometry: &Geometry) -> std::
     }
     let condition =
         DurableCondition::from_byte(bytes[0]).ok_or(format!("zone {zone} condition {} unknown", bytes[0]))?;
-    let record = ZoneRecord { condition, write_pointer: u32_at(bytes, 4), capacity_pages: u32_at(bytes, 8) };
+    let record = ZoneRecord {
+        condition,
+        write_pointer: u32_at(bytes, 4),
+        capacity_pages: u32_at(bytes, 8),
+        generation: u32_at(bytes, 12),
+    };
     if u64::from(record.capacity_pages) > geometry.zone_pages()
         || !record.capacity_pages.is_multiple_of(geometry.block_pages)
         || record.write_pointer > record.capacity_pages
@@ -307,12 +313,15 @@ pub fn decode_zone_record(zone: u32, bytes: &[u8], geometry: &Geometry) -> std::
     Ok(record)
 }
 
+const BLOCK_RECORD_CRC: usize = BLOCK_RECORD_BYTES as usize - 4;
+
 pub fn encode_block_record(block: u64, record: &BlockRecord) -> [u8; BLOCK_RECORD_BYTES as usize] {
     let mut bytes = [0u8; BLOCK_RECORD_BYTES as usize];
     put_u32(&mut bytes, 0, record.erase_count);
     put_u32(&mut bytes, 4, record.reads_since_erase);
     put_u64(&mut bytes, 8, record.programmed_at_ns);
     put_u64(&mut bytes, 16, record.interrupted_erase_seed.unwrap_or(0));
+    put_u32(&mut bytes, 24, record.zone_generation);
     let mut flags = 0;
     if record.bad {
         flags |= BLOCK_FLAG_BAD;
@@ -323,9 +332,9 @@ pub fn encode_block_record(block: u64, record: &BlockRecord) -> [u8; BLOCK_RECOR
     if record.interrupted_erase_seed.is_some() {
         flags |= BLOCK_FLAG_INTERRUPTED_ERASE;
     }
-    bytes[24] = flags;
-    let crc = record_crc(block, &bytes[..28]);
-    put_u32(&mut bytes, 28, crc);
+    bytes[28] = flags;
+    let crc = record_crc(block, &bytes[..BLOCK_RECORD_CRC]);
+    put_u32(&mut bytes, BLOCK_RECORD_CRC, crc);
     bytes
 }
 
@@ -333,10 +342,10 @@ pub fn decode_block_record(block: u64, bytes: &[u8]) -> std::result::Result<Bloc
     if bytes.len() != BLOCK_RECORD_BYTES as usize {
         return Err(format!("block {block} record is {} bytes, expected {}", bytes.len(), BLOCK_RECORD_BYTES));
     }
-    if record_crc(block, &bytes[..28]) != u32_at(bytes, 28) {
+    if record_crc(block, &bytes[..BLOCK_RECORD_CRC]) != u32_at(bytes, BLOCK_RECORD_CRC) {
         return Err(format!("block {block} record checksum mismatch"));
     }
-    let flags = bytes[24];
+    let flags = bytes[28];
     if flags & !BLOCK_FLAGS_KNOWN != 0 {
         return Err(format!("block {block} has unknown flags {flags:#04x}"));
     }
@@ -345,12 +354,13 @@ pub fn decode_block_record(block: u64, bytes: &[u8]) -> std::result::Result<Bloc
         reads_since_erase: u32_at(bytes, 4),
         programmed_at_ns: u64_at(bytes, 8),
         interrupted_erase_seed: (flags & BLOCK_FLAG_INTERRUPTED_ERASE != 0).then(|| u64_at(bytes, 16)),
+        zone_generation: u32_at(bytes, 24),
         bad: flags & BLOCK_FLAG_BAD != 0,
         excluded: flags & BLOCK_FLAG_EXCLUDED != 0,
     })
 }
 
-pub fn encode_overlay(overlay: &Overlay) -> Vec<u8> {
+pub fn encode_overlay(overlay: &Overlay, generation_of: &dyn Fn(u64) -> u32) -> Vec<u8> {
     let mut bytes = Vec::new();
     for (physical, fault) in overlay {
         let mut entry = [0u8; OVERLAY_ENTRY_BYTES as usize];
@@ -364,6 +374,7 @@ pub fn encode_overlay(overlay: &Overlay) -> Vec<u8> {
         entry[8] = kind;
         put_u32(&mut entry, 12, rate_ppm);
         put_u64(&mut entry, 16, seed);
+        put_u32(&mut entry, 24, generation_of(*physical));
         bytes.extend_from_slice(&entry);
         if let PageFault::Stored { media } = fault {
             bytes.extend_from_slice(media);
@@ -372,9 +383,13 @@ pub fn encode_overlay(overlay: &Overlay) -> Vec<u8> {
     bytes
 }
 
-pub fn decode_overlay(bytes: &[u8], entries: u32, geometry: &Geometry) -> std::result::Result<Overlay, String> {
+pub fn decode_overlay(
+    bytes: &[u8],
+    entries: u32,
+    geometry: &Geometry,
+) -> std::result::Result<Vec<OverlayRecord>, String> {
     let slot_bytes = geometry.page_size_bytes as usize + geometry.oob_size_bytes as usize;
-    let mut overlay = Overlay::new();
+    let mut overlay = Vec::new();
     let mut offset = 0usize;
     let mut stored = 0usize;
     let mut previous = None;
@@ -409,7 +424,7 @@ pub fn decode_overlay(bytes: &[u8], entries: u32, geometry: &Geometry) -> std::r
             }
             kind => return Err(format!("overlay entry {index} has unknown kind {kind} or rate {rate_ppm}")),
         };
-        overlay.insert(physical, fault);
+        overlay.push(OverlayRecord { physical, generation: u32_at(entry, 24), fault });
     }
     if offset != bytes.len() {
         return Err(format!("overlay has {} trailing bytes", bytes.len() - offset));
@@ -606,10 +621,10 @@ impl FlashEmulator<ImageBackend> {
             let mut record =
                 decode_zone_record(zone as u32, bytes, &geometry).map_err(|reason| image_error(path, reason))?;
             let first = zone as u64 * u64::from(geometry.zone_blocks);
-            let mapped = (first..first + u64::from(geometry.zone_blocks))
-                .filter(|&block| !blocks[block as usize].excluded)
-                .count() as u32;
-            if mapped * geometry.block_pages != record.capacity_pages {
+            let zone_blocks = &blocks[first as usize..(first + u64::from(geometry.zone_blocks)) as usize];
+            let mapped = zone_blocks.iter().filter(|block| !block.excluded).count() as u32;
+            let next_generation = record.generation.wrapping_add(1);
+            if zone_blocks.iter().all(|block| block.zone_generation == next_generation) {
                 // A reset writes the zone's block records, then its zone
                 // record: a process killed between the two leaves exactly
                 // this, and the reset had completed.
@@ -618,32 +633,56 @@ impl FlashEmulator<ImageBackend> {
                     condition: if capacity_pages == 0 { DurableCondition::Offline } else { DurableCondition::Empty },
                     write_pointer: 0,
                     capacity_pages,
+                    generation: next_generation,
                 };
+            } else if zone_blocks.iter().any(|block| block.zone_generation != record.generation) {
+                return Err(image_error(
+                    path,
+                    format!(
+                        "zone {zone}: its blocks' reset generations disagree with the zone's {}",
+                        record.generation
+                    ),
+                ));
+            } else if mapped * geometry.block_pages != record.capacity_pages {
+                return Err(image_error(
+                    path,
+                    format!(
+                        "zone {zone}: capacity {} disagrees with its {mapped} mapped blocks",
+                        record.capacity_pages
+                    ),
+                ));
             }
             zones.push(record);
         }
-        // The newest header whose overlay is intact: a host crash can lose an
-        // overlay the newest header already points at.
-        let mut overlay_reasons = Vec::new();
-        let mut chosen = None;
-        for header in headers {
-            let overlay_offset =
-                layout.overlay_slot_offset + u64::from(header.overlay_active_slot) * layout.overlay_slot_bytes;
-            let overlay_bytes = read(overlay_offset, header.overlay_bytes, "read overlay")?;
-            if crc32c::crc32c(&overlay_bytes) != header.overlay_crc {
-                overlay_reasons
-                    .push(format!("header generation {}: fault overlay checksum mismatch", header.generation));
-                continue;
-            }
-            match decode_overlay(&overlay_bytes, header.overlay_entries, &geometry) {
-                Ok(overlay) => {
-                    chosen = Some((header, overlay));
-                    break;
-                }
-                Err(reason) => overlay_reasons.push(format!("header generation {}: {reason}", header.generation)),
+        let header = headers.into_iter().next().expect("at least one valid header");
+        let overlay_offset =
+            layout.overlay_slot_offset + u64::from(header.overlay_active_slot) * layout.overlay_slot_bytes;
+        let overlay_bytes = read(overlay_offset, header.overlay_bytes, "read overlay")?;
+        if crc32c::crc32c(&overlay_bytes) != header.overlay_crc {
+            return Err(image_error(path, "fault overlay checksum mismatch"));
+        }
+        let records = decode_overlay(&overlay_bytes, header.overlay_entries, &geometry)
+            .map_err(|reason| image_error(path, reason))?;
+        // The overlay is written after the zone records of a reset, so it
+        // may still hold faults of a zone's previous generation: those pages
+        // were erased. A generation ahead of its zone is damage.
+        let mut overlay = Overlay::new();
+        for record in records {
+            let zone = (record.physical / geometry.zone_pages()) as usize;
+            let generation = zones[zone].generation;
+            let ahead = record.generation.wrapping_sub(generation);
+            if ahead == 0 {
+                overlay.insert(record.physical, record.fault);
+            } else if ahead <= u32::MAX / 2 {
+                return Err(image_error(
+                    path,
+                    format!(
+                        "fault overlay entry for page slot {} has generation {}, ahead of its zone's {generation}",
+                        record.physical, record.generation
+                    ),
+                ));
             }
         }
-        let (header, overlay) = chosen.ok_or_else(|| image_error(path, overlay_reasons.join("; ")))?;
         let nvm = read(layout.nvm_offset, geometry.nvm_size_bytes, "read NVM")?;
         let state = DurableState { zones, blocks, overlay, counters: header.counters, clock_ns: header.clock_ns, nvm };
         let backend = ImageBackend {
@@ -715,10 +754,10 @@ impl Backend for ImageBackend {
         self.file.write_all_at(&bytes, offset).map_err(self.io("write block records"))
     }
 
-    fn write_overlay(&mut self, overlay: &Overlay) -> Result<()> {
+    fn write_overlay(&mut self, overlay: &Overlay, generation_of: &dyn Fn(u64) -> u32) -> Result<()> {
         // Into the inactive slot, then a header that points at it: a process
         // killed in between leaves the old overlay in force.
-        let bytes = encode_overlay(overlay);
+        let bytes = encode_overlay(overlay, generation_of);
         assert!(bytes.len() as u64 <= self.header.layout.overlay_slot_bytes, "overlay exceeds its slot");
         let slot = 1 - self.header.overlay_active_slot;
         let offset = self.header.layout.overlay_slot_offset + u64::from(slot) * self.header.layout.overlay_slot_bytes;
@@ -733,7 +772,11 @@ impl Backend for ImageBackend {
             overlay_crc: crc32c::crc32c(&bytes),
             ..self.header.clone()
         };
-        self.write_header(header)
+        self.write_header(header)?;
+        if self.host_sync {
+            self.sync()?;
+        }
+        Ok(())
     }
 
     fn write_summary(&mut self, counters: &Counters, clock_ns: u64) -> Result<()> {

@@ -43,14 +43,18 @@
 //!   refuses that operation; a cut during a reset can interrupt the erase.
 //! - For the image backend only durable state reaches the file, so killing
 //!   the process is a power cut that keeps exactly the durable prefix (the
-//!   same lower bound an in-process cut keeps), tearing nothing.
+//!   same lower bound an in-process cut keeps), tearing nothing. Each zone
+//!   reset carries a generation in the image, so a process killed between
+//!   a reset's writes reopens to a completed reset, and faults recorded
+//!   before the reset are dropped with the pages they belonged to.
 //!
 //! ## Fault model
 //! Every fault below is off in [`FaultConfig::none`] (the default) and drawn
 //! from one seeded generator in operation order, so the same seed and the
 //! same operations give the same faults. A reopened image seeds that
-//! generator from the seed mixed with its lifetime counters, so it does not
-//! replay the faults of its last open. Faults never touch the pristine
+//! generator from the seed mixed with its recorded lifetime counters, so it
+//! does not replay the faults of an earlier open that flushed (a process
+//! killed before its first flush recorded no counters, and is replayed). Faults never touch the pristine
 //! data: what was programmed stays in the backend, and what the medium really
 //! holds is the pristine data seen through a *fault overlay*
 //! ([`FlashEmulator::pristine_page`] against [`FlashEmulator::media_page`]).
@@ -86,9 +90,10 @@
 //!   start (presets: 2%, the scale of the valid-block minimum in NAND
 //!   datasheets and ONFI).
 //! - **Misdirected writes.** With `misdirected_write_probability` a program
-//!   lands on another page: the device reports the addressed page programmed
-//!   but it returns all-`0xFF` bytes, and the victim page is over-programmed
-//!   (bitwise AND, since programming only clears bits). Such writes are reported in the storage stack by
+//!   lands on another page when it reaches the medium: from then on the
+//!   device reports the addressed page programmed but it returns all-`0xFF`
+//!   bytes, and the victim page is over-programmed (bitwise AND, since
+//!   programming only clears bits). Such writes are reported in the storage stack by
 //!   Bairavasundaram et al. and Krioukov et al. (FAST 2008), and as "flying
 //!   writes" of SSDs under power faults by Zheng et al. (FAST 2013). Off in
 //!   the presets; tests turn them on.
@@ -124,7 +129,7 @@ mod image;
 mod timing;
 
 pub use backend::{
-    Backend, BlockRecord, DurableCondition, DurableState, MemoryBackend, Overlay, PageFault, ZoneRecord,
+    Backend, BlockRecord, DurableCondition, DurableState, MemoryBackend, Overlay, OverlayRecord, PageFault, ZoneRecord,
     OVERLAY_ENTRIES_MAX, OVERLAY_STORED_PAGES_MAX,
 };
 pub use counters::Counters;

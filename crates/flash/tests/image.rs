@@ -264,10 +264,10 @@ fn bad_images_get_clear_errors() {
     std::fs::remove_file(&path).unwrap();
     // Another format version in both header copies.
     let path = fresh_image(directory.path());
-    patch(&path, 8, &2u32.to_le_bytes());
-    patch(&path, HEADER_SLOT_BYTES + 8, &2u32.to_le_bytes());
+    patch(&path, 8, &3u32.to_le_bytes());
+    patch(&path, HEADER_SLOT_BYTES + 8, &3u32.to_le_bytes());
     let message = open_error(&path);
-    assert!(message.contains("version 2") && message.contains("reads version 1"), "{message}");
+    assert!(message.contains("version 3") && message.contains("reads version 2"), "{message}");
     std::fs::remove_file(&path).unwrap();
     // A corrupted zone record.
     let path = fresh_image(directory.path());
@@ -277,7 +277,7 @@ fn bad_images_get_clear_errors() {
     std::fs::remove_file(&path).unwrap();
     // A corrupted block record.
     let path = fresh_image(directory.path());
-    patch(&path, layout.block_table_offset + 32 * 3, &[1, 2, 3]);
+    patch(&path, layout.block_table_offset + 40 * 3, &[1, 2, 3]);
     assert!(open_error(&path).contains("block 3 record"), "{}", open_error(&path));
 }
 

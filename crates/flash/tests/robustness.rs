@@ -50,8 +50,8 @@ impl Backend for FailingBackend {
     fn write_block_records(&mut self, first_block: u64, records: &[BlockRecord]) -> Result<()> {
         self.inner.write_block_records(first_block, records)
     }
-    fn write_overlay(&mut self, overlay: &Overlay) -> Result<()> {
-        self.inner.write_overlay(overlay)
+    fn write_overlay(&mut self, overlay: &Overlay, generation_of: &dyn Fn(u64) -> u32) -> Result<()> {
+        self.inner.write_overlay(overlay, generation_of)
     }
     fn write_summary(&mut self, counters: &Counters, clock_ns: u64) -> Result<()> {
         self.inner.write_summary(counters, clock_ns)
@@ -74,9 +74,12 @@ fn a_failed_backend_write_keeps_the_page_buffered_and_the_prefix_intact() {
     let (data, oob) = page_bytes(&geometry, PageAddress::new(0, 2), 1);
     let error = device.program_page(PageAddress::new(0, 2), &data, &oob).unwrap_err();
     assert!(matches!(error, DeviceError::Io { .. }), "{error:?}");
+    assert_eq!(device.report_zone(0).unwrap().write_pointer, 2, "an error means the program was not accepted");
     assert!(device.flush().is_err());
     assert_eq!(device.durable_write_pointer(0).unwrap(), 0, "nothing reached the store");
+    assert_eq!(device.buffered_pages(), 2, "the buffer is still bounded");
     failing.set(false);
+    device.program_page(PageAddress::new(0, 2), &data, &oob).unwrap();
     device.flush().unwrap();
     assert_eq!(device.durable_write_pointer(0).unwrap(), 3);
     for page in 0..3 {
@@ -122,7 +125,7 @@ fn a_process_killed_inside_a_reset_leaves_an_image_that_opens() {
     // not yet.
     let layout = ImageLayout::of(&geometry);
     let mut killed = before.clone();
-    let blocks = layout.block_table_offset as usize..layout.block_table_offset as usize + 4 * 32;
+    let blocks = layout.block_table_offset as usize..layout.block_table_offset as usize + 4 * 40;
     killed[blocks.clone()].copy_from_slice(&after[blocks]);
     std::fs::write(&path, &killed).unwrap();
     let mut device = ImageFlash::open_image(&path, options).unwrap();
@@ -210,4 +213,81 @@ fn an_image_with_counters_at_the_top_of_their_range_keeps_working() {
     device.flush().unwrap();
     read(&mut device, 0, 0);
     assert_eq!(device.lifetime_counters().pages_programmed, u64::MAX);
+}
+
+/// The memory backend with zone record writes that fail while `failing` is
+/// set, and a count of the zone records written.
+struct FailingRecords {
+    inner: MemoryBackend,
+    failing: Rc<Cell<bool>>,
+    zone_records_written: Rc<Cell<u32>>,
+}
+
+impl Backend for FailingRecords {
+    fn read_page(&mut self, physical: u64, data: &mut [u8], oob: &mut [u8]) -> Result<()> {
+        self.inner.read_page(physical, data, oob)
+    }
+    fn read_oob(&mut self, physical: u64, oob: &mut [u8]) -> Result<()> {
+        self.inner.read_oob(physical, oob)
+    }
+    fn write_page(&mut self, physical: u64, data: &[u8], oob: &[u8]) -> Result<()> {
+        self.inner.write_page(physical, data, oob)
+    }
+    fn erase_zone(&mut self, zone: u32) -> Result<()> {
+        self.inner.erase_zone(zone)
+    }
+    fn write_nvm(&mut self, offset: u64, bytes: &[u8]) -> Result<()> {
+        self.inner.write_nvm(offset, bytes)
+    }
+    fn write_zone_record(&mut self, zone: u32, record: &ZoneRecord) -> Result<()> {
+        if self.failing.get() {
+            return Err(DeviceError::Io {
+                path: "test".into(),
+                operation: "write zone record",
+                source: std::io::Error::from_raw_os_error(5),
+            });
+        }
+        self.zone_records_written.set(self.zone_records_written.get() + 1);
+        self.inner.write_zone_record(zone, record)
+    }
+    fn write_block_records(&mut self, first_block: u64, records: &[BlockRecord]) -> Result<()> {
+        self.inner.write_block_records(first_block, records)
+    }
+    fn write_overlay(&mut self, overlay: &Overlay, generation_of: &dyn Fn(u64) -> u32) -> Result<()> {
+        self.inner.write_overlay(overlay, generation_of)
+    }
+    fn write_summary(&mut self, counters: &Counters, clock_ns: u64) -> Result<()> {
+        self.inner.write_summary(counters, clock_ns)
+    }
+    fn sync(&mut self) -> Result<()> {
+        self.inner.sync()
+    }
+}
+
+#[test]
+fn a_failed_flush_keeps_its_records_dirty_for_the_next() {
+    let geometry = small_geometry();
+    let failing = Rc::new(Cell::new(false));
+    let written = Rc::new(Cell::new(0));
+    let backend = FailingRecords {
+        inner: MemoryBackend::new(geometry),
+        failing: failing.clone(),
+        zone_records_written: written.clone(),
+    };
+    let mut device = FlashEmulator::with_backend(geometry, options(FaultConfig::none(0)), backend).unwrap();
+    program(&mut device, 0, 0, 1);
+    program(&mut device, 1, 0, 1);
+    failing.set(true);
+    assert!(device.flush().is_err());
+    failing.set(false);
+    let before = written.get();
+    device.flush().unwrap();
+    assert_eq!(written.get() - before, 2, "both zone records are written by the next flush");
+    // A finish whose record write fails is retried by the next flush too.
+    failing.set(true);
+    assert!(device.finish_zone(0).is_err());
+    failing.set(false);
+    let before = written.get();
+    device.flush().unwrap();
+    assert_eq!(written.get() - before, 1);
 }
