@@ -15,13 +15,30 @@ use flintfs_flash::{
     ZoneRecord, ZoneState,
 };
 
-/// The memory backend with page writes that fail while `failing` is set.
-struct FailingBackend {
-    inner: MemoryBackend,
-    failing: Rc<Cell<bool>>,
+/// The memory backend with switches that make page writes or zone record
+/// writes fail, and a count of the zone records written.
+#[derive(Default)]
+struct Switches {
+    fail_pages: Cell<bool>,
+    fail_zone_records: Cell<bool>,
+    zone_records_written: Cell<u32>,
 }
 
-impl Backend for FailingBackend {
+struct FlakyBackend {
+    inner: MemoryBackend,
+    switches: Rc<Switches>,
+}
+
+fn flaky(geometry: Geometry) -> (FlakyBackend, Rc<Switches>) {
+    let switches = Rc::new(Switches::default());
+    (FlakyBackend { inner: MemoryBackend::new(geometry), switches: switches.clone() }, switches)
+}
+
+fn io_error(operation: &'static str) -> DeviceError {
+    DeviceError::Io { path: "test".into(), operation, source: std::io::Error::from_raw_os_error(5) }
+}
+
+impl Backend for FlakyBackend {
     fn read_page(&mut self, physical: u64, data: &mut [u8], oob: &mut [u8]) -> Result<()> {
         self.inner.read_page(physical, data, oob)
     }
@@ -29,12 +46,8 @@ impl Backend for FailingBackend {
         self.inner.read_oob(physical, oob)
     }
     fn write_page(&mut self, physical: u64, data: &[u8], oob: &[u8]) -> Result<()> {
-        if self.failing.get() {
-            return Err(DeviceError::Io {
-                path: "test".into(),
-                operation: "write page",
-                source: std::io::Error::from_raw_os_error(28),
-            });
+        if self.switches.fail_pages.get() {
+            return Err(io_error("write page"));
         }
         self.inner.write_page(physical, data, oob)
     }
@@ -45,6 +58,10 @@ impl Backend for FailingBackend {
         self.inner.write_nvm(offset, bytes)
     }
     fn write_zone_record(&mut self, zone: u32, record: &ZoneRecord) -> Result<()> {
+        if self.switches.fail_zone_records.get() {
+            return Err(io_error("write zone record"));
+        }
+        self.switches.zone_records_written.set(self.switches.zone_records_written.get() + 1);
         self.inner.write_zone_record(zone, record)
     }
     fn write_block_records(&mut self, first_block: u64, records: &[BlockRecord]) -> Result<()> {
@@ -64,8 +81,8 @@ impl Backend for FailingBackend {
 #[test]
 fn a_failed_backend_write_keeps_the_page_buffered_and_the_prefix_intact() {
     let geometry = small_geometry();
-    let failing = Rc::new(Cell::new(false));
-    let backend = FailingBackend { inner: MemoryBackend::new(geometry), failing: failing.clone() };
+    let (backend, switches) = flaky(geometry);
+    let failing = &switches.fail_pages;
     let options = DeviceOptions { write_buffer_pages: 2, ..options(FaultConfig::none(0)) };
     let mut device = FlashEmulator::with_backend(geometry, options, backend).unwrap();
     program(&mut device, 0, 0, 1);
@@ -215,65 +232,11 @@ fn an_image_with_counters_at_the_top_of_their_range_keeps_working() {
     assert_eq!(device.lifetime_counters().pages_programmed, u64::MAX);
 }
 
-/// The memory backend with zone record writes that fail while `failing` is
-/// set, and a count of the zone records written.
-struct FailingRecords {
-    inner: MemoryBackend,
-    failing: Rc<Cell<bool>>,
-    zone_records_written: Rc<Cell<u32>>,
-}
-
-impl Backend for FailingRecords {
-    fn read_page(&mut self, physical: u64, data: &mut [u8], oob: &mut [u8]) -> Result<()> {
-        self.inner.read_page(physical, data, oob)
-    }
-    fn read_oob(&mut self, physical: u64, oob: &mut [u8]) -> Result<()> {
-        self.inner.read_oob(physical, oob)
-    }
-    fn write_page(&mut self, physical: u64, data: &[u8], oob: &[u8]) -> Result<()> {
-        self.inner.write_page(physical, data, oob)
-    }
-    fn erase_zone(&mut self, zone: u32) -> Result<()> {
-        self.inner.erase_zone(zone)
-    }
-    fn write_nvm(&mut self, offset: u64, bytes: &[u8]) -> Result<()> {
-        self.inner.write_nvm(offset, bytes)
-    }
-    fn write_zone_record(&mut self, zone: u32, record: &ZoneRecord) -> Result<()> {
-        if self.failing.get() {
-            return Err(DeviceError::Io {
-                path: "test".into(),
-                operation: "write zone record",
-                source: std::io::Error::from_raw_os_error(5),
-            });
-        }
-        self.zone_records_written.set(self.zone_records_written.get() + 1);
-        self.inner.write_zone_record(zone, record)
-    }
-    fn write_block_records(&mut self, first_block: u64, records: &[BlockRecord]) -> Result<()> {
-        self.inner.write_block_records(first_block, records)
-    }
-    fn write_overlay(&mut self, overlay: &Overlay, generation_of: &dyn Fn(u64) -> u32) -> Result<()> {
-        self.inner.write_overlay(overlay, generation_of)
-    }
-    fn write_summary(&mut self, counters: &Counters, clock_ns: u64) -> Result<()> {
-        self.inner.write_summary(counters, clock_ns)
-    }
-    fn sync(&mut self) -> Result<()> {
-        self.inner.sync()
-    }
-}
-
 #[test]
 fn a_failed_flush_keeps_its_records_dirty_for_the_next() {
     let geometry = small_geometry();
-    let failing = Rc::new(Cell::new(false));
-    let written = Rc::new(Cell::new(0));
-    let backend = FailingRecords {
-        inner: MemoryBackend::new(geometry),
-        failing: failing.clone(),
-        zone_records_written: written.clone(),
-    };
+    let (backend, switches) = flaky(geometry);
+    let (failing, written) = (&switches.fail_zone_records, &switches.zone_records_written);
     let mut device = FlashEmulator::with_backend(geometry, options(FaultConfig::none(0)), backend).unwrap();
     program(&mut device, 0, 0, 1);
     program(&mut device, 1, 0, 1);
