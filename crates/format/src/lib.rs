@@ -1,0 +1,43 @@
+//! # flintfs-format: the on-flash format
+//!
+//! The byte layout of what flintfs programs, specified field by field in
+//! `docs/FORMAT.md` (kept in the same commits as this crate). Every
+//! structure has a fixed-width little-endian encoding, carries or is
+//! covered by a CRC-32C, and decodes through a total decoder: any bytes
+//! give a value or a [`DecodeError`], never a panic (a property test and a
+//! fuzz target hold it to that).
+//!
+//! This crate knows nothing of the device or the engine: it turns values
+//! into bytes and back, and checks what bytes can check. The engine decides
+//! what to write where.
+
+mod chunk;
+mod codec;
+mod page;
+mod record;
+mod superblock;
+
+pub use chunk::{
+    parse_packed, ChunkHeader, ChunkKind, Compression, PackedPage, CHUNK_HEADER_BYTES, CHUNK_LOGICAL_BYTES_MAX,
+};
+pub use codec::{Reader, Writer};
+pub use page::{InvertedIndex, PageHeader, PageKind, PAGE_HEADER_BYTES};
+pub use record::{
+    split_record, RecordAssembler, RecordHeader, RecordKind, RecordPage, RECORD_HEADER_BYTES, RECORD_PAYLOAD_BYTES_MAX,
+};
+pub use superblock::{
+    DeviceShape, Superblock, CHECKPOINT_ZONES, FIRST_DYNAMIC_ZONE, SUPERBLOCK_BYTES, SUPERBLOCK_MAGIC, SUPERBLOCK_ZONES,
+};
+
+/// The on-flash format version this build reads and writes. An image of
+/// another version is refused with a message naming both.
+pub const FORMAT_VERSION: u16 = 1;
+
+/// Why some bytes are not a valid structure.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{structure}: {reason}")]
+pub struct DecodeError {
+    /// Which structure was being decoded.
+    pub structure: &'static str,
+    pub reason: String,
+}

@@ -1,0 +1,266 @@
+//! Round trips, damage detection and totality for every on-flash structure.
+
+use flintfs_format::{
+    parse_packed, split_record, ChunkHeader, ChunkKind, Compression, DeviceShape, InvertedIndex, PackedPage,
+    PageHeader, PageKind, RecordAssembler, RecordKind, Superblock, CHUNK_HEADER_BYTES, PAGE_HEADER_BYTES,
+};
+use proptest::prelude::*;
+
+const PAGE: usize = 4096;
+const OOB: usize = 128;
+
+fn page_kind() -> impl Strategy<Value = PageKind> {
+    prop_oneof![
+        Just(PageKind::Superblock),
+        Just(PageKind::Checkpoint),
+        Just(PageKind::Log),
+        Just(PageKind::PackedData),
+        Just(PageKind::DataBlock),
+        Just(PageKind::Node),
+    ]
+}
+
+fn page_header() -> impl Strategy<Value = PageHeader> {
+    (
+        page_kind(),
+        any::<bool>(),
+        any::<u32>(),
+        any::<u64>(),
+        any::<u32>(),
+        any::<u32>(),
+        any::<[u64; 3]>(),
+        0u32..=4096,
+        any::<u32>(),
+    )
+        .prop_map(|(kind, end, zone_generation, sequence, zone, page, inverted, length, count)| PageHeader {
+            kind,
+            end_of_record: end && kind.is_record(),
+            zone_generation,
+            sequence,
+            zone,
+            page,
+            inverted: if kind == PageKind::DataBlock {
+                InvertedIndex { ino: inverted[0], offset: inverted[1], version: inverted[2] }
+            } else {
+                InvertedIndex::default()
+            },
+            length,
+            count,
+        })
+}
+
+fn oob_with(header: &PageHeader, data: &[u8]) -> Vec<u8> {
+    let mut oob = vec![0u8; OOB];
+    oob[..PAGE_HEADER_BYTES].copy_from_slice(&header.encode(data));
+    oob
+}
+
+fn superblock() -> Superblock {
+    Superblock {
+        shape: DeviceShape {
+            page_size_bytes: 4096,
+            oob_size_bytes: 128,
+            block_pages: 64,
+            zone_blocks: 16,
+            zone_count: 256,
+            nvm_size_bytes: 0,
+        },
+        uuid: [7; 16],
+        created_ns: 1_700_000_000_000_000_000,
+        unindexed_segments: 8,
+        block_parity_pages: 1,
+        segment_parity_blocks: 1,
+        compression: Compression::Lz4,
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, failure_persistence: None, ..ProptestConfig::default() })]
+
+    #[test]
+    fn page_headers_round_trip_and_catch_any_flipped_bit(
+        header in page_header(),
+        data in proptest::collection::vec(any::<u8>(), PAGE),
+        flip in 0usize..(PAGE + PAGE_HEADER_BYTES) * 8,
+    ) {
+        let oob = oob_with(&header, &data);
+        prop_assert_eq!(PageHeader::decode(&oob, &data), Ok(header));
+        prop_assert!(header.check_location(header.zone, header.page, header.zone_generation).is_ok());
+        let (mut oob, mut data) = (oob, data);
+        let byte = flip / 8;
+        if byte < PAGE_HEADER_BYTES {
+            oob[byte] ^= 1 << (flip % 8);
+        } else {
+            data[byte - PAGE_HEADER_BYTES] ^= 1 << (flip % 8);
+        }
+        prop_assert!(PageHeader::decode(&oob, &data).is_err(), "a flipped bit went unnoticed");
+    }
+
+    #[test]
+    fn misdirected_and_stale_pages_are_caught(header in page_header(), other in any::<u32>()) {
+        prop_assume!(other != header.page && other != header.zone_generation);
+        prop_assert!(header.check_location(header.zone, other, header.zone_generation).is_err());
+        prop_assert!(header.check_location(header.zone.wrapping_add(1), header.page, header.zone_generation).is_err());
+        let stale = header.check_location(header.zone, header.page, other).unwrap_err();
+        prop_assert!(stale.reason.contains("stale"));
+    }
+
+    #[test]
+    fn packed_pages_round_trip(chunks in proptest::collection::vec((any::<u64>(), 0u64..1 << 40, 1usize..1500, any::<u64>()), 0..6)) {
+        let mut page = PackedPage::new(PAGE);
+        let mut pushed = Vec::new();
+        for (ino, offset, length, version) in chunks {
+            let payload: Vec<u8> = (0..length).map(|index| (index as u64 ^ ino) as u8).collect();
+            let header = ChunkHeader {
+                kind: ChunkKind::FileData,
+                compression: Compression::None,
+                stored_length: length as u32,
+                ino,
+                offset,
+                logical_length: length as u32,
+                version,
+            };
+            if page.push(&header, &payload) {
+                pushed.push((header, payload));
+            } else {
+                prop_assert!(page.free_bytes() < CHUNK_HEADER_BYTES + length);
+            }
+        }
+        let (data, length, count) = page.finish();
+        prop_assert_eq!(data.len(), PAGE);
+        let parsed = parse_packed(&data, length, count).unwrap();
+        prop_assert_eq!(parsed.len(), pushed.len());
+        for ((header, range), (expected_header, payload)) in parsed.into_iter().zip(pushed) {
+            prop_assert_eq!(header, expected_header);
+            prop_assert_eq!(&data[range], &payload[..]);
+        }
+    }
+
+    #[test]
+    fn records_round_trip_and_a_missing_last_page_yields_nothing(
+        payload in proptest::collection::vec(any::<u8>(), 0..20_000),
+        page_size in prop_oneof![Just(512usize), Just(4096usize)],
+        first_sequence in 0u64..1 << 60,
+    ) {
+        let pages = split_record(RecordKind::Log, &payload, first_sequence, page_size);
+        let headers: Vec<PageHeader> = pages
+            .iter()
+            .map(|page| PageHeader {
+                kind: PageKind::Log,
+                end_of_record: page.end_of_record,
+                zone_generation: 1,
+                sequence: first_sequence + u64::from(page.index),
+                zone: 9,
+                page: page.index,
+                inverted: InvertedIndex::default(),
+                length: page.length,
+                count: page.index,
+            })
+            .collect();
+        let mut assembler = RecordAssembler::new(RecordKind::Log);
+        let mut whole = None;
+        for (header, page) in headers.iter().zip(&pages) {
+            prop_assert!(whole.is_none());
+            whole = assembler.push(header, &page.data).unwrap();
+        }
+        let (record_header, assembled) = whole.expect("the last page completes the record");
+        prop_assert_eq!(record_header.first_sequence, first_sequence);
+        prop_assert_eq!(assembled, payload.clone());
+        // Cut short: without its flagged last page nothing comes out, and
+        // the next record's first page starts afresh.
+        let mut assembler = RecordAssembler::new(RecordKind::Log);
+        for (header, page) in headers.iter().zip(&pages).take(pages.len() - 1) {
+            prop_assert_eq!(assembler.push(header, &page.data).unwrap(), None);
+        }
+        if pages.len() > 1 {
+            prop_assert!(assembler.in_record());
+            let (header, page) = (&headers[0], &pages[0]);
+            prop_assert_eq!(assembler.push(header, &page.data).unwrap(), None, "a new record starts afresh");
+        }
+    }
+
+    /// Decoders are total: any bytes give a value or an error.
+    #[test]
+    fn decoders_never_panic(
+        bytes in proptest::collection::vec(any::<u8>(), 0..600),
+        data in proptest::collection::vec(any::<u8>(), 0..600),
+        length in any::<u32>(),
+        count in any::<u32>(),
+    ) {
+        let _ = PageHeader::decode(&bytes, &data);
+        let _ = ChunkHeader::decode(&bytes);
+        let _ = Superblock::decode(&bytes);
+        let _ = parse_packed(&data, length, count);
+        if let Ok(header) = PageHeader::decode(&bytes, &data) {
+            let _ = RecordAssembler::new(RecordKind::Checkpoint).push(&header, &data);
+        }
+    }
+}
+
+#[test]
+fn an_erased_page_is_named_as_such() {
+    let error = PageHeader::decode(&[0xFF; OOB], &[0xFF; PAGE]).unwrap_err();
+    assert!(error.reason.contains("erased"), "{error}");
+}
+
+#[test]
+fn superblock_round_trips_and_refuses_foreign_or_other_versions() {
+    let superblock = superblock();
+    let bytes = superblock.encode();
+    assert_eq!(Superblock::decode(&bytes), Ok(superblock));
+    let mut foreign = bytes;
+    foreign[0] = b'X';
+    assert!(Superblock::decode(&foreign).unwrap_err().reason.contains("not a flintfs file system"));
+    let mut newer = bytes;
+    newer[8] = 2;
+    let message = Superblock::decode(&newer).unwrap_err().to_string();
+    assert!(message.contains("version 2") && message.contains("reads version 1"), "{message}");
+    for offset in 10..bytes.len() {
+        let mut damaged = bytes;
+        damaged[offset] ^= 0x10;
+        assert!(Superblock::decode(&damaged).is_err(), "byte {offset} damaged unnoticed");
+    }
+    // A well-formed superblock that breaks a rule (k = 0), checksum intact.
+    let mut zero_k = bytes;
+    zero_k[84..88].copy_from_slice(&0u32.to_le_bytes());
+    let crc = crc32c::crc32c(&zero_k[..124]);
+    zero_k[124..].copy_from_slice(&crc.to_le_bytes());
+    let message = Superblock::decode(&zero_k).unwrap_err().to_string();
+    assert!(message.contains("unindexed segments"), "{message}");
+    assert!(Superblock { unindexed_segments: 0, ..superblock }.validate().is_err());
+}
+
+#[test]
+fn a_reordered_or_foreign_page_breaks_the_record() {
+    let payload = vec![3u8; 9000];
+    let pages = split_record(RecordKind::Checkpoint, &payload, 100, 4096);
+    assert_eq!(pages.len(), 3);
+    let header = |index: u32, sequence: u64| PageHeader {
+        kind: PageKind::Checkpoint,
+        end_of_record: index == 2,
+        zone_generation: 0,
+        sequence,
+        zone: 2,
+        page: index,
+        inverted: InvertedIndex::default(),
+        length: pages[index as usize].length,
+        count: index,
+    };
+    let mut assembler = RecordAssembler::new(RecordKind::Checkpoint);
+    assembler.push(&header(0, 100), &pages[0].data).unwrap();
+    let error = assembler.push(&header(2, 102), &pages[2].data).unwrap_err();
+    assert!(error.reason.contains("expected"), "{error}");
+    let mut assembler = RecordAssembler::new(RecordKind::Checkpoint);
+    assembler.push(&header(0, 100), &pages[0].data).unwrap();
+    let error = assembler.push(&header(1, 150), &pages[1].data).unwrap_err();
+    assert!(error.reason.contains("sequence"), "{error}");
+    let mut assembler = RecordAssembler::new(RecordKind::Log);
+    assert!(assembler.push(&header(0, 100), &pages[0].data).is_err(), "a checkpoint page is not a log page");
+    let mut corrupted = pages[1].data.clone();
+    corrupted[7] ^= 1;
+    let mut assembler = RecordAssembler::new(RecordKind::Checkpoint);
+    assembler.push(&header(0, 100), &pages[0].data).unwrap();
+    assembler.push(&header(1, 101), &corrupted).unwrap();
+    let error = assembler.push(&header(2, 102), &pages[2].data).unwrap_err();
+    assert!(error.reason.contains("checksum"), "{error}");
+}
