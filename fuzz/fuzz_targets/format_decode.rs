@@ -3,7 +3,7 @@
 //! the same (where the structure round-trips by construction).
 #![no_main]
 
-use flintfs_format::{parse_packed, ChunkHeader, PageHeader, RecordAssembler, RecordKind, Superblock};
+use flintfs_format::{parse_packed, Checkpoint, ChunkHeader, PageHeader, RecordAssembler, RecordKind, Superblock};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|bytes: &[u8]| {
@@ -23,6 +23,9 @@ fuzz_target!(|bytes: &[u8]| {
     }
     if let Ok(chunk) = ChunkHeader::decode(oob) {
         assert_eq!(ChunkHeader::decode(&chunk.encode()), Ok(chunk));
+    }
+    if let Ok(checkpoint) = Checkpoint::decode(data) {
+        assert_eq!(Checkpoint::decode(&checkpoint.encode()), Ok(checkpoint));
     }
     if let Ok(superblock) = Superblock::decode(data) {
         assert_eq!(Superblock::decode(&superblock.encode()), Ok(superblock));

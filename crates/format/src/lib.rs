@@ -11,12 +11,16 @@
 //! into bytes and back, and checks what bytes can check. The engine decides
 //! what to write where.
 
+mod checkpoint;
 mod chunk;
 mod codec;
 mod page;
 mod record;
 mod superblock;
 
+pub use checkpoint::{
+    Checkpoint, LogHead, ZoneRole, ZoneUsage, CHECKPOINT_FIXED_BYTES, LOG_HEADS_MAX, LOG_HEAD_BYTES, ZONE_USAGE_BYTES,
+};
 pub use chunk::{
     parse_packed, ChunkHeader, ChunkKind, Compression, PackedPage, CHUNK_HEADER_BYTES, CHUNK_LOGICAL_BYTES_MAX,
 };

@@ -1,8 +1,9 @@
 //! Round trips, damage detection and totality for every on-flash structure.
 
 use flintfs_format::{
-    parse_packed, split_record, ChunkHeader, ChunkKind, Compression, DeviceShape, InvertedIndex, PackedPage,
-    PageHeader, PageKind, RecordAssembler, RecordKind, Superblock, CHUNK_HEADER_BYTES, PAGE_HEADER_BYTES,
+    parse_packed, split_record, Checkpoint, ChunkHeader, ChunkKind, Compression, DeviceShape, InvertedIndex, LogHead,
+    PackedPage, PageHeader, PageKind, RecordAssembler, RecordKind, Superblock, ZoneRole, ZoneUsage, CHUNK_HEADER_BYTES,
+    PAGE_HEADER_BYTES,
 };
 use proptest::prelude::*;
 
@@ -179,6 +180,32 @@ proptest! {
         }
     }
 
+    #[test]
+    fn checkpoints_round_trip(
+        number in any::<u64>(),
+        sequence_next in any::<u64>(),
+        ino_next in 1u64..,
+        usage in proptest::collection::vec((0u8..7, any::<u32>(), any::<u64>(), any::<u64>()), 4..80),
+        unindexed_count in 0usize..4,
+    ) {
+        let roles = [ZoneRole::Free, ZoneRole::Superblock, ZoneRole::Checkpoint, ZoneRole::HotData, ZoneRole::ColdData, ZoneRole::Node, ZoneRole::Log];
+        let zones: Vec<ZoneUsage> = usage
+            .iter()
+            .map(|&(role, generation, valid_bytes, last_sequence)| ZoneUsage { role: roles[role as usize], generation, valid_bytes, last_sequence })
+            .collect();
+        let unindexed: Vec<u32> = (0..unindexed_count.min(zones.len()) as u32).collect();
+        let mut heads = Vec::new();
+        for role in [ZoneRole::HotData, ZoneRole::ColdData, ZoneRole::Node, ZoneRole::Log] {
+            if let Some(zone) = zones.iter().position(|usage| usage.role == role) {
+                heads.push(LogHead { role, zone: zone as u32, write_pointer: zone as u32 * 3 });
+            }
+        }
+        let checkpoint = Checkpoint { number, sequence_next, ino_next, zones, unindexed, heads };
+        let bytes = checkpoint.encode();
+        prop_assert_eq!(Checkpoint::decode(&bytes), Ok(checkpoint));
+        prop_assert!(Checkpoint::decode(&bytes[..bytes.len() - 1]).is_err());
+    }
+
     /// Decoders are total: any bytes give a value or an error.
     #[test]
     fn decoders_never_panic(
@@ -191,6 +218,7 @@ proptest! {
         let _ = ChunkHeader::decode(&bytes);
         let _ = Superblock::decode(&bytes);
         let _ = parse_packed(&data, length, count);
+        let _ = Checkpoint::decode(&bytes);
         if let Ok(header) = PageHeader::decode(&bytes, &data) {
             let _ = RecordAssembler::new(RecordKind::Checkpoint).push(&header, &data);
         }

@@ -1,0 +1,54 @@
+//! The one error type of the engine: an errno and a message that says what
+//! was wrong and where. The FUSE adapter and the CLI only map it.
+
+use flintfs_flash::DeviceError;
+use flintfs_format::DecodeError;
+
+pub type Result<T> = std::result::Result<T, Error>;
+
+/// POSIX error numbers (Linux values) the engine returns: the device's,
+/// and those of the namespace.
+pub mod errno {
+    pub use flintfs_flash::errno::{EBUSY, EINVAL, EIO, ENOSPC, EROFS};
+    pub const ENOENT: i32 = 2;
+    pub const EEXIST: i32 = 17;
+    pub const EXDEV: i32 = 18;
+    pub const ENOTDIR: i32 = 20;
+    pub const EISDIR: i32 = 21;
+    pub const ENAMETOOLONG: i32 = 36;
+    pub const ENOTEMPTY: i32 = 39;
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("{message}")]
+pub struct Error {
+    pub errno: i32,
+    pub message: String,
+}
+
+impl Error {
+    pub fn new(errno: i32, message: impl Into<String>) -> Error {
+        Error { errno, message: message.into() }
+    }
+
+    /// Damage or an unreadable image: the caller gets EIO and the reason.
+    pub fn corrupt(message: impl Into<String>) -> Error {
+        Error::new(errno::EIO, message)
+    }
+
+    pub fn invalid(message: impl Into<String>) -> Error {
+        Error::new(errno::EINVAL, message)
+    }
+}
+
+impl From<DeviceError> for Error {
+    fn from(error: DeviceError) -> Error {
+        Error::new(error.errno(), format!("device: {error}"))
+    }
+}
+
+impl From<DecodeError> for Error {
+    fn from(error: DecodeError) -> Error {
+        Error::corrupt(error.to_string())
+    }
+}

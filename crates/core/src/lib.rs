@@ -1,0 +1,19 @@
+//! # flintfs-core: the engine
+//!
+//! The file system over any [`flintfs_flash::FlashDevice`], with a plain Rust
+//! API and no knowledge of FUSE. Time and randomness are inputs; the engine
+//! reads no clock.
+//!
+//! What is here so far is the durable frame: [`mkfs`], a clean
+//! [`Volume::mount`] from the newest valid checkpoint, and checkpoints
+//! written into two alternating zones. The namespace, data path, metadata
+//! log and recovery build on it.
+
+mod error;
+mod volume;
+
+pub use error::{errno, Error, Result};
+pub use volume::{
+    mkfs, zones_min, MkfsOptions, MountReport, Volume, LOG_HEAD_ROLES, RESERVE_ZONES, ROOT_INO,
+    UNINDEXED_SEGMENTS_DEFAULT,
+};

@@ -1,0 +1,418 @@
+//! The durable frame of a file system: mkfs, a clean mount from the newest
+//! valid checkpoint, and writing checkpoints into two alternating zones.
+//! Everything the engine keeps across a clean unmount goes through here.
+
+use flintfs_flash::{FlashDevice, PageAddress, PageState, ZoneState, OOB_SIZE_BYTES_MIN};
+use flintfs_format::{
+    split_record, Checkpoint, Compression, DeviceShape, InvertedIndex, PageHeader, PageKind, RecordAssembler,
+    RecordKind, Superblock, ZoneRole, ZoneUsage, CHECKPOINT_ZONES, FIRST_DYNAMIC_ZONE, PAGE_HEADER_BYTES,
+    RECORD_HEADER_BYTES, SUPERBLOCK_BYTES, SUPERBLOCK_ZONES,
+};
+
+use crate::error::{errno, Error, Result};
+
+const _: () = assert!(PAGE_HEADER_BYTES as u32 <= OOB_SIZE_BYTES_MIN, "the page header fits every device's OOB");
+
+/// The roles that get a log head of their own (DESIGN: hot data, cold data,
+/// node pages, metadata log).
+pub const LOG_HEAD_ROLES: [ZoneRole; 4] = [ZoneRole::HotData, ZoneRole::ColdData, ZoneRole::Node, ZoneRole::Log];
+/// Zones kept free so the cleaner always has somewhere to move live data.
+pub const RESERVE_ZONES: u32 = 2;
+/// The default k (unindexed segments per checkpoint).
+pub const UNINDEXED_SEGMENTS_DEFAULT: u32 = 8;
+/// Inode number of the root directory; allocation starts after it.
+pub const ROOT_INO: u64 = 1;
+
+/// Zones a file system with `unindexed_segments` needs at least.
+pub fn zones_min(unindexed_segments: u32) -> u32 {
+    FIRST_DYNAMIC_ZONE + LOG_HEAD_ROLES.len() as u32 + unindexed_segments + RESERVE_ZONES
+}
+
+/// Choices made once, at mkfs. Time and randomness come from the caller.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MkfsOptions {
+    pub unindexed_segments: u32,
+    pub uuid: [u8; 16],
+    pub created_ns: u64,
+    pub block_parity_pages: u32,
+    pub segment_parity_blocks: u32,
+    pub compression: Compression,
+}
+
+impl MkfsOptions {
+    /// Defaults for a device, with `uuid` and `created_ns` from the caller.
+    pub fn new(uuid: [u8; 16], created_ns: u64) -> MkfsOptions {
+        MkfsOptions {
+            unindexed_segments: UNINDEXED_SEGMENTS_DEFAULT,
+            uuid,
+            created_ns,
+            block_parity_pages: 0,
+            segment_parity_blocks: 0,
+            compression: Compression::None,
+        }
+    }
+}
+
+/// What a mount read and found.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct MountReport {
+    /// Full page reads the mount did.
+    pub pages_read: u64,
+    pub checkpoint_number: u64,
+    /// The checkpoint zone the newest valid checkpoint was found in.
+    pub checkpoint_zone: u32,
+    /// Records passed over because they were torn or failed their checks.
+    pub records_rejected: u64,
+}
+
+/// A mounted file system's durable frame over its device.
+pub struct Volume<D: FlashDevice> {
+    device: D,
+    superblock: Superblock,
+    checkpoint: Checkpoint,
+    /// The checkpoint zone that holds the newest checkpoint, and where the
+    /// next one goes.
+    checkpoint_zone: u32,
+    checkpoint_write_pointer: u32,
+}
+
+fn shape_of(device: &impl FlashDevice) -> DeviceShape {
+    let geometry = device.geometry();
+    DeviceShape {
+        page_size_bytes: geometry.page_size_bytes,
+        oob_size_bytes: geometry.oob_size_bytes,
+        block_pages: geometry.block_pages,
+        zone_blocks: geometry.zone_blocks,
+        zone_count: geometry.zone_count,
+        nvm_size_bytes: geometry.nvm_size_bytes,
+    }
+}
+
+/// Pages a checkpoint record of `zone_count` zones and `unindexed` segments
+/// takes, with every log head open.
+fn checkpoint_pages(zone_count: u32, unindexed: u32, page_size_bytes: u32) -> u64 {
+    let payload = flintfs_format::CHECKPOINT_FIXED_BYTES as u64
+        + u64::from(zone_count) * flintfs_format::ZONE_USAGE_BYTES as u64
+        + u64::from(unindexed) * 4
+        + LOG_HEAD_ROLES.len() as u64 * flintfs_format::LOG_HEAD_BYTES as u64;
+    (RECORD_HEADER_BYTES as u64 + payload).div_ceil(u64::from(page_size_bytes))
+}
+
+/// Programs one page with its header.
+fn program<D: FlashDevice>(device: &mut D, address: PageAddress, header: &PageHeader, data: &[u8]) -> Result<()> {
+    let geometry = device.geometry();
+    let mut oob = vec![0u8; geometry.oob_size_bytes as usize];
+    oob[..PAGE_HEADER_BYTES].copy_from_slice(&header.encode(data));
+    device.program_page(address, data, &oob)?;
+    Ok(())
+}
+
+/// Reads a page and checks its header, address and zone generation.
+fn read_verified<D: FlashDevice>(
+    device: &mut D,
+    address: PageAddress,
+    zone_generation: Option<u32>,
+    pages_read: &mut u64,
+) -> Result<(PageHeader, Vec<u8>)> {
+    let geometry = device.geometry();
+    let mut data = vec![0u8; geometry.page_size_bytes as usize];
+    let mut oob = vec![0u8; geometry.oob_size_bytes as usize];
+    *pages_read += 1;
+    if device.read_page(address, &mut data, &mut oob)? == PageState::Erased {
+        return Err(Error::corrupt(format!("{address} is erased")));
+    }
+    let header = PageHeader::decode(&oob, &data).map_err(|error| Error::corrupt(format!("{address}: {error}")))?;
+    let generation = zone_generation.unwrap_or(header.zone_generation);
+    header
+        .check_location(address.zone, address.page, generation)
+        .map_err(|error| Error::corrupt(format!("{address}: {error}")))?;
+    Ok((header, data))
+}
+
+/// Formats `device`: erases every zone that holds anything, writes the
+/// superblock to both superblock zones and a first checkpoint. Refuses a
+/// device too small for the layout, saying how small is too small.
+pub fn mkfs<D: FlashDevice>(device: &mut D, options: &MkfsOptions) -> Result<()> {
+    let geometry = device.geometry();
+    let shape = shape_of(device);
+    let needed = zones_min(options.unindexed_segments);
+    if geometry.zone_count < needed {
+        return Err(Error::new(
+            errno::ENOSPC,
+            format!(
+                "device of {} zones ({} KiB) is too small: flintfs with {} unindexed segments needs at least {needed} \
+                 zones ({} KiB)",
+                geometry.zone_count,
+                geometry.device_size_bytes() / 1024,
+                options.unindexed_segments,
+                u64::from(needed) * geometry.zone_size_bytes() / 1024
+            ),
+        ));
+    }
+    let superblock = Superblock {
+        shape,
+        uuid: options.uuid,
+        created_ns: options.created_ns,
+        unindexed_segments: options.unindexed_segments,
+        block_parity_pages: options.block_parity_pages,
+        segment_parity_blocks: options.segment_parity_blocks,
+        compression: options.compression,
+    };
+    superblock.validate().map_err(|reason| Error::invalid(format!("mkfs options: {reason}")))?;
+    let reports = device.report_zones();
+    for zone in SUPERBLOCK_ZONES.iter().chain(&CHECKPOINT_ZONES) {
+        let capacity = reports[*zone as usize].capacity_pages;
+        let record_pages = checkpoint_pages(geometry.zone_count, options.unindexed_segments, geometry.page_size_bytes);
+        if u64::from(capacity) < 2 * record_pages.max(1) {
+            return Err(Error::new(
+                errno::ENOSPC,
+                format!(
+                    "zone {zone} holds {capacity} good pages; its fixed role needs at least {} (bad blocks, or a zone \
+                     too small for a checkpoint of {} zones)",
+                    2 * record_pages.max(1),
+                    geometry.zone_count
+                ),
+            ));
+        }
+    }
+    for report in &reports {
+        if report.state != ZoneState::Offline && (report.write_pointer > 0 || report.state != ZoneState::Empty) {
+            device.reset_zone(report.zone)?;
+        }
+    }
+    let mut sequence = 0u64;
+    let mut data = vec![0u8; geometry.page_size_bytes as usize];
+    data[..SUPERBLOCK_BYTES].copy_from_slice(&superblock.encode());
+    for zone in SUPERBLOCK_ZONES {
+        let header = PageHeader {
+            kind: PageKind::Superblock,
+            end_of_record: false,
+            zone_generation: 0,
+            sequence,
+            zone,
+            page: 0,
+            inverted: InvertedIndex::default(),
+            length: SUPERBLOCK_BYTES as u32,
+            count: 0,
+        };
+        program(device, PageAddress::new(zone, 0), &header, &data)?;
+        sequence += 1;
+    }
+    let mut zones: Vec<ZoneUsage> = (0..geometry.zone_count)
+        .map(|_| ZoneUsage { role: ZoneRole::Free, generation: 0, valid_bytes: 0, last_sequence: 0 })
+        .collect();
+    for zone in SUPERBLOCK_ZONES {
+        zones[zone as usize].role = ZoneRole::Superblock;
+    }
+    for zone in CHECKPOINT_ZONES {
+        zones[zone as usize].role = ZoneRole::Checkpoint;
+    }
+    let unindexed: Vec<u32> = reports
+        .iter()
+        .filter(|report| report.zone >= FIRST_DYNAMIC_ZONE && report.capacity_pages > 0)
+        .map(|report| report.zone)
+        .take(options.unindexed_segments as usize)
+        .collect();
+    if unindexed.len() < options.unindexed_segments as usize {
+        return Err(Error::new(errno::ENOSPC, "too few usable zones for the unindexed segments"));
+    }
+    let checkpoint =
+        Checkpoint { number: 1, sequence_next: sequence, ino_next: ROOT_INO + 1, zones, unindexed, heads: Vec::new() };
+    write_checkpoint_record(device, &checkpoint, CHECKPOINT_ZONES[0], 0)?;
+    device.flush()?;
+    Ok(())
+}
+
+/// Programs `checkpoint` as a record at `zone`/`write_pointer`; its
+/// `sequence_next` must already count the record's own pages.
+fn write_checkpoint_record<D: FlashDevice>(
+    device: &mut D,
+    checkpoint: &Checkpoint,
+    zone: u32,
+    write_pointer: u32,
+) -> Result<u32> {
+    let geometry = device.geometry();
+    let payload = checkpoint.encode();
+    let page_count = checkpoint_record_page_count(payload.len(), geometry.page_size_bytes);
+    let first_sequence = checkpoint.sequence_next - page_count as u64;
+    let pages = split_record(RecordKind::Checkpoint, &payload, first_sequence, geometry.page_size_bytes as usize);
+    assert_eq!(pages.len(), page_count);
+    let generation = checkpoint.zones[zone as usize].generation;
+    for page in &pages {
+        let header = PageHeader {
+            kind: PageKind::Checkpoint,
+            end_of_record: page.end_of_record,
+            zone_generation: generation,
+            sequence: first_sequence + u64::from(page.index),
+            zone,
+            page: write_pointer + page.index,
+            inverted: InvertedIndex::default(),
+            length: page.length,
+            count: page.index,
+        };
+        program(device, PageAddress::new(zone, write_pointer + page.index), &header, &page.data)?;
+    }
+    Ok(write_pointer + page_count as u32)
+}
+
+fn checkpoint_record_page_count(payload_bytes: usize, page_size_bytes: u32) -> usize {
+    (RECORD_HEADER_BYTES + payload_bytes).div_ceil(page_size_bytes as usize)
+}
+
+/// The newest whole, self-consistent checkpoint record in `zone`, walking
+/// back from its write pointer over anything torn or damaged.
+fn newest_in_zone<D: FlashDevice>(
+    device: &mut D,
+    zone: u32,
+    write_pointer: u32,
+    report: &mut MountReport,
+) -> Option<Checkpoint> {
+    let mut last = write_pointer;
+    while last > 0 {
+        let end = last - 1;
+        last = end;
+        let Ok((header, data)) = read_verified(device, PageAddress::new(zone, end), None, &mut report.pages_read)
+        else {
+            continue;
+        };
+        if header.kind != PageKind::Checkpoint || !header.end_of_record || header.count > end {
+            continue;
+        }
+        let start = end - header.count;
+        let mut assembler = RecordAssembler::new(RecordKind::Checkpoint);
+        let mut generation = header.zone_generation;
+        let mut whole = None;
+        for page in start..=end {
+            let read = if page == end {
+                Ok((header, data.clone()))
+            } else {
+                read_verified(device, PageAddress::new(zone, page), Some(generation), &mut report.pages_read)
+            };
+            let Ok((page_header, page_data)) = read else { break };
+            generation = page_header.zone_generation;
+            match assembler.push(&page_header, &page_data) {
+                Ok(Some(record)) => whole = Some(record),
+                Ok(None) => {}
+                Err(_) => break,
+            }
+        }
+        let checkpoint = whole.and_then(|(_, payload)| Checkpoint::decode(&payload).ok()).filter(|checkpoint| {
+            // Self-consistent: its pages carry the generation its own table
+            // gives the zone it sits in, and the table covers the device.
+            checkpoint.zones.len() == device.geometry().zone_count as usize
+                && checkpoint.zones[zone as usize].generation == header.zone_generation
+                && checkpoint.zones[zone as usize].role == ZoneRole::Checkpoint
+        });
+        match checkpoint {
+            Some(checkpoint) => return Some(checkpoint),
+            None => {
+                report.records_rejected += 1;
+                last = start;
+            }
+        }
+    }
+    None
+}
+
+impl<D: FlashDevice> Volume<D> {
+    /// Mounts after a clean unmount: reads the superblock, finds the newest
+    /// valid checkpoint at the end of the two checkpoint zones, and nothing
+    /// whose count grows with the number of files.
+    pub fn mount(mut device: D) -> Result<(Volume<D>, MountReport)> {
+        let mut report = MountReport::default();
+        let mut superblock = None;
+        let mut reasons = Vec::new();
+        for zone in SUPERBLOCK_ZONES {
+            match read_verified(&mut device, PageAddress::new(zone, 0), Some(0), &mut report.pages_read) {
+                Ok((header, data)) if header.kind == PageKind::Superblock => match Superblock::decode(&data) {
+                    Ok(decoded) => {
+                        superblock = Some(decoded);
+                        break;
+                    }
+                    Err(error) => reasons.push(format!("zone {zone}: {error}")),
+                },
+                Ok((header, _)) => reasons.push(format!("zone {zone}: a {:?} page, not a superblock", header.kind)),
+                Err(error) => reasons.push(format!("zone {zone}: {error}")),
+            }
+        }
+        let superblock =
+            superblock.ok_or_else(|| Error::corrupt(format!("no valid superblock: {}", reasons.join("; "))))?;
+        if superblock.shape != shape_of(&device) {
+            return Err(Error::invalid(format!(
+                "the file system was made for {:?}, the device is {:?}",
+                superblock.shape,
+                shape_of(&device)
+            )));
+        }
+        let mut newest: Option<(Checkpoint, u32, u32)> = None;
+        for zone in CHECKPOINT_ZONES {
+            let write_pointer = device.report_zone(zone)?.write_pointer;
+            if let Some(checkpoint) = newest_in_zone(&mut device, zone, write_pointer, &mut report) {
+                if newest.as_ref().is_none_or(|(best, _, _)| checkpoint.number > best.number) {
+                    newest = Some((checkpoint, zone, write_pointer));
+                }
+            }
+        }
+        let (checkpoint, checkpoint_zone, checkpoint_write_pointer) =
+            newest.ok_or_else(|| Error::corrupt("no valid checkpoint in either checkpoint zone"))?;
+        report.checkpoint_number = checkpoint.number;
+        report.checkpoint_zone = checkpoint_zone;
+        Ok((Volume { device, superblock, checkpoint, checkpoint_zone, checkpoint_write_pointer }, report))
+    }
+
+    pub fn superblock(&self) -> &Superblock {
+        &self.superblock
+    }
+
+    /// The state as of the last checkpoint written or mounted.
+    pub fn checkpoint(&self) -> &Checkpoint {
+        &self.checkpoint
+    }
+
+    pub fn device(&self) -> &D {
+        &self.device
+    }
+
+    pub fn device_mut(&mut self) -> &mut D {
+        &mut self.device
+    }
+
+    pub fn into_device(self) -> D {
+        self.device
+    }
+
+    /// Allocates an inode number; durable with the next checkpoint.
+    pub fn allocate_ino(&mut self) -> u64 {
+        let ino = self.checkpoint.ino_next;
+        self.checkpoint.ino_next += 1;
+        ino
+    }
+
+    /// Writes the current state as the next checkpoint and flushes. When the
+    /// current checkpoint zone cannot take the record, the other one is
+    /// reset (it holds only older checkpoints) and the record goes there.
+    /// The previous checkpoint stays valid until this one is whole and
+    /// durable.
+    pub fn write_checkpoint(&mut self) -> Result<u64> {
+        let geometry = self.device.geometry();
+        let mut next = self.checkpoint.clone();
+        next.number += 1;
+        let page_count = checkpoint_record_page_count(next.encode().len(), geometry.page_size_bytes) as u32;
+        let (mut zone, mut write_pointer) = (self.checkpoint_zone, self.checkpoint_write_pointer);
+        let capacity = self.device.report_zone(zone)?.capacity_pages;
+        if write_pointer + page_count > capacity {
+            zone = if zone == CHECKPOINT_ZONES[0] { CHECKPOINT_ZONES[1] } else { CHECKPOINT_ZONES[0] };
+            self.device.reset_zone(zone)?;
+            let usage = &mut next.zones[zone as usize];
+            usage.generation = usage.generation.wrapping_add(1);
+            write_pointer = 0;
+        }
+        next.sequence_next += u64::from(page_count);
+        let end = write_checkpoint_record(&mut self.device, &next, zone, write_pointer)?;
+        self.device.flush()?;
+        self.checkpoint = next;
+        self.checkpoint_zone = zone;
+        self.checkpoint_write_pointer = end;
+        Ok(self.checkpoint.number)
+    }
+}

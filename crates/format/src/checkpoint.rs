@@ -1,0 +1,227 @@
+//! The checkpoint payload: the state a clean mount starts from, without
+//! reading anything whose count grows with the number of files. It carries
+//! the segment usage table inline (one entry per zone), the allocator state,
+//! the pre-declared next-k segments (the unindexed zone) and the open log
+//! heads.
+
+use crate::codec::{Reader, Writer};
+use crate::DecodeError;
+
+/// Bytes of the fixed part of a checkpoint payload.
+pub const CHECKPOINT_FIXED_BYTES: usize = 64;
+/// Bytes of one zone usage entry.
+pub const ZONE_USAGE_BYTES: usize = 24;
+/// Bytes of one log head entry.
+pub const LOG_HEAD_BYTES: usize = 12;
+/// Most log heads a checkpoint records.
+pub const LOG_HEADS_MAX: usize = 16;
+
+/// What a zone is used for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ZoneRole {
+    /// Holds nothing the file system needs; may be reset and allocated.
+    Free,
+    Superblock,
+    Checkpoint,
+    /// Data written by the host (hot).
+    HotData,
+    /// Data moved by the cleaner (cold).
+    ColdData,
+    /// Namespace and index pages.
+    Node,
+    /// The metadata persistence log.
+    Log,
+}
+
+impl ZoneRole {
+    fn to_byte(self) -> u8 {
+        match self {
+            ZoneRole::Free => 0,
+            ZoneRole::Superblock => 1,
+            ZoneRole::Checkpoint => 2,
+            ZoneRole::HotData => 3,
+            ZoneRole::ColdData => 4,
+            ZoneRole::Node => 5,
+            ZoneRole::Log => 6,
+        }
+    }
+
+    fn from_byte(byte: u8) -> Option<ZoneRole> {
+        Some(match byte {
+            0 => ZoneRole::Free,
+            1 => ZoneRole::Superblock,
+            2 => ZoneRole::Checkpoint,
+            3 => ZoneRole::HotData,
+            4 => ZoneRole::ColdData,
+            5 => ZoneRole::Node,
+            6 => ZoneRole::Log,
+            _ => return None,
+        })
+    }
+
+    /// Roles a log head appends to.
+    pub fn is_log_head(self) -> bool {
+        matches!(self, ZoneRole::HotData | ZoneRole::ColdData | ZoneRole::Node | ZoneRole::Log)
+    }
+}
+
+/// One entry of the segment usage table.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ZoneUsage {
+    pub role: ZoneRole,
+    /// Resets of this zone by the file system; every page header written in
+    /// the zone carries it.
+    pub generation: u32,
+    /// Bytes still referenced in the zone (for the cleaner's cost-benefit).
+    pub valid_bytes: u64,
+    /// Sequence of the zone's newest page (its age, for cost-benefit).
+    pub last_sequence: u64,
+}
+
+/// An open log head: the zone a role appends to, and where.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LogHead {
+    pub role: ZoneRole,
+    pub zone: u32,
+    pub write_pointer: u32,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Checkpoint {
+    /// Increases by one with every checkpoint; the newest valid one wins.
+    pub number: u64,
+    /// The next page sequence number to use.
+    pub sequence_next: u64,
+    /// The next inode number to allocate.
+    pub ino_next: u64,
+    /// The segment usage table: one entry per zone.
+    pub zones: Vec<ZoneUsage>,
+    /// The next-k segments: where new pages go until the next checkpoint,
+    /// and all that recovery scans.
+    pub unindexed: Vec<u32>,
+    pub heads: Vec<LogHead>,
+}
+
+impl Checkpoint {
+    pub fn encode(&self) -> Vec<u8> {
+        if let Err(reason) = self.validate() {
+            panic!("refusing to encode an invalid checkpoint: {reason}");
+        }
+        let mut writer = Writer::with_capacity(
+            CHECKPOINT_FIXED_BYTES
+                + self.zones.len() * ZONE_USAGE_BYTES
+                + self.unindexed.len() * 4
+                + self.heads.len() * LOG_HEAD_BYTES,
+        );
+        writer
+            .u64(self.number)
+            .u64(self.sequence_next)
+            .u64(self.ino_next)
+            .u32(self.zones.len() as u32)
+            .u32(self.unindexed.len() as u32)
+            .u32(self.heads.len() as u32)
+            .zeros(CHECKPOINT_FIXED_BYTES - 36);
+        for usage in &self.zones {
+            writer
+                .u8(usage.role.to_byte())
+                .zeros(3)
+                .u32(usage.generation)
+                .u64(usage.valid_bytes)
+                .u64(usage.last_sequence);
+        }
+        for zone in &self.unindexed {
+            writer.u32(*zone);
+        }
+        for head in &self.heads {
+            writer.u8(head.role.to_byte()).zeros(3).u32(head.zone).u32(head.write_pointer);
+        }
+        let bytes = writer.finish();
+        debug_assert_eq!(Checkpoint::decode(&bytes).as_ref(), Ok(self));
+        bytes
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<Checkpoint, DecodeError> {
+        let mut reader = Reader::new("checkpoint", bytes);
+        let number = reader.u64()?;
+        let sequence_next = reader.u64()?;
+        let ino_next = reader.u64()?;
+        let zone_count = reader.u32()? as usize;
+        let unindexed_count = reader.u32()? as usize;
+        let head_count = reader.u32()? as usize;
+        reader.zeros(CHECKPOINT_FIXED_BYTES - 36)?;
+        let expected = zone_count
+            .saturating_mul(ZONE_USAGE_BYTES)
+            .saturating_add(unindexed_count.saturating_mul(4))
+            .saturating_add(head_count.saturating_mul(LOG_HEAD_BYTES));
+        if bytes.len() - CHECKPOINT_FIXED_BYTES != expected {
+            return Err(reader.error(format!(
+                "{zone_count} zones, {unindexed_count} unindexed segments and {head_count} heads need {expected} bytes, \
+                 {} follow",
+                bytes.len() - CHECKPOINT_FIXED_BYTES
+            )));
+        }
+        let mut zones = Vec::with_capacity(zone_count);
+        for zone in 0..zone_count {
+            let role_byte = reader.u8()?;
+            reader.zeros(3)?;
+            let role = ZoneRole::from_byte(role_byte)
+                .ok_or_else(|| reader.error(format!("zone {zone} has unknown role {role_byte}")))?;
+            zones.push(ZoneUsage {
+                role,
+                generation: reader.u32()?,
+                valid_bytes: reader.u64()?,
+                last_sequence: reader.u64()?,
+            });
+        }
+        let mut unindexed = Vec::with_capacity(unindexed_count);
+        for _ in 0..unindexed_count {
+            unindexed.push(reader.u32()?);
+        }
+        let mut heads = Vec::with_capacity(head_count);
+        for index in 0..head_count {
+            let role_byte = reader.u8()?;
+            reader.zeros(3)?;
+            let role = ZoneRole::from_byte(role_byte)
+                .ok_or_else(|| reader.error(format!("head {index} has unknown role {role_byte}")))?;
+            heads.push(LogHead { role, zone: reader.u32()?, write_pointer: reader.u32()? });
+        }
+        let checkpoint = Checkpoint { number, sequence_next, ino_next, zones, unindexed, heads };
+        checkpoint.validate().map_err(|reason| reader.error(reason))?;
+        Ok(checkpoint)
+    }
+
+    /// The rules a checkpoint keeps, checked before it is written and after
+    /// it is read.
+    pub fn validate(&self) -> Result<(), String> {
+        let zone_count = self.zones.len() as u64;
+        if let Some(zone) = self.unindexed.iter().find(|&&zone| u64::from(zone) >= zone_count) {
+            return Err(format!("unindexed segment {zone} is past the {zone_count} zones"));
+        }
+        let mut seen = std::collections::BTreeSet::new();
+        if let Some(zone) = self.unindexed.iter().find(|&&zone| !seen.insert(zone)) {
+            return Err(format!("unindexed segment {zone} listed twice"));
+        }
+        if self.heads.len() > LOG_HEADS_MAX {
+            return Err(format!("{} log heads, at most {LOG_HEADS_MAX}", self.heads.len()));
+        }
+        let mut roles = std::collections::BTreeSet::new();
+        for head in &self.heads {
+            if !head.role.is_log_head() {
+                return Err(format!("a log head with role {:?}", head.role));
+            }
+            if !roles.insert(head.role.to_byte()) {
+                return Err(format!("two log heads for {:?}", head.role));
+            }
+            let Some(usage) = self.zones.get(head.zone as usize) else {
+                return Err(format!("log head {:?} in zone {} past the {zone_count} zones", head.role, head.zone));
+            };
+            if usage.role != head.role {
+                return Err(format!("log head {:?} in zone {} whose role is {:?}", head.role, head.zone, usage.role));
+            }
+        }
+        if self.ino_next == 0 {
+            return Err("inode number 0 is never allocated".into());
+        }
+        Ok(())
+    }
+}
