@@ -9,9 +9,11 @@
 //! written into two alternating zones. The namespace, data path, metadata
 //! log and recovery build on it.
 
+mod allocator;
 mod error;
 mod volume;
 
+pub use allocator::PageMeta;
 pub use error::{errno, Error, Result};
 pub use volume::{
     mkfs, zones_min, MkfsOptions, MountReport, Volume, LOG_HEAD_ROLES, RESERVE_ZONES, ROOT_INO,

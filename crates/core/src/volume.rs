@@ -63,17 +63,29 @@ pub struct MountReport {
     pub checkpoint_zone: u32,
     /// Records passed over because they were torn or failed their checks.
     pub records_rejected: u64,
+    /// The newest sequence number found on any valid page the mount read.
+    pub sequence_seen: Option<u64>,
+}
+
+impl MountReport {
+    fn saw(&mut self, header: &PageHeader) {
+        self.sequence_seen = Some(self.sequence_seen.map_or(header.sequence, |seen| seen.max(header.sequence)));
+    }
 }
 
 /// A mounted file system's durable frame over its device.
 pub struct Volume<D: FlashDevice> {
-    device: D,
-    superblock: Superblock,
-    checkpoint: Checkpoint,
+    pub(crate) device: D,
+    pub(crate) superblock: Superblock,
+    /// The live state: the last checkpoint plus what happened since (heads,
+    /// sequence, allocations); written as the next checkpoint.
+    pub(crate) checkpoint: Checkpoint,
     /// The checkpoint zone that holds the newest checkpoint, and where the
     /// next one goes.
     checkpoint_zone: u32,
     checkpoint_write_pointer: u32,
+    /// How many zones of the declared unindexed list have been taken.
+    pub(crate) unindexed_used: usize,
 }
 
 fn shape_of(device: &impl FlashDevice) -> DeviceShape {
@@ -99,7 +111,12 @@ fn checkpoint_pages(zone_count: u32, unindexed: u32, page_size_bytes: u32) -> u6
 }
 
 /// Programs one page with its header.
-fn program<D: FlashDevice>(device: &mut D, address: PageAddress, header: &PageHeader, data: &[u8]) -> Result<()> {
+pub(crate) fn program<D: FlashDevice>(
+    device: &mut D,
+    address: PageAddress,
+    header: &PageHeader,
+    data: &[u8],
+) -> Result<()> {
     let geometry = device.geometry();
     let mut oob = vec![0u8; geometry.oob_size_bytes as usize];
     oob[..PAGE_HEADER_BYTES].copy_from_slice(&header.encode(data));
@@ -108,7 +125,7 @@ fn program<D: FlashDevice>(device: &mut D, address: PageAddress, header: &PageHe
 }
 
 /// Reads a page and checks its header, address and zone generation.
-fn read_verified<D: FlashDevice>(
+pub(crate) fn read_verified<D: FlashDevice>(
     device: &mut D,
     address: PageAddress,
     zone_generation: Option<u32>,
@@ -216,8 +233,11 @@ pub fn mkfs<D: FlashDevice>(device: &mut D, options: &MkfsOptions) -> Result<()>
     if unindexed.len() < options.unindexed_segments as usize {
         return Err(Error::new(errno::ENOSPC, "too few usable zones for the unindexed segments"));
     }
-    let checkpoint =
+    let mut checkpoint =
         Checkpoint { number: 1, sequence_next: sequence, ino_next: ROOT_INO + 1, zones, unindexed, heads: Vec::new() };
+    // The record's own pages take the next sequence numbers.
+    checkpoint.sequence_next +=
+        checkpoint_record_page_count(checkpoint.encode().len(), geometry.page_size_bytes) as u64;
     write_checkpoint_record(device, &checkpoint, CHECKPOINT_ZONES[0], 0)?;
     device.flush()?;
     Ok(())
@@ -275,6 +295,7 @@ fn newest_in_zone<D: FlashDevice>(
         else {
             continue;
         };
+        report.saw(&header);
         if header.kind != PageKind::Checkpoint || !header.end_of_record || header.count > end {
             continue;
         }
@@ -353,11 +374,40 @@ impl<D: FlashDevice> Volume<D> {
                 }
             }
         }
-        let (checkpoint, checkpoint_zone, checkpoint_write_pointer) =
+        let (mut checkpoint, checkpoint_zone, checkpoint_write_pointer) =
             newest.ok_or_else(|| Error::corrupt("no valid checkpoint in either checkpoint zone"))?;
         report.checkpoint_number = checkpoint.number;
         report.checkpoint_zone = checkpoint_zone;
-        Ok((Volume { device, superblock, checkpoint, checkpoint_zone, checkpoint_write_pointer }, report))
+        // Pages written after this checkpoint (an unclean stop) can only be
+        // in the heads' zones past their recorded write pointers, and in the
+        // declared unindexed zones. Resume each head at its zone's write
+        // pointer, and take sequence numbers past the newest valid page
+        // there (walking back over a torn last page), so sequences stay
+        // strictly increasing. After a clean unmount nothing was written
+        // since, and this reads nothing.
+        let mut written_since: Vec<(u32, u32)> =
+            checkpoint.heads.iter().map(|head| (head.zone, head.write_pointer)).collect();
+        written_since.extend(checkpoint.unindexed.iter().map(|&zone| (zone, 0)));
+        for (zone, recorded) in written_since {
+            let write_pointer = device.report_zone(zone)?.write_pointer;
+            if let Some(head) = checkpoint.heads.iter_mut().find(|head| head.zone == zone) {
+                head.write_pointer = write_pointer;
+            }
+            for page in (recorded..write_pointer).rev() {
+                if let Ok((header, _)) =
+                    read_verified(&mut device, PageAddress::new(zone, page), None, &mut report.pages_read)
+                {
+                    report.saw(&header);
+                    break;
+                }
+            }
+        }
+        if let Some(seen) = report.sequence_seen {
+            checkpoint.sequence_next = checkpoint.sequence_next.max(seen + 1);
+        }
+        let volume =
+            Volume { device, superblock, checkpoint, checkpoint_zone, checkpoint_write_pointer, unindexed_used: 0 };
+        Ok((volume, report))
     }
 
     pub fn superblock(&self) -> &Superblock {
@@ -397,6 +447,7 @@ impl<D: FlashDevice> Volume<D> {
         let geometry = self.device.geometry();
         let mut next = self.checkpoint.clone();
         next.number += 1;
+        self.declare_unindexed(&mut next);
         let page_count = checkpoint_record_page_count(next.encode().len(), geometry.page_size_bytes) as u32;
         let (mut zone, mut write_pointer) = (self.checkpoint_zone, self.checkpoint_write_pointer);
         let capacity = self.device.report_zone(zone)?.capacity_pages;
@@ -413,6 +464,7 @@ impl<D: FlashDevice> Volume<D> {
         self.checkpoint = next;
         self.checkpoint_zone = zone;
         self.checkpoint_write_pointer = end;
+        self.unindexed_used = 0;
         Ok(self.checkpoint.number)
     }
 }
