@@ -10,10 +10,12 @@
 //! log and recovery build on it.
 
 mod allocator;
+mod cache;
 mod error;
 mod volume;
 
 pub use allocator::PageMeta;
+pub use cache::{Dirty, Evicted, PageCache};
 pub use error::{errno, Error, Result};
 pub use volume::{
     mkfs, zones_min, MkfsOptions, MountReport, Volume, LOG_HEAD_ROLES, RESERVE_ZONES, ROOT_INO,
