@@ -6,10 +6,10 @@
 //! checkpoint declares a new one.
 
 use flintfs_flash::{FlashDevice, PageAddress, ZoneState};
-use flintfs_format::{InvertedIndex, LogHead, PageHeader, PageKind, ZoneRole};
+use flintfs_format::{InvertedIndex, LogHead, PageHeader, PageKind, ZoneRole, FIRST_DYNAMIC_ZONE};
 
 use crate::error::{errno, Error, Result};
-use crate::volume::{program, read_verified, Volume};
+use crate::volume::{program, read_verified, Volume, RESERVE_ZONES};
 
 /// What to put in a page besides its data.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -36,9 +36,26 @@ impl<D: FlashDevice> Volume<D> {
     /// Programs pages consecutively in one zone of `role`'s head (a
     /// multi-page record must not straddle zones) and returns where each went.
     pub fn append_run(&mut self, role: ZoneRole, pages: &[(PageMeta, &[u8])]) -> Result<Vec<PageAddress>> {
-        assert!(role.is_log_head(), "{role:?} has no log head");
-        assert!(!pages.is_empty());
+        if !role.is_log_head() {
+            return Err(Error::invalid(format!("{role:?} has no log head")));
+        }
+        if pages.is_empty() {
+            return Ok(Vec::new());
+        }
+        let geometry = self.device.geometry();
+        for (meta, data) in pages {
+            if data.len() != geometry.page_size_bytes as usize
+                || meta.length as usize > data.len()
+                || (meta.kind != PageKind::DataBlock && meta.inverted != InvertedIndex::default())
+                || (meta.end_of_record && !meta.kind.is_record())
+            {
+                return Err(Error::invalid(format!("a page that cannot be written: {meta:?}, {} bytes", data.len())));
+            }
+        }
         let needed = pages.len() as u32;
+        if u64::from(needed) > geometry.zone_pages() {
+            return Err(Error::invalid(format!("{needed} pages cannot fit in one zone of {}", geometry.zone_pages())));
+        }
         let head = self.head_with_room(role, needed)?;
         let generation = self.checkpoint.zones[head.zone as usize].generation;
         let mut addresses = Vec::with_capacity(pages.len());
@@ -55,10 +72,12 @@ impl<D: FlashDevice> Volume<D> {
                 length: meta.length,
                 count: meta.count,
             };
-            program(&mut self.device, address, &header, data)?;
-            self.checkpoint.zones[head.zone as usize].last_sequence = self.checkpoint.sequence_next;
+            // The sequence is spent whether or not the program succeeds: a
+            // page that reached the medium must never share it.
             self.checkpoint.sequence_next += 1;
             self.set_head_write_pointer(role, address.page + 1);
+            program(&mut self.device, address, &header, data)?;
+            self.checkpoint.zones[head.zone as usize].last_sequence = header.sequence;
             addresses.push(address);
         }
         Ok(addresses)
@@ -85,39 +104,65 @@ impl<D: FlashDevice> Volume<D> {
     /// The head of `role`, moved to a fresh zone first if its zone cannot
     /// take `needed` more pages.
     fn head_with_room(&mut self, role: ZoneRole, needed: u32) -> Result<LogHead> {
-        let current = self.checkpoint.heads.iter().find(|head| head.role == role).copied();
-        if let Some(head) = current {
-            let capacity = self.device.report_zone(head.zone)?.capacity_pages;
-            if head.write_pointer + needed <= capacity {
-                return Ok(head);
+        loop {
+            let current = self.checkpoint.heads.iter().find(|head| head.role == role).copied();
+            if let Some(head) = current {
+                // A head can only append to a zone that takes programs: after
+                // a crash its zone may have been finished (durably) or have
+                // gone read-only.
+                let report = self.device.report_zone(head.zone)?;
+                let writable = matches!(report.state, ZoneState::Empty | ZoneState::Open | ZoneState::Closed);
+                if writable
+                    && report.write_pointer == head.write_pointer
+                    && head.write_pointer + needed <= report.capacity_pages
+                {
+                    return Ok(head);
+                }
+            }
+            // A new zone first: if there is none, the head stays where it was.
+            let zone = self.take_unindexed_zone(role)?;
+            if let Some(head) = current {
+                // The old zone is done: finish it so it stops counting as open.
+                if matches!(self.device.report_zone(head.zone)?.state, ZoneState::Open | ZoneState::Closed) {
+                    self.device.finish_zone(head.zone)?;
+                }
+            }
+            self.checkpoint.heads.retain(|other| other.role != role);
+            self.checkpoint.heads.push(LogHead { role, zone, write_pointer: 0 });
+            // Loops again: a zone shrunk by bad blocks may still be too small.
+        }
+    }
+
+    /// Free, usable zones no head is in, least worn first, leaving
+    /// [`RESERVE_ZONES`] of them for the cleaner.
+    fn allocatable_zones(&self, checkpoint: &flintfs_format::Checkpoint) -> Vec<u32> {
+        let mut candidates: Vec<(u32, u32)> = Vec::new();
+        for report in self.device.report_zones() {
+            let usage = &checkpoint.zones[report.zone as usize];
+            let in_head = checkpoint.heads.iter().any(|head| head.zone == report.zone);
+            if report.zone >= FIRST_DYNAMIC_ZONE
+                && usage.role == ZoneRole::Free
+                && !in_head
+                && report.capacity_pages > 0
+                && report.state != ZoneState::Offline
+            {
+                candidates.push((report.erase_count_max, report.zone));
             }
         }
-        // A new zone first: if there is none, the head stays where it was.
-        let zone = self.take_unindexed_zone(role)?;
-        let capacity = self.device.report_zone(zone)?.capacity_pages;
-        if needed > capacity {
-            return Err(Error::invalid(format!("{needed} pages cannot fit in zone {zone} of {capacity}")));
-        }
-        if let Some(head) = current {
-            // The old zone is done: finish it so it stops counting as open.
-            if self.device.report_zone(head.zone)?.state != ZoneState::Full {
-                self.device.finish_zone(head.zone)?;
-            }
-        }
-        let head = LogHead { role, zone, write_pointer: 0 };
-        self.checkpoint.heads.retain(|other| other.role != role);
-        self.checkpoint.heads.push(head);
-        Ok(head)
+        candidates.sort();
+        let usable = candidates.len().saturating_sub(RESERVE_ZONES as usize);
+        candidates.into_iter().take(usable).map(|(_, zone)| zone).collect()
     }
 
     /// The next zone of the declared unindexed list, reset and given its
-    /// role; a checkpoint first when the list is used up.
+    /// role; a checkpoint first when the list is used up (and there is
+    /// something new to declare).
     fn take_unindexed_zone(&mut self, role: ZoneRole) -> Result<u32> {
         if self.unindexed_used >= self.checkpoint.unindexed.len() {
-            self.write_checkpoint()?;
-            if self.checkpoint.unindexed.is_empty() {
+            if self.allocatable_zones(&self.checkpoint).is_empty() {
                 return Err(Error::new(errno::ENOSPC, "no free zone left to allocate"));
             }
+            self.write_checkpoint()?;
         }
         let zone = self.checkpoint.unindexed[self.unindexed_used];
         self.unindexed_used += 1;
@@ -127,8 +172,9 @@ impl<D: FlashDevice> Volume<D> {
             // or a zone freed by the cleaner: erased, one generation on.
             self.device.reset_zone(zone)?;
         }
-        // Every new use of a zone is a new generation, so a page left from
-        // an earlier use can never pass for one of this use.
+        // Every new use of a zone is a new generation, and the zone is empty
+        // when it starts, so a page left from an earlier use can never pass
+        // for one of this use.
         let usage = &mut self.checkpoint.zones[zone as usize];
         usage.generation = usage.generation.wrapping_add(1);
         usage.role = role;
@@ -136,23 +182,9 @@ impl<D: FlashDevice> Volume<D> {
         Ok(zone)
     }
 
-    /// Picks the next unindexed list: free, usable zones, least worn first,
-    /// none that a head is in.
+    /// Declares the next unindexed list: up to k allocatable zones.
     pub(crate) fn declare_unindexed(&self, checkpoint: &mut flintfs_format::Checkpoint) {
         let k = self.superblock.unindexed_segments as usize;
-        let mut candidates: Vec<(u32, u32)> = Vec::new();
-        for report in self.device.report_zones() {
-            let usage = &checkpoint.zones[report.zone as usize];
-            let in_head = checkpoint.heads.iter().any(|head| head.zone == report.zone);
-            if usage.role == ZoneRole::Free
-                && !in_head
-                && report.capacity_pages > 0
-                && report.state != ZoneState::Offline
-            {
-                candidates.push((report.erase_count_max, report.zone));
-            }
-        }
-        candidates.sort();
-        checkpoint.unindexed = candidates.into_iter().take(k).map(|(_, zone)| zone).collect();
+        checkpoint.unindexed = self.allocatable_zones(checkpoint).into_iter().take(k).collect();
     }
 }

@@ -18,6 +18,6 @@ pub use allocator::PageMeta;
 pub use cache::{Dirty, Evicted, PageCache};
 pub use error::{errno, Error, Result};
 pub use volume::{
-    mkfs, zones_min, MkfsOptions, MountReport, Volume, LOG_HEAD_ROLES, RESERVE_ZONES, ROOT_INO,
+    mkfs, zones_min, MkfsOptions, MountReport, Volume, LOG_HEAD_ROLES, OPEN_ZONES_NEEDED, RESERVE_ZONES, ROOT_INO,
     UNINDEXED_SEGMENTS_DEFAULT,
 };

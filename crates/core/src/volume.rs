@@ -18,6 +18,12 @@ const _: () = assert!(PAGE_HEADER_BYTES as u32 <= OOB_SIZE_BYTES_MIN, "the page 
 pub const LOG_HEAD_ROLES: [ZoneRole; 4] = [ZoneRole::HotData, ZoneRole::ColdData, ZoneRole::Node, ZoneRole::Log];
 /// Zones kept free so the cleaner always has somewhere to move live data.
 pub const RESERVE_ZONES: u32 = 2;
+/// Open zones the layout needs at once: every log head, the checkpoint zone
+/// being appended to, and the other one while a checkpoint switches zones.
+pub const OPEN_ZONES_NEEDED: u32 = LOG_HEAD_ROLES.len() as u32 + 2;
+/// How often a page that fails its checks is read again before it counts as
+/// damaged: bit flips on read are transient.
+const READ_ATTEMPTS: u32 = 3;
 /// The default k (unindexed segments per checkpoint).
 pub const UNINDEXED_SEGMENTS_DEFAULT: u32 = 8;
 /// Inode number of the root directory; allocation starts after it.
@@ -65,6 +71,10 @@ pub struct MountReport {
     pub records_rejected: u64,
     /// The newest sequence number found on any valid page the mount read.
     pub sequence_seen: Option<u64>,
+    /// Pages the checkpoint's log heads recorded that the device does not
+    /// hold. Always zero: a checkpoint is programmed only after everything
+    /// before it was flushed. Anything else means the medium lost pages.
+    pub head_pages_missing: u64,
 }
 
 impl MountReport {
@@ -80,10 +90,9 @@ pub struct Volume<D: FlashDevice> {
     /// The live state: the last checkpoint plus what happened since (heads,
     /// sequence, allocations); written as the next checkpoint.
     pub(crate) checkpoint: Checkpoint,
-    /// The checkpoint zone that holds the newest checkpoint, and where the
-    /// next one goes.
+    /// The checkpoint zone that holds the newest checkpoint, where the next
+    /// one goes if it fits.
     checkpoint_zone: u32,
-    checkpoint_write_pointer: u32,
     /// How many zones of the declared unindexed list have been taken.
     pub(crate) unindexed_used: usize,
 }
@@ -134,11 +143,24 @@ pub(crate) fn read_verified<D: FlashDevice>(
     let geometry = device.geometry();
     let mut data = vec![0u8; geometry.page_size_bytes as usize];
     let mut oob = vec![0u8; geometry.oob_size_bytes as usize];
-    *pages_read += 1;
-    if device.read_page(address, &mut data, &mut oob)? == PageState::Erased {
-        return Err(Error::corrupt(format!("{address} is erased")));
-    }
-    let header = PageHeader::decode(&oob, &data).map_err(|error| Error::corrupt(format!("{address}: {error}")))?;
+    let mut attempt = 0;
+    let header = loop {
+        attempt += 1;
+        *pages_read += 1;
+        let outcome = match device.read_page(address, &mut data, &mut oob) {
+            Ok(PageState::Erased) => return Err(Error::corrupt(format!("{address} is erased"))),
+            Ok(PageState::Programmed) => {
+                PageHeader::decode(&oob, &data).map_err(|error| Error::corrupt(format!("{address}: {error}")))
+            }
+            Err(error) if error.is_media_failure() => Err(Error::from(error)),
+            Err(error) => return Err(error.into()),
+        };
+        match outcome {
+            Ok(header) => break header,
+            Err(error) if attempt >= READ_ATTEMPTS => return Err(error),
+            Err(_) => continue,
+        }
+    };
     let generation = zone_generation.unwrap_or(header.zone_generation);
     header
         .check_location(address.zone, address.page, generation)
@@ -176,6 +198,13 @@ pub fn mkfs<D: FlashDevice>(device: &mut D, options: &MkfsOptions) -> Result<()>
         compression: options.compression,
     };
     superblock.validate().map_err(|reason| Error::invalid(format!("mkfs options: {reason}")))?;
+    if geometry.open_zones_max < OPEN_ZONES_NEEDED {
+        return Err(Error::invalid(format!(
+            "the device allows {} open zones; flintfs keeps up to {OPEN_ZONES_NEEDED} open (a zone per log head and \
+             two checkpoint zones)",
+            geometry.open_zones_max
+        )));
+    }
     let reports = device.report_zones();
     for zone in SUPERBLOCK_ZONES.iter().chain(&CHECKPOINT_ZONES) {
         let capacity = reports[*zone as usize].capacity_pages;
@@ -213,6 +242,8 @@ pub fn mkfs<D: FlashDevice>(device: &mut D, options: &MkfsOptions) -> Result<()>
             count: 0,
         };
         program(device, PageAddress::new(zone, 0), &header, &data)?;
+        // Never written again: finished, so it does not count as open.
+        device.finish_zone(zone)?;
         sequence += 1;
     }
     let mut zones: Vec<ZoneUsage> = (0..geometry.zone_count)
@@ -365,16 +396,20 @@ impl<D: FlashDevice> Volume<D> {
                 shape_of(&device)
             )));
         }
-        let mut newest: Option<(Checkpoint, u32, u32)> = None;
+        // The higher checkpoint number wins; between two records of the same
+        // number (one written after the other was lost to a cut), the later
+        // one, by sequence.
+        let mut newest: Option<(Checkpoint, u32)> = None;
         for zone in CHECKPOINT_ZONES {
             let write_pointer = device.report_zone(zone)?.write_pointer;
             if let Some(checkpoint) = newest_in_zone(&mut device, zone, write_pointer, &mut report) {
-                if newest.as_ref().is_none_or(|(best, _, _)| checkpoint.number > best.number) {
-                    newest = Some((checkpoint, zone, write_pointer));
+                let key = |checkpoint: &Checkpoint| (checkpoint.number, checkpoint.sequence_next);
+                if newest.as_ref().is_none_or(|(best, _)| key(&checkpoint) > key(best)) {
+                    newest = Some((checkpoint, zone));
                 }
             }
         }
-        let (mut checkpoint, checkpoint_zone, checkpoint_write_pointer) =
+        let (mut checkpoint, checkpoint_zone) =
             newest.ok_or_else(|| Error::corrupt("no valid checkpoint in either checkpoint zone"))?;
         report.checkpoint_number = checkpoint.number;
         report.checkpoint_zone = checkpoint_zone;
@@ -391,6 +426,7 @@ impl<D: FlashDevice> Volume<D> {
         for (zone, recorded) in written_since {
             let write_pointer = device.report_zone(zone)?.write_pointer;
             if let Some(head) = checkpoint.heads.iter_mut().find(|head| head.zone == zone) {
+                report.head_pages_missing += u64::from(head.write_pointer.saturating_sub(write_pointer));
                 head.write_pointer = write_pointer;
             }
             for page in (recorded..write_pointer).rev() {
@@ -405,8 +441,7 @@ impl<D: FlashDevice> Volume<D> {
         if let Some(seen) = report.sequence_seen {
             checkpoint.sequence_next = checkpoint.sequence_next.max(seen + 1);
         }
-        let volume =
-            Volume { device, superblock, checkpoint, checkpoint_zone, checkpoint_write_pointer, unindexed_used: 0 };
+        let volume = Volume { device, superblock, checkpoint, checkpoint_zone, unindexed_used: 0 };
         Ok((volume, report))
     }
 
@@ -438,32 +473,44 @@ impl<D: FlashDevice> Volume<D> {
         ino
     }
 
-    /// Writes the current state as the next checkpoint and flushes. When the
+    /// Writes the current state as the next checkpoint. Everything programmed
+    /// before is flushed first, so the record can never be durable ahead of
+    /// the pages it describes; then the record, then a flush. When the
     /// current checkpoint zone cannot take the record, the other one is
     /// reset (it holds only older checkpoints) and the record goes there.
     /// The previous checkpoint stays valid until this one is whole and
     /// durable.
     pub fn write_checkpoint(&mut self) -> Result<u64> {
         let geometry = self.device.geometry();
+        self.device.flush()?;
         let mut next = self.checkpoint.clone();
         next.number += 1;
         self.declare_unindexed(&mut next);
         let page_count = checkpoint_record_page_count(next.encode().len(), geometry.page_size_bytes) as u32;
-        let (mut zone, mut write_pointer) = (self.checkpoint_zone, self.checkpoint_write_pointer);
-        let capacity = self.device.report_zone(zone)?.capacity_pages;
-        if write_pointer + page_count > capacity {
+        // Where the record goes comes from the device, not from memory: a
+        // failed attempt may have programmed pages.
+        let mut zone = self.checkpoint_zone;
+        let report = self.device.report_zone(zone)?;
+        let writable = matches!(report.state, ZoneState::Empty | ZoneState::Open | ZoneState::Closed);
+        let mut write_pointer = report.write_pointer;
+        if !writable || write_pointer + page_count > report.capacity_pages {
+            if matches!(report.state, ZoneState::Open | ZoneState::Closed) {
+                self.device.finish_zone(zone)?;
+            }
             zone = if zone == CHECKPOINT_ZONES[0] { CHECKPOINT_ZONES[1] } else { CHECKPOINT_ZONES[0] };
             self.device.reset_zone(zone)?;
             let usage = &mut next.zones[zone as usize];
             usage.generation = usage.generation.wrapping_add(1);
             write_pointer = 0;
         }
+        // The record's sequences are spent before it is programmed, so a
+        // failure part way never lets a later page reuse one.
         next.sequence_next += u64::from(page_count);
-        let end = write_checkpoint_record(&mut self.device, &next, zone, write_pointer)?;
+        self.checkpoint.sequence_next = next.sequence_next;
+        write_checkpoint_record(&mut self.device, &next, zone, write_pointer)?;
         self.device.flush()?;
         self.checkpoint = next;
         self.checkpoint_zone = zone;
-        self.checkpoint_write_pointer = end;
         self.unindexed_used = 0;
         Ok(self.checkpoint.number)
     }

@@ -5,6 +5,7 @@
 //! heads.
 
 use crate::codec::{Reader, Writer};
+use crate::superblock::{CHECKPOINT_ZONES, FIRST_DYNAMIC_ZONE, SUPERBLOCK_ZONES};
 use crate::DecodeError;
 
 /// Bytes of the fixed part of a checkpoint payload.
@@ -13,8 +14,8 @@ pub const CHECKPOINT_FIXED_BYTES: usize = 64;
 pub const ZONE_USAGE_BYTES: usize = 24;
 /// Bytes of one log head entry.
 pub const LOG_HEAD_BYTES: usize = 12;
-/// Most log heads a checkpoint records.
-pub const LOG_HEADS_MAX: usize = 16;
+/// Most log heads a checkpoint records: one per log-head role.
+pub const LOG_HEADS_MAX: usize = 4;
 
 /// What a zone is used for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -221,6 +222,38 @@ impl Checkpoint {
         }
         if self.ino_next == 0 {
             return Err("inode number 0 is never allocated".into());
+        }
+        // The fixed zones keep their roles; heads and unindexed zones are
+        // dynamic zones, and an unindexed zone is free and not a head.
+        for (zones, role) in [(SUPERBLOCK_ZONES, ZoneRole::Superblock), (CHECKPOINT_ZONES, ZoneRole::Checkpoint)] {
+            for zone in zones {
+                if let Some(usage) = self.zones.get(zone as usize) {
+                    if usage.role != role {
+                        return Err(format!("fixed zone {zone} has role {:?}, not {role:?}", usage.role));
+                    }
+                }
+            }
+        }
+        if let Some(zone) = self
+            .zones
+            .iter()
+            .skip(FIRST_DYNAMIC_ZONE as usize)
+            .position(|usage| matches!(usage.role, ZoneRole::Superblock | ZoneRole::Checkpoint))
+        {
+            return Err(format!("dynamic zone {} has a fixed role", zone + FIRST_DYNAMIC_ZONE as usize));
+        }
+        for head in &self.heads {
+            if head.zone < FIRST_DYNAMIC_ZONE {
+                return Err(format!("log head {:?} in fixed zone {}", head.role, head.zone));
+            }
+        }
+        for &zone in &self.unindexed {
+            if zone < FIRST_DYNAMIC_ZONE
+                || self.zones[zone as usize].role != ZoneRole::Free
+                || self.heads.iter().any(|head| head.zone == zone)
+            {
+                return Err(format!("unindexed segment {zone} is not a free dynamic zone"));
+            }
         }
         Ok(())
     }

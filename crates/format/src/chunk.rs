@@ -81,6 +81,9 @@ pub struct ChunkHeader {
 
 impl ChunkHeader {
     pub fn encode(&self) -> [u8; CHUNK_HEADER_BYTES] {
+        if let Err(reason) = self.validate() {
+            panic!("refusing to encode an invalid chunk header: {reason}");
+        }
         let mut writer = Writer::with_capacity(CHUNK_HEADER_BYTES);
         writer
             .u8(self.kind.to_byte())
@@ -111,17 +114,27 @@ impl ChunkHeader {
         let kind = ChunkKind::from_byte(kind_byte).ok_or_else(|| reader.error(format!("unknown kind {kind_byte}")))?;
         let compression = Compression::from_byte(compression_byte)
             .ok_or_else(|| reader.error(format!("unknown compression {compression_byte}")))?;
-        if logical_length == 0 || logical_length > CHUNK_LOGICAL_BYTES_MAX {
-            return Err(reader.error(format!("logical length {logical_length} outside 1..={CHUNK_LOGICAL_BYTES_MAX}")));
+        let header = ChunkHeader { kind, compression, stored_length, ino, offset, logical_length, version };
+        header.validate().map_err(|reason| reader.error(reason))?;
+        Ok(header)
+    }
+
+    /// The rules a chunk header keeps, before it is written and after it is
+    /// read.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.logical_length == 0 || self.logical_length > CHUNK_LOGICAL_BYTES_MAX {
+            return Err(format!("logical length {} outside 1..={CHUNK_LOGICAL_BYTES_MAX}", self.logical_length));
         }
-        if compression == Compression::None && stored_length != logical_length {
-            return Err(reader
-                .error(format!("uncompressed chunk stores {stored_length} bytes for {logical_length} logical bytes")));
+        if self.compression == Compression::None && self.stored_length != self.logical_length {
+            return Err(format!(
+                "uncompressed chunk stores {} bytes for {} logical bytes",
+                self.stored_length, self.logical_length
+            ));
         }
-        if offset.checked_add(u64::from(logical_length)).is_none() {
-            return Err(reader.error(format!("offset {offset} + {logical_length} overflows")));
+        if self.offset.checked_add(u64::from(self.logical_length)).is_none() {
+            return Err(format!("offset {} + {} overflows", self.offset, self.logical_length));
         }
-        Ok(ChunkHeader { kind, compression, stored_length, ino, offset, logical_length, version })
+        Ok(())
     }
 }
 
@@ -188,7 +201,7 @@ pub fn parse_packed(data: &[u8], length: u32, count: u32) -> Result<Vec<(ChunkHe
         }
         let header = ChunkHeader::decode(&data[position..header_end])
             .map_err(|inner| error(format!("chunk {index}: {}", inner.reason)))?;
-        let payload_end = header_end + header.stored_length as usize;
+        let payload_end = header_end.saturating_add(header.stored_length as usize);
         if payload_end > length {
             return Err(error(format!("chunk {index} payload runs past {length} bytes")));
         }

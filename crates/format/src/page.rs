@@ -107,6 +107,7 @@ impl PageHeader {
             self.kind == PageKind::DataBlock || self.inverted == InvertedIndex::default(),
             "only a data block page carries an inverted index in its header"
         );
+        assert!(!self.end_of_record || self.kind.is_record(), "only record pages end a record");
         let mut writer = Writer::with_capacity(PAGE_HEADER_BYTES);
         writer
             .u8(self.kind.to_byte())
@@ -140,9 +141,6 @@ impl PageHeader {
         let kind_byte = reader.u8()?;
         let flags = reader.u8()?;
         let version = reader.u16()?;
-        if version != FORMAT_VERSION {
-            return Err(reader.error(format!("format version {version}; this build reads version {FORMAT_VERSION}")));
-        }
         let zone_generation = reader.u32()?;
         let sequence = reader.u64()?;
         let zone = reader.u32()?;
@@ -157,6 +155,11 @@ impl PageHeader {
             return Err(reader.error(format!(
                 "checksum {stored_crc:#010x} does not match the page ({computed_crc:#010x}): torn or corrupted"
             )));
+        }
+        // After the checksum: a flipped bit in the version field is damage,
+        // reported as such, not a foreign version.
+        if version != FORMAT_VERSION {
+            return Err(reader.error(format!("format version {version}; this build reads version {FORMAT_VERSION}")));
         }
         let kind = PageKind::from_byte(kind_byte).ok_or_else(|| reader.error(format!("unknown kind {kind_byte}")))?;
         if flags & !FLAGS_KNOWN != 0 {

@@ -185,21 +185,31 @@ proptest! {
         number in any::<u64>(),
         sequence_next in any::<u64>(),
         ino_next in 1u64..,
-        usage in proptest::collection::vec((0u8..7, any::<u32>(), any::<u64>(), any::<u64>()), 4..80),
-        unindexed_count in 0usize..4,
+        usage in proptest::collection::vec((0usize..5, any::<u32>(), any::<u64>(), any::<u64>()), 1..80),
+        unindexed_count in 0usize..6,
     ) {
-        let roles = [ZoneRole::Free, ZoneRole::Superblock, ZoneRole::Checkpoint, ZoneRole::HotData, ZoneRole::ColdData, ZoneRole::Node, ZoneRole::Log];
-        let zones: Vec<ZoneUsage> = usage
+        let dynamic_roles = [ZoneRole::Free, ZoneRole::HotData, ZoneRole::ColdData, ZoneRole::Node, ZoneRole::Log];
+        let fixed = [ZoneRole::Superblock, ZoneRole::Superblock, ZoneRole::Checkpoint, ZoneRole::Checkpoint];
+        let zones: Vec<ZoneUsage> = fixed
             .iter()
-            .map(|&(role, generation, valid_bytes, last_sequence)| ZoneUsage { role: roles[role as usize], generation, valid_bytes, last_sequence })
+            .map(|&role| ZoneUsage { role, generation: 0, valid_bytes: 0, last_sequence: 0 })
+            .chain(usage.iter().map(|&(role, generation, valid_bytes, last_sequence)| ZoneUsage {
+                role: dynamic_roles[role],
+                generation,
+                valid_bytes,
+                last_sequence,
+            }))
             .collect();
-        let unindexed: Vec<u32> = (0..unindexed_count.min(zones.len()) as u32).collect();
         let mut heads = Vec::new();
         for role in [ZoneRole::HotData, ZoneRole::ColdData, ZoneRole::Node, ZoneRole::Log] {
             if let Some(zone) = zones.iter().position(|usage| usage.role == role) {
                 heads.push(LogHead { role, zone: zone as u32, write_pointer: zone as u32 * 3 });
             }
         }
+        let unindexed: Vec<u32> = (0..zones.len() as u32)
+            .filter(|&zone| zones[zone as usize].role == ZoneRole::Free)
+            .take(unindexed_count)
+            .collect();
         let checkpoint = Checkpoint { number, sequence_next, ino_next, zones, unindexed, heads };
         let bytes = checkpoint.encode();
         prop_assert_eq!(Checkpoint::decode(&bytes), Ok(checkpoint));
@@ -221,6 +231,29 @@ proptest! {
         let _ = Checkpoint::decode(&bytes);
         if let Ok(header) = PageHeader::decode(&bytes, &data) {
             let _ = RecordAssembler::new(RecordKind::Checkpoint).push(&header, &data);
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 512, failure_persistence: None, ..ProptestConfig::default() })]
+
+    /// The assembler takes any sequence of (already verified) page headers
+    /// and data without panicking, whatever their fields say.
+    #[test]
+    fn the_record_assembler_takes_any_page_sequence(
+        pages in proptest::collection::vec(
+            (page_header(), proptest::collection::vec(any::<u8>(), 0..600)),
+            0..12,
+        ),
+        checkpoint in any::<bool>(),
+    ) {
+        let kind = if checkpoint { RecordKind::Checkpoint } else { RecordKind::Log };
+        let mut assembler = RecordAssembler::new(kind);
+        for (mut header, data) in pages {
+            header.kind = kind.page_kind();
+            header.count %= 4;
+            let _ = assembler.push(&header, &data);
         }
     }
 }
@@ -291,4 +324,74 @@ fn a_reordered_or_foreign_page_breaks_the_record() {
     assembler.push(&header(1, 101), &corrupted).unwrap();
     let error = assembler.push(&header(2, 102), &pages[2].data).unwrap_err();
     assert!(error.reason.contains("checksum"), "{error}");
+}
+
+#[test]
+fn checkpoints_that_break_a_rule_are_refused() {
+    let fixed = [ZoneRole::Superblock, ZoneRole::Superblock, ZoneRole::Checkpoint, ZoneRole::Checkpoint];
+    let mut zones: Vec<ZoneUsage> =
+        fixed.iter().map(|&role| ZoneUsage { role, generation: 0, valid_bytes: 0, last_sequence: 0 }).collect();
+    for role in [ZoneRole::HotData, ZoneRole::Free, ZoneRole::Free] {
+        zones.push(ZoneUsage { role, generation: 1, valid_bytes: 0, last_sequence: 0 });
+    }
+    let valid = Checkpoint {
+        number: 3,
+        sequence_next: 10,
+        ino_next: 2,
+        zones,
+        unindexed: vec![5, 6],
+        heads: vec![LogHead { role: ZoneRole::HotData, zone: 4, write_pointer: 1 }],
+    };
+    assert!(valid.validate().is_ok());
+    let cases: Vec<(&str, Checkpoint)> = vec![
+        ("inode number 0", Checkpoint { ino_next: 0, ..valid.clone() }),
+        ("unindexed segment 5 listed twice", Checkpoint { unindexed: vec![5, 5], ..valid.clone() }),
+        ("not a free dynamic zone", Checkpoint { unindexed: vec![4], ..valid.clone() }),
+        ("not a free dynamic zone", Checkpoint { unindexed: vec![2], ..valid.clone() }),
+        ("past the", Checkpoint { unindexed: vec![70], ..valid.clone() }),
+        (
+            "whose role is",
+            Checkpoint { heads: vec![LogHead { role: ZoneRole::Node, zone: 4, write_pointer: 0 }], ..valid.clone() },
+        ),
+        (
+            "two log heads",
+            Checkpoint {
+                heads: vec![
+                    LogHead { role: ZoneRole::HotData, zone: 4, write_pointer: 0 },
+                    LogHead { role: ZoneRole::HotData, zone: 4, write_pointer: 0 },
+                ],
+                ..valid.clone()
+            },
+        ),
+        ("fixed zone 2", {
+            let mut broken = valid.clone();
+            broken.zones[2].role = ZoneRole::Free;
+            broken
+        }),
+    ];
+    for (expected, checkpoint) in cases {
+        let reason = checkpoint.validate().unwrap_err();
+        assert!(reason.contains(expected), "expected {expected:?} in {reason:?}");
+    }
+}
+
+#[test]
+fn chunk_headers_that_break_a_rule_are_refused() {
+    let valid = ChunkHeader {
+        kind: ChunkKind::FileData,
+        compression: Compression::None,
+        stored_length: 100,
+        ino: 5,
+        offset: 4096,
+        logical_length: 100,
+        version: 1,
+    };
+    assert_eq!(ChunkHeader::decode(&valid.encode()), Ok(valid));
+    assert!(ChunkHeader { logical_length: 0, stored_length: 0, ..valid }.validate().is_err());
+    assert!(ChunkHeader { stored_length: 99, ..valid }.validate().is_err(), "uncompressed must store all");
+    assert!(ChunkHeader { offset: u64::MAX, ..valid }.validate().is_err());
+    assert!(ChunkHeader { compression: Compression::Lz4, stored_length: 40, ..valid }.validate().is_ok());
+    let mut bytes = valid.encode();
+    bytes[2] = 1; // a reserved byte
+    assert!(ChunkHeader::decode(&bytes).unwrap_err().reason.contains("reserved"));
 }
