@@ -11,11 +11,13 @@
 
 mod allocator;
 mod cache;
+mod check;
 mod error;
 mod volume;
 
 pub use allocator::PageMeta;
 pub use cache::{Dirty, Evicted, PageCache};
+pub use check::CheckReport;
 pub use error::{errno, Error, Result};
 pub use volume::{
     mkfs, zones_min, MkfsOptions, MountReport, Volume, LOG_HEAD_ROLES, OPEN_ZONES_NEEDED, RESERVE_ZONES, ROOT_INO,

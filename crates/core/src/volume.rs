@@ -95,6 +95,10 @@ pub struct Volume<D: FlashDevice> {
     checkpoint_zone: u32,
     /// How many zones of the declared unindexed list have been taken.
     pub(crate) unindexed_used: usize,
+    /// Pages found at mount that were written after the checkpoint (an
+    /// unclean stop): `(zone, first page, end page)`. Until recovery
+    /// reconnects them they are orphans, and torn ones are expected.
+    pub(crate) orphans: Vec<(u32, u32, u32)>,
 }
 
 fn shape_of(device: &impl FlashDevice) -> DeviceShape {
@@ -423,8 +427,12 @@ impl<D: FlashDevice> Volume<D> {
         let mut written_since: Vec<(u32, u32)> =
             checkpoint.heads.iter().map(|head| (head.zone, head.write_pointer)).collect();
         written_since.extend(checkpoint.unindexed.iter().map(|&zone| (zone, 0)));
+        let mut orphans = Vec::new();
         for (zone, recorded) in written_since {
             let write_pointer = device.report_zone(zone)?.write_pointer;
+            if write_pointer > recorded {
+                orphans.push((zone, recorded, write_pointer));
+            }
             if let Some(head) = checkpoint.heads.iter_mut().find(|head| head.zone == zone) {
                 report.head_pages_missing += u64::from(head.write_pointer.saturating_sub(write_pointer));
                 head.write_pointer = write_pointer;
@@ -441,7 +449,7 @@ impl<D: FlashDevice> Volume<D> {
         if let Some(seen) = report.sequence_seen {
             checkpoint.sequence_next = checkpoint.sequence_next.max(seen + 1);
         }
-        let volume = Volume { device, superblock, checkpoint, checkpoint_zone, unindexed_used: 0 };
+        let volume = Volume { device, superblock, checkpoint, checkpoint_zone, unindexed_used: 0, orphans };
         Ok((volume, report))
     }
 

@@ -33,8 +33,18 @@ fn node_page(tag: u64) -> Vec<u8> {
     data
 }
 
+/// A page of the kind each role's zones hold.
+fn meta_for(role: ZoneRole) -> PageMeta {
+    let kind = match role {
+        ZoneRole::HotData | ZoneRole::ColdData => PageKind::DataBlock,
+        ZoneRole::Log => PageKind::Log,
+        _ => PageKind::Node,
+    };
+    PageMeta::new(kind, 8)
+}
+
 fn meta() -> PageMeta {
-    PageMeta::new(PageKind::Node, 8)
+    meta_for(ZoneRole::Node)
 }
 
 #[test]
@@ -43,7 +53,7 @@ fn pages_go_to_their_roles_head_and_read_back_verified() {
     let mut written = Vec::new();
     for tag in 0..20u64 {
         let role = if tag % 2 == 0 { ZoneRole::Node } else { ZoneRole::HotData };
-        let address = volume.append(role, meta(), &node_page(tag)).unwrap();
+        let address = volume.append(role, meta_for(role), &node_page(tag)).unwrap();
         written.push((role, address, tag));
     }
     let node_zones: BTreeSet<u32> =
@@ -64,10 +74,10 @@ fn pages_go_to_their_roles_head_and_read_back_verified() {
 fn a_run_of_pages_never_straddles_zones() {
     let mut volume = mounted(geometry(), FaultConfig::none(0));
     for tag in 0..5u64 {
-        volume.append(ZoneRole::Log, meta(), &node_page(tag)).unwrap();
+        volume.append(ZoneRole::Log, meta_for(ZoneRole::Log), &node_page(tag)).unwrap();
     }
     let pages: Vec<Vec<u8>> = (0..4u64).map(node_page).collect();
-    let run: Vec<(PageMeta, &[u8])> = pages.iter().map(|page| (meta(), page.as_slice())).collect();
+    let run: Vec<(PageMeta, &[u8])> = pages.iter().map(|page| (meta_for(ZoneRole::Log), page.as_slice())).collect();
     let addresses = volume.append_run(ZoneRole::Log, &run).unwrap();
     assert!(addresses.windows(2).all(|pair| pair[0].zone == pair[1].zone && pair[0].page + 1 == pair[1].page));
     assert_eq!(addresses[0].page, 0, "the run did not fit after 5 pages of an 8-page zone, so it opened a new one");
@@ -79,7 +89,7 @@ fn running_out_of_unindexed_zones_takes_a_checkpoint_and_a_full_device_says_enos
     let first = volume.checkpoint().number;
     let mut error = None;
     for tag in 0..10_000u64 {
-        if let Err(failure) = volume.append(ZoneRole::HotData, meta(), &node_page(tag)) {
+        if let Err(failure) = volume.append(ZoneRole::HotData, meta_for(ZoneRole::HotData), &node_page(tag)) {
             error = Some(failure);
             break;
         }
@@ -92,7 +102,7 @@ fn running_out_of_unindexed_zones_takes_a_checkpoint_and_a_full_device_says_enos
     let (mut remounted, _) = Volume::mount(volume.into_device()).unwrap();
     let head = remounted.checkpoint().heads.iter().find(|head| head.role == ZoneRole::HotData).copied().unwrap();
     let (header, _) = remounted.read_page(PageAddress::new(head.zone, head.write_pointer - 1)).unwrap();
-    assert_eq!(header.kind, PageKind::Node);
+    assert_eq!(header.kind, PageKind::DataBlock);
 }
 
 /// Every page that verifies in its zone's current generation: its sequence
@@ -119,14 +129,14 @@ fn valid_sequences(volume: &mut Volume<MemoryFlash>) -> Vec<(u64, PageAddress)> 
 fn busy_workload(volume: &mut Volume<MemoryFlash>) -> (u64, Option<u64>) {
     let roles = [ZoneRole::HotData, ZoneRole::ColdData, ZoneRole::Node, ZoneRole::Log];
     let pages: Vec<Vec<u8>> = (0..3u64).map(node_page).collect();
-    let run: Vec<(PageMeta, &[u8])> = pages.iter().map(|page| (meta(), page.as_slice())).collect();
     for step in 0..36u64 {
         let completed = volume.checkpoint().number;
         let role = roles[step as usize % 4];
+        let run: Vec<(PageMeta, &[u8])> = pages.iter().map(|page| (meta_for(role), page.as_slice())).collect();
         let written = if step % 5 == 4 {
             volume.append_run(role, &run).map(|_| ())
         } else {
-            volume.append(role, meta(), &node_page(step)).map(|_| ())
+            volume.append(role, meta_for(role), &node_page(step)).map(|_| ())
         };
         let checkpointed =
             written.and_then(|()| if step % 11 == 10 { volume.write_checkpoint().map(|_| ()) } else { Ok(()) });
@@ -145,6 +155,9 @@ fn every_role_works_within_the_open_zone_limit() {
     assert_eq!(stopped, None);
     let roles: std::collections::HashSet<ZoneRole> = volume.checkpoint().heads.iter().map(|head| head.role).collect();
     assert_eq!(roles.len(), 4);
+    let check = volume.check().unwrap();
+    assert!(check.is_clean(), "{:?}", check.findings);
+    assert!(check.pages_checked > 36);
     let too_few = Geometry { open_zones_max: flintfs_core::OPEN_ZONES_NEEDED - 1, ..geometry() };
     let mut flash = MemoryFlash::memory(too_few, DeviceOptions::default()).unwrap();
     let error = mkfs(&mut flash, &MkfsOptions { unindexed_segments: 3, ..MkfsOptions::new([2; 16], 0) }).unwrap_err();
@@ -183,14 +196,57 @@ fn a_power_cut_anywhere_keeps_checkpoints_sequences_and_heads_sound() {
             // sequence number with another.
             for role in [ZoneRole::HotData, ZoneRole::ColdData, ZoneRole::Node, ZoneRole::Log] {
                 volume
-                    .append(role, meta(), &node_page(7))
+                    .append(role, meta_for(role), &node_page(7))
                     .unwrap_or_else(|error| panic!("{context}: {role:?}: {error}"));
             }
             let mut sequences = valid_sequences(&mut volume);
             sequences.sort();
             let reused: Vec<_> = sequences.windows(2).filter(|pair| pair[0].0 == pair[1].0).collect();
             assert!(reused.is_empty(), "{context}: sequence numbers reused: {reused:?}");
+            let check = volume.check().unwrap();
+            assert!(check.is_clean(), "{context}: {:?}", check.findings);
         }
     }
     assert!(in_flight_survived > 0);
+}
+
+#[test]
+fn the_checker_finds_a_lost_write_and_a_page_of_the_wrong_kind() {
+    // Every program misdirected: pages read back erased where they should
+    // not, and victims are over-programmed.
+    let faults = FaultConfig { misdirected_write_probability: 1.0, ..FaultConfig::none(3) };
+    let mut volume = mounted(geometry(), FaultConfig::none(0));
+    for tag in 0..3u64 {
+        volume.append(ZoneRole::Node, meta(), &node_page(tag)).unwrap();
+    }
+    volume.device_mut().flush().unwrap();
+    assert!(volume.check().unwrap().is_clean());
+    // A Log page in the Node zone.
+    volume.append(ZoneRole::Node, meta_for(ZoneRole::Log), &node_page(9)).unwrap();
+    let findings = volume.check().unwrap().findings;
+    assert!(findings.iter().any(|finding| finding.contains("a Log page in a Node zone")), "{findings:?}");
+    // A device whose writes go astray, after a clean start: format and
+    // mount cleanly, then reopen the image with every write misdirected.
+    let directory = std::env::temp_dir().join(format!("flintfs-check-{}", std::process::id()));
+    std::fs::create_dir_all(&directory).unwrap();
+    let path = directory.join("astray.img");
+    let _ = std::fs::remove_file(&path);
+    let mut flash = flintfs_flash::ImageFlash::create_image(&path, geometry(), DeviceOptions::default()).unwrap();
+    mkfs(&mut flash, &MkfsOptions { unindexed_segments: 3, ..MkfsOptions::new([2; 16], 0) }).unwrap();
+    drop(flash);
+    let astray = DeviceOptions { faults, ..DeviceOptions::default() };
+    let flash = flintfs_flash::ImageFlash::open_image(&path, astray).unwrap();
+    let (mut volume, _) = Volume::mount(flash).unwrap();
+    for tag in 0..3u64 {
+        volume.append(ZoneRole::Node, meta(), &node_page(tag)).unwrap();
+    }
+    volume.device_mut().flush().unwrap();
+    let report = volume.check().unwrap();
+    assert!(
+        report.findings.iter().any(|finding| finding.contains("checksum") || finding.contains("erased")),
+        "misdirected writes went unnoticed: {:?}",
+        report.findings
+    );
+    drop(volume);
+    std::fs::remove_dir_all(&directory).unwrap();
 }

@@ -141,8 +141,10 @@ fn a_power_cut_at_every_operation_remounts_to_the_last_checkpoint() {
             } else {
                 assert_eq!(found, (number, ino_next), "{context}: {report:?}");
             }
-            // The volume goes on working after recovery.
             let mut volume = volume;
+            let check = volume.check().unwrap();
+            assert!(check.is_clean(), "{context}: {:?}", check.findings);
+            // The volume goes on working after recovery.
             volume.allocate_ino();
             volume.write_checkpoint().unwrap_or_else(|error| panic!("{context}: checkpoint after remount: {error}"));
         }

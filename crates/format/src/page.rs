@@ -148,7 +148,7 @@ impl PageHeader {
         let inverted = InvertedIndex { ino: reader.u64()?, offset: reader.u64()?, version: reader.u64()? };
         let length = reader.u32()?;
         let count = reader.u32()?;
-        reader.zeros(4)?;
+        let reserved = reader.u32()?;
         let stored_crc = reader.u32()?;
         let computed_crc = crc32c::crc32c_append(crc32c::crc32c(&oob[..PAGE_HEADER_CRC]), data);
         if stored_crc != computed_crc {
@@ -156,8 +156,11 @@ impl PageHeader {
                 "checksum {stored_crc:#010x} does not match the page ({computed_crc:#010x}): torn or corrupted"
             )));
         }
-        // After the checksum: a flipped bit in the version field is damage,
-        // reported as such, not a foreign version.
+        // After the checksum: a flipped bit in the version field or a
+        // reserved byte is damage, reported as such.
+        if reserved != 0 {
+            return Err(reader.error("reserved bytes 56..60 are not zero"));
+        }
         if version != FORMAT_VERSION {
             return Err(reader.error(format!("format version {version}; this build reads version {FORMAT_VERSION}")));
         }
