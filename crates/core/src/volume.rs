@@ -285,7 +285,7 @@ fn write_checkpoint_record<D: FlashDevice>(
     checkpoint: &Checkpoint,
     zone: u32,
     write_pointer: u32,
-) -> Result<u32> {
+) -> Result<()> {
     let geometry = device.geometry();
     let payload = checkpoint.encode();
     let page_count = checkpoint_record_page_count(payload.len(), geometry.page_size_bytes);
@@ -307,7 +307,7 @@ fn write_checkpoint_record<D: FlashDevice>(
         };
         program(device, PageAddress::new(zone, write_pointer + page.index), &header, &page.data)?;
     }
-    Ok(write_pointer + page_count as u32)
+    Ok(())
 }
 
 fn checkpoint_record_page_count(payload_bytes: usize, page_size_bytes: u32) -> usize {
