@@ -502,6 +502,16 @@ impl<B: Backend> FlashEmulator<B> {
         DeviceError::PowerLost { operation }
     }
 
+    /// The error for an operation the zone's state refuses; when a scheduled
+    /// cut fires in that operation, the cut instead.
+    fn refuse_in_state(&mut self, zone: u32, operation: &'static str, cut_now: bool) -> DeviceError {
+        if cut_now {
+            return self.fire_scheduled_cut(operation, InFlight::Nothing);
+        }
+        let entry = &self.zones[zone as usize];
+        DeviceError::ZoneState { zone, state: entry.state.name(), operation, write_pointer: entry.write_pointer }
+    }
+
     /// A coin for what an interrupted operation did, drawn from the
     /// scheduled cut's own seed so the runtime fault stream is untouched.
     fn coin_for_interrupted_operation(&self) -> bool {
@@ -1238,13 +1248,7 @@ impl<B: Backend> FlashDevice for FlashEmulator<B> {
         let cut_now = self.count_operation();
         let entry = &self.zones[zone as usize];
         if entry.state == ZoneState::Offline {
-            let error = DeviceError::ZoneState {
-                zone,
-                state: entry.state.name(),
-                operation: "reset",
-                write_pointer: entry.write_pointer,
-            };
-            return Err(if cut_now { self.fire_scheduled_cut("reset", InFlight::Nothing) } else { error });
+            return Err(self.refuse_in_state(zone, "reset", cut_now));
         }
         // Buffered pages of the zone are moot: it is being erased.
         self.buffer.discard_zone(zone);
@@ -1262,13 +1266,7 @@ impl<B: Backend> FlashDevice for FlashEmulator<B> {
         let cut_now = self.count_operation();
         let entry = &self.zones[zone as usize];
         if matches!(entry.state, ZoneState::ReadOnly | ZoneState::Offline) {
-            let error = DeviceError::ZoneState {
-                zone,
-                state: entry.state.name(),
-                operation: "finish",
-                write_pointer: entry.write_pointer,
-            };
-            return Err(if cut_now { self.fire_scheduled_cut("finish", InFlight::Nothing) } else { error });
+            return Err(self.refuse_in_state(zone, "finish", cut_now));
         }
         // A cut during the finish: it took effect or it did not.
         if cut_now && self.coin_for_interrupted_operation() {
