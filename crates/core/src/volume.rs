@@ -116,11 +116,8 @@ fn shape_of(device: &impl FlashDevice) -> DeviceShape {
 /// Pages a checkpoint record of `zone_count` zones and `unindexed` segments
 /// takes, with every log head open.
 fn checkpoint_pages(zone_count: u32, unindexed: u32, page_size_bytes: u32) -> u64 {
-    let payload = flintfs_format::CHECKPOINT_FIXED_BYTES as u64
-        + u64::from(zone_count) * flintfs_format::ZONE_USAGE_BYTES as u64
-        + u64::from(unindexed) * 4
-        + LOG_HEAD_ROLES.len() as u64 * flintfs_format::LOG_HEAD_BYTES as u64;
-    (RECORD_HEADER_BYTES as u64 + payload).div_ceil(u64::from(page_size_bytes))
+    let payload = Checkpoint::encoded_bytes(zone_count as usize, unindexed as usize, LOG_HEAD_ROLES.len());
+    checkpoint_record_page_count(payload, page_size_bytes) as u64
 }
 
 /// Programs one page with its header.

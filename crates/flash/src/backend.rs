@@ -144,9 +144,6 @@ pub trait Backend {
     fn read_oob(&mut self, physical: u64, oob: &mut [u8]) -> Result<()>;
     /// Stores a page slot durably.
     fn write_page(&mut self, physical: u64, data: &[u8], oob: &[u8]) -> Result<()>;
-    /// Drops the contents of a zone's page slots (they read as erased once
-    /// the zone record says so; this only frees space).
-    fn erase_zone(&mut self, zone: u32) -> Result<()>;
     /// Stores persisted NVM bytes.
     fn write_nvm(&mut self, offset: u64, bytes: &[u8]) -> Result<()>;
     fn write_zone_record(&mut self, zone: u32, record: &ZoneRecord) -> Result<()>;
@@ -164,7 +161,9 @@ pub trait Backend {
 }
 
 /// Pages in host memory, allocated a zone at a time on first use, so an
-/// unused device costs almost nothing.
+/// unused device costs almost nothing. A reset keeps the allocation: slots
+/// at or past the write pointer are never read, and reusing the memory
+/// spares a page fault per page on the zone's next pass.
 pub struct MemoryBackend {
     geometry: Geometry,
     slot_bytes: usize,
@@ -221,13 +220,6 @@ impl Backend for MemoryBackend {
         let slots = self.zone_slots[zone].get_or_insert_with(|| vec![0xFF; zone_bytes].into_boxed_slice());
         slots[offset..offset + data.len()].copy_from_slice(data);
         slots[offset + data.len()..offset + data.len() + oob.len()].copy_from_slice(oob);
-        Ok(())
-    }
-
-    fn erase_zone(&mut self, _zone: u32) -> Result<()> {
-        // Slots at or past the write pointer are never read, so the old bytes
-        // can stay; keeping the allocation spares a page fault per page on
-        // the zone's next pass (the emulator must not be the bottleneck).
         Ok(())
     }
 

@@ -1176,7 +1176,8 @@ impl<B: Backend> FlashEmulator<B> {
         zone_entry.state = if capacity_pages == 0 { ZoneState::Offline } else { ZoneState::Empty };
         zone_entry.durable = zone_record;
         self.dirty_zones.insert(zone);
-        self.backend.erase_zone(zone)?;
+        // The backend keeps the old slot bytes: slots at or past the write
+        // pointer read as erased whatever they hold.
         self.backend.write_zone_record(zone, &zone_record)?;
         self.dirty_zones.remove(&zone);
         self.sync_host()?;

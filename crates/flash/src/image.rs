@@ -727,12 +727,6 @@ impl Backend for ImageBackend {
         self.file.write_all_at(&slot, offset).map_err(self.io("write page"))
     }
 
-    fn erase_zone(&mut self, _zone: u32) -> Result<()> {
-        // Slots at or past the write pointer read as erased whatever the
-        // file holds, so nothing needs writing.
-        Ok(())
-    }
-
     fn write_nvm(&mut self, offset: u64, bytes: &[u8]) -> Result<()> {
         let position = self.header.layout.nvm_offset + offset;
         self.file.write_all_at(bytes, position).map_err(self.io("write NVM"))

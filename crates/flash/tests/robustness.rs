@@ -51,9 +51,6 @@ impl Backend for FlakyBackend {
         }
         self.inner.write_page(physical, data, oob)
     }
-    fn erase_zone(&mut self, zone: u32) -> Result<()> {
-        self.inner.erase_zone(zone)
-    }
     fn write_nvm(&mut self, offset: u64, bytes: &[u8]) -> Result<()> {
         self.inner.write_nvm(offset, bytes)
     }

@@ -108,12 +108,8 @@ impl Checkpoint {
         if let Err(reason) = self.validate() {
             panic!("refusing to encode an invalid checkpoint: {reason}");
         }
-        let mut writer = Writer::with_capacity(
-            CHECKPOINT_FIXED_BYTES
-                + self.zones.len() * ZONE_USAGE_BYTES
-                + self.unindexed.len() * 4
-                + self.heads.len() * LOG_HEAD_BYTES,
-        );
+        let mut writer =
+            Writer::with_capacity(Checkpoint::encoded_bytes(self.zones.len(), self.unindexed.len(), self.heads.len()));
         writer
             .u64(self.number)
             .u64(self.sequence_next)
@@ -141,6 +137,15 @@ impl Checkpoint {
         bytes
     }
 
+    /// Bytes of the encoded payload for these counts: what [`Checkpoint::encode`]
+    /// writes and [`Checkpoint::decode`] requires.
+    pub fn encoded_bytes(zones: usize, unindexed: usize, heads: usize) -> usize {
+        CHECKPOINT_FIXED_BYTES
+            .saturating_add(zones.saturating_mul(ZONE_USAGE_BYTES))
+            .saturating_add(unindexed.saturating_mul(4))
+            .saturating_add(heads.saturating_mul(LOG_HEAD_BYTES))
+    }
+
     pub fn decode(bytes: &[u8]) -> Result<Checkpoint, DecodeError> {
         let mut reader = Reader::new("checkpoint", bytes);
         let number = reader.u64()?;
@@ -150,10 +155,7 @@ impl Checkpoint {
         let unindexed_count = reader.u32()? as usize;
         let head_count = reader.u32()? as usize;
         reader.zeros(CHECKPOINT_FIXED_BYTES - 36)?;
-        let expected = zone_count
-            .saturating_mul(ZONE_USAGE_BYTES)
-            .saturating_add(unindexed_count.saturating_mul(4))
-            .saturating_add(head_count.saturating_mul(LOG_HEAD_BYTES));
+        let expected = Checkpoint::encoded_bytes(zone_count, unindexed_count, head_count) - CHECKPOINT_FIXED_BYTES;
         if bytes.len() - CHECKPOINT_FIXED_BYTES != expected {
             return Err(reader.error(format!(
                 "{zone_count} zones, {unindexed_count} unindexed segments and {head_count} heads need {expected} bytes, \
