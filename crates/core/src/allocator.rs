@@ -25,6 +25,10 @@ impl PageMeta {
     pub fn new(kind: PageKind, length: u32) -> PageMeta {
         PageMeta { kind, end_of_record: false, inverted: InvertedIndex::default(), length, count: 0 }
     }
+
+    pub fn with_count(self, count: u32) -> PageMeta {
+        PageMeta { count, ..self }
+    }
 }
 
 impl<D: FlashDevice> Volume<D> {
@@ -150,26 +154,37 @@ impl<D: FlashDevice> Volume<D> {
             }
         }
         candidates.sort();
-        let usable = candidates.len().saturating_sub(RESERVE_ZONES as usize);
+        let reserve = if self.reserve_allowed { 0 } else { RESERVE_ZONES as usize };
+        let usable = candidates.len().saturating_sub(reserve);
         candidates.into_iter().take(usable).map(|(_, zone)| zone).collect()
     }
 
     /// The next zone of the declared unindexed list, reset and given its
-    /// role; a checkpoint first when the list is used up (and there is
-    /// something new to declare).
+    /// role. The engine takes a checkpoint between operations before the
+    /// list can run out; if one operation still outruns it, the zone comes
+    /// from the free zones directly (counted in `undeclared_zones_taken`):
+    /// nothing durable refers to a free zone, so this costs only what a
+    /// crash before the next checkpoint loses anyway.
     fn take_unindexed_zone(&mut self, role: ZoneRole) -> Result<u32> {
-        if self.unindexed_used >= self.checkpoint.unindexed.len() {
-            if self.allocatable_zones(&self.checkpoint).is_empty() {
-                return Err(Error::new(errno::ENOSPC, "no free zone left to allocate"));
-            }
-            self.write_checkpoint()?;
-        }
-        let zone = self.checkpoint.unindexed[self.unindexed_used];
-        self.unindexed_used += 1;
+        let zone = if self.unindexed_used < self.checkpoint.unindexed.len() {
+            let zone = self.checkpoint.unindexed[self.unindexed_used];
+            self.unindexed_used += 1;
+            zone
+        } else {
+            let taken: Vec<u32> = self.checkpoint.unindexed[..self.unindexed_used].to_vec();
+            let zone = self
+                .allocatable_zones(&self.checkpoint)
+                .into_iter()
+                .find(|zone| !taken.contains(zone) && !self.checkpoint.unindexed.contains(zone))
+                .ok_or_else(|| Error::new(errno::ENOSPC, "no free zone left to allocate"))?;
+            self.undeclared_zones_taken += 1;
+            zone
+        };
         let report = self.device.report_zone(zone)?;
         if report.write_pointer > 0 || report.state != ZoneState::Empty {
             // Pages written after the last checkpoint that a crash orphaned,
-            // or a zone freed by the cleaner: erased, one generation on.
+            // or a zone the file system no longer references: erased, one
+            // generation on.
             self.device.reset_zone(zone)?;
         }
         // Every new use of a zone is a new generation, and the zone is empty
@@ -180,6 +195,44 @@ impl<D: FlashDevice> Volume<D> {
         usage.role = role;
         usage.valid_bytes = 0;
         Ok(zone)
+    }
+
+    /// Zones still to be taken from the declared unindexed list.
+    pub fn unindexed_remaining(&self) -> usize {
+        self.checkpoint.unindexed.len().saturating_sub(self.unindexed_used)
+    }
+
+    /// Pages `role`'s head can still program in its current zone.
+    pub fn head_free_pages(&self, role: ZoneRole) -> u64 {
+        let Some(head) = self.checkpoint.heads.iter().find(|head| head.role == role) else { return 0 };
+        let capacity = self.device.report_zone(head.zone).map(|report| report.capacity_pages).unwrap_or(0);
+        u64::from(capacity.saturating_sub(head.write_pointer))
+    }
+
+    /// Free zones a head could still be given (declared or not), and their
+    /// pages.
+    pub fn allocatable_pages(&self) -> u64 {
+        let taken: Vec<u32> = self.checkpoint.unindexed[..self.unindexed_used].to_vec();
+        let reports = self.device.report_zones();
+        self.allocatable_zones(&self.checkpoint)
+            .into_iter()
+            .filter(|zone| !taken.contains(zone))
+            .map(|zone| u64::from(reports[zone as usize].capacity_pages))
+            .sum()
+    }
+
+    /// Adds (or with a negative `bytes`, takes away) referenced bytes in
+    /// `zone`: the segment usage the cleaner chooses by.
+    /// The table comes from flash, so it may be damaged: the sum saturates
+    /// rather than panic, and the checker reports any disagreement with
+    /// what the tree references.
+    pub fn account(&mut self, zone: u32, bytes: i64) {
+        let usage = &mut self.checkpoint.zones[zone as usize];
+        usage.valid_bytes = if bytes >= 0 {
+            usage.valid_bytes.saturating_add(bytes as u64)
+        } else {
+            usage.valid_bytes.saturating_sub(bytes.unsigned_abs())
+        };
     }
 
     /// Declares the next unindexed list: up to k allocatable zones.

@@ -49,12 +49,21 @@ pub struct PageCache<K: Ord + Copy, V> {
     entries: BTreeMap<K, Entry<V>>,
     recency: BTreeMap<u64, K>,
     tick: u64,
+    /// Entries with either dirty flag set.
+    dirty_entries: usize,
 }
 
 impl<K: Ord + Copy + std::fmt::Debug, V> PageCache<K, V> {
     pub fn new(capacity_bytes: usize) -> PageCache<K, V> {
         assert!(capacity_bytes > 0, "a cache needs room for something");
-        PageCache { capacity_bytes, used_bytes: 0, entries: BTreeMap::new(), recency: BTreeMap::new(), tick: 0 }
+        PageCache {
+            capacity_bytes,
+            used_bytes: 0,
+            entries: BTreeMap::new(),
+            recency: BTreeMap::new(),
+            tick: 0,
+            dirty_entries: 0,
+        }
     }
 
     pub fn capacity_bytes(&self) -> usize {
@@ -67,6 +76,11 @@ impl<K: Ord + Copy + std::fmt::Debug, V> PageCache<K, V> {
 
     pub fn len(&self) -> usize {
         self.entries.len()
+    }
+
+    /// Entries with either dirty flag set.
+    pub fn dirty_count(&self) -> usize {
+        self.dirty_entries
     }
 
     pub fn is_empty(&self) -> bool {
@@ -98,8 +112,16 @@ impl<K: Ord + Copy + std::fmt::Debug, V> PageCache<K, V> {
         }
         self.touch(key);
         let entry = self.entries.get_mut(&key).expect("present");
+        if !entry.dirty.any() {
+            self.dirty_entries += 1;
+        }
         entry.dirty = Dirty::BOTH;
         Some(&mut entry.value)
+    }
+
+    /// Looks a page up without changing the recency order.
+    pub fn peek(&self, key: K) -> Option<&V> {
+        self.entries.get(&key).map(|entry| &entry.value)
     }
 
     /// Whether a page is cached, without changing the recency order.
@@ -128,10 +150,14 @@ impl<K: Ord + Copy + std::fmt::Debug, V> PageCache<K, V> {
             let entry = self.entries.remove(&victim).expect("recency and entries agree");
             self.used_bytes -= entry.bytes;
             if entry.dirty.any() {
+                self.dirty_entries -= 1;
                 evicted.push(Evicted { key: victim, value: entry.value, dirty: entry.dirty });
             }
         }
         self.tick += 1;
+        if dirty.any() {
+            self.dirty_entries += 1;
+        }
         self.entries.insert(key, Entry { value, bytes, dirty, tick: self.tick });
         self.recency.insert(self.tick, key);
         self.used_bytes += bytes;
@@ -143,6 +169,9 @@ impl<K: Ord + Copy + std::fmt::Debug, V> PageCache<K, V> {
         let entry = self.entries.remove(&key)?;
         self.recency.remove(&entry.tick);
         self.used_bytes -= entry.bytes;
+        if entry.dirty.any() {
+            self.dirty_entries -= 1;
+        }
         Some(entry)
     }
 
@@ -154,8 +183,49 @@ impl<K: Ord + Copy + std::fmt::Debug, V> PageCache<K, V> {
     /// Clears a dirty flag once what it stands for is durable.
     pub fn clear_dirty(&mut self, key: K, cleared: Dirty) {
         if let Some(entry) = self.entries.get_mut(&key) {
+            let was = entry.dirty.any();
             entry.dirty.persistence &= !cleared.persistence;
             entry.dirty.checkpoint &= !cleared.checkpoint;
+            if was && !entry.dirty.any() {
+                self.dirty_entries -= 1;
+            }
+        }
+    }
+
+    /// Takes every dirty page out, in key order.
+    pub fn take_dirty(&mut self) -> Vec<(K, V)> {
+        let keys: Vec<K> = self.entries.iter().filter(|(_, entry)| entry.dirty.any()).map(|(key, _)| *key).collect();
+        keys.into_iter().map(|key| (key, self.remove_entry(key).expect("listed").value)).collect()
+    }
+
+    /// Takes out up to `count` dirty pages that `wanted` accepts, least
+    /// recently used first.
+    pub fn take_dirty_where(&mut self, count: usize, wanted: impl Fn(&K, &V) -> bool) -> Vec<(K, V)> {
+        let keys: Vec<K> = self
+            .recency
+            .values()
+            .filter(|key| {
+                let entry = &self.entries[*key];
+                entry.dirty.any() && wanted(key, &entry.value)
+            })
+            .take(count)
+            .copied()
+            .collect();
+        keys.into_iter().map(|key| (key, self.remove_entry(key).expect("listed").value)).collect()
+    }
+
+    /// Keys in `range`, in key order, whatever their flags.
+    pub fn keys_in(&self, range: impl std::ops::RangeBounds<K>) -> Vec<K> {
+        self.entries.range(range).map(|(key, _)| *key).collect()
+    }
+
+    /// Sets both dirty flags of a cached page without touching its value.
+    pub fn mark_dirty(&mut self, key: K) {
+        if let Some(entry) = self.entries.get_mut(&key) {
+            if !entry.dirty.any() {
+                self.dirty_entries += 1;
+            }
+            entry.dirty = Dirty::BOTH;
         }
     }
 

@@ -17,6 +17,13 @@ pub mod errno {
     pub const EISDIR: i32 = 21;
     pub const ENAMETOOLONG: i32 = 36;
     pub const ENOTEMPTY: i32 = 39;
+    pub const EPERM: i32 = 1;
+    pub const E2BIG: i32 = 7;
+    pub const ENODEV: i32 = 19;
+    pub const EFBIG: i32 = 27;
+    pub const ERANGE: i32 = 34;
+    pub const ENODATA: i32 = 61;
+    pub const EOPNOTSUPP: i32 = 95;
 }
 
 #[derive(Debug, thiserror::Error)]

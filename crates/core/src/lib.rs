@@ -13,12 +13,17 @@ mod allocator;
 mod cache;
 mod check;
 mod error;
+mod fs;
 mod volume;
 
 pub use allocator::PageMeta;
 pub use cache::{Dirty, Evicted, PageCache};
 pub use check::CheckReport;
 pub use error::{errno, Error, Result};
+pub use fs::{
+    Attributes, Clock, DirectoryEntry, Fs, FsCounters, FsOptions, ManualClock, RenameFlags, SetAttributes, StatFs,
+    XattrFlags, CACHE_PAGES_MIN, FILE_INO_FIRST,
+};
 pub use volume::{
     mkfs, zones_min, MkfsOptions, MountReport, Volume, LOG_HEAD_ROLES, OPEN_ZONES_NEEDED, RESERVE_ZONES, ROOT_INO,
     UNINDEXED_SEGMENTS_DEFAULT,

@@ -5,7 +5,7 @@
 use flintfs_flash::{FlashDevice, PageAddress, PageState, ZoneState, OOB_SIZE_BYTES_MIN};
 use flintfs_format::{
     split_record, Checkpoint, Compression, DeviceShape, InvertedIndex, PageHeader, PageKind, RecordAssembler,
-    RecordKind, Superblock, ZoneRole, ZoneUsage, CHECKPOINT_ZONES, FIRST_DYNAMIC_ZONE, PAGE_HEADER_BYTES,
+    RecordKind, Superblock, TreeRoots, ZoneRole, ZoneUsage, CHECKPOINT_ZONES, FIRST_DYNAMIC_ZONE, PAGE_HEADER_BYTES,
     RECORD_HEADER_BYTES, SUPERBLOCK_BYTES, SUPERBLOCK_ZONES,
 };
 
@@ -99,6 +99,12 @@ pub struct Volume<D: FlashDevice> {
     /// unclean stop): `(zone, first page, end page)`. Until recovery
     /// reconnects them they are orphans, and torn ones are expected.
     pub(crate) orphans: Vec<(u32, u32, u32)>,
+    /// Zones taken outside the declared list since the last checkpoint.
+    pub(crate) undeclared_zones_taken: u64,
+    /// Whether allocation may dip into the cleaner's reserve: set for work
+    /// that frees space (unlink, rmdir, checkpoints), so a full device can
+    /// still be emptied.
+    pub(crate) reserve_allowed: bool,
 }
 
 fn shape_of(device: &impl FlashDevice) -> DeviceShape {
@@ -116,7 +122,7 @@ fn shape_of(device: &impl FlashDevice) -> DeviceShape {
 /// Pages a checkpoint record of `zone_count` zones and `unindexed` segments
 /// takes, with every log head open.
 fn checkpoint_pages(zone_count: u32, unindexed: u32, page_size_bytes: u32) -> u64 {
-    let payload = Checkpoint::encoded_bytes(zone_count as usize, unindexed as usize, LOG_HEAD_ROLES.len());
+    let payload = Checkpoint::encoded_bytes(zone_count as usize, unindexed as usize, LOG_HEAD_ROLES.len(), 0);
     checkpoint_record_page_count(payload, page_size_bytes) as u64
 }
 
@@ -265,8 +271,15 @@ pub fn mkfs<D: FlashDevice>(device: &mut D, options: &MkfsOptions) -> Result<()>
     if unindexed.len() < options.unindexed_segments as usize {
         return Err(Error::new(errno::ENOSPC, "too few usable zones for the unindexed segments"));
     }
-    let mut checkpoint =
-        Checkpoint { number: 1, sequence_next: sequence, ino_next: ROOT_INO + 1, zones, unindexed, heads: Vec::new() };
+    let mut checkpoint = Checkpoint {
+        number: 1,
+        sequence_next: sequence,
+        ino_next: ROOT_INO + 1,
+        zones,
+        unindexed,
+        heads: Vec::new(),
+        tree: TreeRoots::default(),
+    };
     // The record's own pages take the next sequence numbers.
     checkpoint.sequence_next +=
         checkpoint_record_page_count(checkpoint.encode().len(), geometry.page_size_bytes) as u64;
@@ -446,7 +459,16 @@ impl<D: FlashDevice> Volume<D> {
         if let Some(seen) = report.sequence_seen {
             checkpoint.sequence_next = checkpoint.sequence_next.max(seen + 1);
         }
-        let volume = Volume { device, superblock, checkpoint, checkpoint_zone, unindexed_used: 0, orphans };
+        let volume = Volume {
+            device,
+            superblock,
+            checkpoint,
+            checkpoint_zone,
+            unindexed_used: 0,
+            orphans,
+            undeclared_zones_taken: 0,
+            reserve_allowed: false,
+        };
         Ok((volume, report))
     }
 
@@ -490,6 +512,15 @@ impl<D: FlashDevice> Volume<D> {
         self.device.flush()?;
         let mut next = self.checkpoint.clone();
         next.number += 1;
+        // A zone nothing references any more is free from this checkpoint
+        // on: only once the record is durable can it be declared, reset and
+        // reused, and the previous checkpoint never sees it reused.
+        for (zone, usage) in next.zones.iter_mut().enumerate().skip(FIRST_DYNAMIC_ZONE as usize) {
+            let in_head = next.heads.iter().any(|head| head.zone == zone as u32);
+            if usage.role.is_log_head() && usage.valid_bytes == 0 && !in_head {
+                usage.role = ZoneRole::Free;
+            }
+        }
         self.declare_unindexed(&mut next);
         let page_count = checkpoint_record_page_count(next.encode().len(), geometry.page_size_bytes) as u32;
         // Where the record goes comes from the device, not from memory: a
@@ -517,6 +548,7 @@ impl<D: FlashDevice> Volume<D> {
         self.checkpoint = next;
         self.checkpoint_zone = zone;
         self.unindexed_used = 0;
+        self.undeclared_zones_taken = 0;
         Ok(self.checkpoint.number)
     }
 }

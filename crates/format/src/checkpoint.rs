@@ -101,6 +101,30 @@ pub struct Checkpoint {
     /// and all that recovery scans.
     pub unindexed: Vec<u32>,
     pub heads: Vec<LogHead>,
+    /// The namespace's roots: the paged map and its allocator.
+    pub tree: TreeRoots,
+}
+
+/// Where the namespace starts: the map pages, which locate directories,
+/// buckets, table pages and multi-link files by slot.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TreeRoots {
+    /// Slots ever allocated: the map covers slots `0..slot_count`.
+    pub slot_count: u32,
+    /// The first free slot (freed slots are chained through the map), or
+    /// [`crate::SLOT_NONE`].
+    pub free_slot_head: u32,
+    /// The next inode version to hand out.
+    pub version_next: u64,
+    /// Where each map page is; null for a page never written.
+    pub map_pages: Vec<crate::Pointer>,
+}
+
+impl Default for TreeRoots {
+    /// No slots yet: what mkfs starts from before it makes the root.
+    fn default() -> TreeRoots {
+        TreeRoots { slot_count: 0, free_slot_head: crate::SLOT_NONE, version_next: 1, map_pages: Vec::new() }
+    }
 }
 
 impl Checkpoint {
@@ -108,8 +132,12 @@ impl Checkpoint {
         if let Err(reason) = self.validate() {
             panic!("refusing to encode an invalid checkpoint: {reason}");
         }
-        let mut writer =
-            Writer::with_capacity(Checkpoint::encoded_bytes(self.zones.len(), self.unindexed.len(), self.heads.len()));
+        let mut writer = Writer::with_capacity(Checkpoint::encoded_bytes(
+            self.zones.len(),
+            self.unindexed.len(),
+            self.heads.len(),
+            self.tree.map_pages.len(),
+        ));
         writer
             .u64(self.number)
             .u64(self.sequence_next)
@@ -117,7 +145,11 @@ impl Checkpoint {
             .u32(self.zones.len() as u32)
             .u32(self.unindexed.len() as u32)
             .u32(self.heads.len() as u32)
-            .zeros(CHECKPOINT_FIXED_BYTES - 36);
+            .u32(self.tree.slot_count)
+            .u32(self.tree.free_slot_head)
+            .u32(self.tree.map_pages.len() as u32)
+            .u64(self.tree.version_next)
+            .zeros(CHECKPOINT_FIXED_BYTES - 56);
         for usage in &self.zones {
             writer
                 .u8(usage.role.to_byte())
@@ -132,6 +164,9 @@ impl Checkpoint {
         for head in &self.heads {
             writer.u8(head.role.to_byte()).zeros(3).u32(head.zone).u32(head.write_pointer);
         }
+        for page in &self.tree.map_pages {
+            writer.u64(page.0);
+        }
         let bytes = writer.finish();
         debug_assert_eq!(Checkpoint::decode(&bytes).as_ref(), Ok(self));
         bytes
@@ -139,11 +174,12 @@ impl Checkpoint {
 
     /// Bytes of the encoded payload for these counts: what [`Checkpoint::encode`]
     /// writes and [`Checkpoint::decode`] requires.
-    pub fn encoded_bytes(zones: usize, unindexed: usize, heads: usize) -> usize {
+    pub fn encoded_bytes(zones: usize, unindexed: usize, heads: usize, map_pages: usize) -> usize {
         CHECKPOINT_FIXED_BYTES
             .saturating_add(zones.saturating_mul(ZONE_USAGE_BYTES))
             .saturating_add(unindexed.saturating_mul(4))
             .saturating_add(heads.saturating_mul(LOG_HEAD_BYTES))
+            .saturating_add(map_pages.saturating_mul(8))
     }
 
     pub fn decode(bytes: &[u8]) -> Result<Checkpoint, DecodeError> {
@@ -154,12 +190,17 @@ impl Checkpoint {
         let zone_count = reader.u32()? as usize;
         let unindexed_count = reader.u32()? as usize;
         let head_count = reader.u32()? as usize;
-        reader.zeros(CHECKPOINT_FIXED_BYTES - 36)?;
-        let expected = Checkpoint::encoded_bytes(zone_count, unindexed_count, head_count) - CHECKPOINT_FIXED_BYTES;
+        let slot_count = reader.u32()?;
+        let free_slot_head = reader.u32()?;
+        let map_page_count = reader.u32()? as usize;
+        let version_next = reader.u64()?;
+        reader.zeros(CHECKPOINT_FIXED_BYTES - 56)?;
+        let expected =
+            Checkpoint::encoded_bytes(zone_count, unindexed_count, head_count, map_page_count) - CHECKPOINT_FIXED_BYTES;
         if bytes.len() - CHECKPOINT_FIXED_BYTES != expected {
             return Err(reader.error(format!(
-                "{zone_count} zones, {unindexed_count} unindexed segments and {head_count} heads need {expected} bytes, \
-                 {} follow",
+                "{zone_count} zones, {unindexed_count} unindexed segments, {head_count} heads and {map_page_count} map \
+                 pages need {expected} bytes, {} follow",
                 bytes.len() - CHECKPOINT_FIXED_BYTES
             )));
         }
@@ -188,7 +229,12 @@ impl Checkpoint {
                 .ok_or_else(|| reader.error(format!("head {index} has unknown role {role_byte}")))?;
             heads.push(LogHead { role, zone: reader.u32()?, write_pointer: reader.u32()? });
         }
-        let checkpoint = Checkpoint { number, sequence_next, ino_next, zones, unindexed, heads };
+        let mut map_pages = Vec::with_capacity(map_page_count);
+        for _ in 0..map_page_count {
+            map_pages.push(crate::Pointer(reader.u64()?));
+        }
+        let tree = TreeRoots { slot_count, free_slot_head, version_next, map_pages };
+        let checkpoint = Checkpoint { number, sequence_next, ino_next, zones, unindexed, heads, tree };
         checkpoint.validate().map_err(|reason| reader.error(reason))?;
         Ok(checkpoint)
     }
@@ -224,6 +270,20 @@ impl Checkpoint {
         }
         if self.ino_next == 0 {
             return Err("inode number 0 is never allocated".into());
+        }
+        let tree = &self.tree;
+        if tree.slot_count == crate::SLOT_NONE {
+            return Err("the slot count is at its bound".into());
+        }
+        if tree.free_slot_head != crate::SLOT_NONE && tree.free_slot_head >= tree.slot_count {
+            return Err(format!("free slot {} is past the {} slots", tree.free_slot_head, tree.slot_count));
+        }
+        for page in &tree.map_pages {
+            if !page.is_null()
+                && (page.zone() as u64 >= zone_count || page.chunk() != 0 || page.zone() < FIRST_DYNAMIC_ZONE)
+            {
+                return Err(format!("map page at {page} is not a page of a dynamic zone"));
+            }
         }
         // The fixed zones keep their roles; heads and unindexed zones are
         // dynamic zones, and an unindexed zone is free and not a head.

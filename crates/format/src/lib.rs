@@ -14,17 +14,27 @@
 mod checkpoint;
 mod chunk;
 mod codec;
+mod node;
 mod page;
 mod record;
 mod superblock;
 
 pub use checkpoint::{
-    Checkpoint, LogHead, ZoneRole, ZoneUsage, CHECKPOINT_FIXED_BYTES, LOG_HEADS_MAX, LOG_HEAD_BYTES, ZONE_USAGE_BYTES,
+    Checkpoint, LogHead, TreeRoots, ZoneRole, ZoneUsage, CHECKPOINT_FIXED_BYTES, LOG_HEADS_MAX, LOG_HEAD_BYTES,
+    ZONE_USAGE_BYTES,
 };
 pub use chunk::{
     parse_packed, ChunkHeader, ChunkKind, Compression, PackedPage, CHUNK_HEADER_BYTES, CHUNK_LOGICAL_BYTES_MAX,
 };
 pub use codec::{Reader, Writer};
+pub use node::{
+    array_capacity, bucket_area_bytes, decode_inode_pack, directory_area_bytes, encode_inode_pack, inline_bytes_max,
+    inode_record_bytes, is_inode_pack, name_hash, validate_name, xattr_bytes_max, DirectoryContent, Entry, FileContent,
+    FileType, Inode, Node, NodeKind, Pointer, Target, ARRAY_HEADER_BYTES, BUCKET_HEADER_BYTES, CHUNK_UNIT_BYTES,
+    DIRECTORY_HEADER_BYTES, ENTRY_FIXED_BYTES, GLOBAL_DEPTH_MAX, INDEX_HEIGHT_MAX, INDEX_IN_INODE_BYTES, INDEX_ROOTS,
+    INLINE_BYTES_CAP, INODE_FIXED_BYTES, INODE_RECORD_HEADER_BYTES, NAME_BYTES_MAX, NODE_HEADER_BYTES, SLOT_NONE,
+    XATTR_BYTES_CAP, XATTR_NAME_BYTES_MAX,
+};
 pub use page::{InvertedIndex, PageHeader, PageKind, PAGE_HEADER_BYTES};
 pub use record::{
     split_record, RecordAssembler, RecordHeader, RecordKind, RecordPage, RECORD_HEADER_BYTES, RECORD_PAYLOAD_BYTES_MAX,

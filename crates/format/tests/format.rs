@@ -2,8 +2,8 @@
 
 use flintfs_format::{
     parse_packed, split_record, Checkpoint, ChunkHeader, ChunkKind, Compression, DeviceShape, InvertedIndex, LogHead,
-    PackedPage, PageHeader, PageKind, RecordAssembler, RecordKind, Superblock, ZoneRole, ZoneUsage, CHUNK_HEADER_BYTES,
-    PAGE_HEADER_BYTES,
+    PackedPage, PageHeader, PageKind, RecordAssembler, RecordKind, Superblock, TreeRoots, ZoneRole, ZoneUsage,
+    CHUNK_HEADER_BYTES, PAGE_HEADER_BYTES,
 };
 use proptest::prelude::*;
 
@@ -210,7 +210,7 @@ proptest! {
             .filter(|&zone| zones[zone as usize].role == ZoneRole::Free)
             .take(unindexed_count)
             .collect();
-        let checkpoint = Checkpoint { number, sequence_next, ino_next, zones, unindexed, heads };
+        let checkpoint = Checkpoint { number, sequence_next, ino_next, zones, unindexed, heads, tree: TreeRoots::default() };
         let bytes = checkpoint.encode();
         prop_assert_eq!(Checkpoint::decode(&bytes), Ok(checkpoint));
         prop_assert!(Checkpoint::decode(&bytes[..bytes.len() - 1]).is_err());
@@ -341,6 +341,7 @@ fn checkpoints_that_break_a_rule_are_refused() {
         zones,
         unindexed: vec![5, 6],
         heads: vec![LogHead { role: ZoneRole::HotData, zone: 4, write_pointer: 1 }],
+        tree: TreeRoots::default(),
     };
     assert!(valid.validate().is_ok());
     let cases: Vec<(&str, Checkpoint)> = vec![

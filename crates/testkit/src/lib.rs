@@ -5,3 +5,5 @@
 //! the reference model, workload generators and power-cut runners.
 
 pub mod hostile;
+pub mod model;
+pub mod runner;

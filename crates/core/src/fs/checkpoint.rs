@@ -1,0 +1,82 @@
+//! Checkpoints of the whole file system: buffered data first, then every
+//! dirty node, children before what points at them (index pages by level,
+//! then file inodes, then the nodes found by slot, then the map pages),
+//! then the checkpoint record with the map's roots. The record is
+//! programmed only after everything it refers to was flushed.
+
+use flintfs_flash::FlashDevice;
+use flintfs_format::TreeRoots;
+
+use super::nodes::NodeKey;
+use super::Fs;
+use crate::error::Result;
+
+impl<D: FlashDevice> Fs<D> {
+    /// Makes everything durable with a checkpoint. Skipped when nothing
+    /// changed since the last one.
+    pub fn checkpoint(&mut self) -> Result<()> {
+        if !self.changed && self.dirty_blocks.is_empty() && self.pending.is_empty() && self.nodes.dirty_count() == 0 {
+            return Ok(());
+        }
+        self.volume.reserve_allowed = true;
+        let result = self.checkpoint_now();
+        self.volume.reserve_allowed = false;
+        result
+    }
+
+    fn checkpoint_now(&mut self) -> Result<()> {
+        self.flush_data(None)?;
+        self.drain()?;
+        // Every dirty node goes through the same ordered write-back as an
+        // eviction; write-backs dirty their parents, so until none is left.
+        while self.nodes.dirty_count() > 0 || !self.pending.is_empty() {
+            for (key, cached) in self.nodes.take_dirty() {
+                self.pending.insert(key, cached);
+            }
+            self.drain()?;
+        }
+        debug_assert_eq!(self.nodes.dirty_count(), 0, "a checkpoint leaves no dirty node");
+        self.volume.checkpoint.tree = TreeRoots {
+            slot_count: self.slot_count,
+            free_slot_head: self.free_slot_head,
+            version_next: self.version_next,
+            map_pages: self.map_pages.clone(),
+        };
+        self.volume.write_checkpoint()?;
+        self.counters.checkpoints += 1;
+        self.mark_checkpointed();
+        self.prune_known();
+        Ok(())
+    }
+
+    /// Forgets files nobody holds and nothing in memory needs.
+    pub(crate) fn prune_known(&mut self) {
+        let candidates: Vec<u64> =
+            self.known.iter().filter(|(_, known)| known.lookups == 0 && !known.orphan).map(|(&ino, _)| ino).collect();
+        for ino in candidates {
+            if !self.file_has_state(ino) {
+                self.known.remove(&ino);
+            }
+        }
+    }
+
+    /// Whether a file has anything in memory that is not on flash.
+    pub(crate) fn file_has_state(&self, ino: u64) -> bool {
+        if self.dirty_blocks.range((ino, 0)..=(ino, u64::MAX)).next().is_some() {
+            return true;
+        }
+        let dirty = |key: NodeKey| self.pending.contains_key(&key) || self.nodes.dirty(key).is_some_and(|d| d.any());
+        if dirty(NodeKey::File(ino)) {
+            return true;
+        }
+        if let Some(super::Known { location: super::Location::Slot(slot), .. }) = self.known.get(&ino) {
+            if dirty(NodeKey::Slot(*slot)) {
+                return true;
+            }
+        }
+        (0..flintfs_format::INDEX_HEIGHT_MAX).any(|level| {
+            let range = NodeKey::Index { level, ino, number: 0 }..=NodeKey::Index { level, ino, number: u64::MAX };
+            self.nodes.keys_in(range.clone()).into_iter().any(dirty) || self.pending.range(range).next().is_some()
+        })
+    }
+}

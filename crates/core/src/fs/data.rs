@@ -1,0 +1,471 @@
+//! The data path. A file's data is small enough to live in its inode, or
+//! it is a radix tree of block pointers: [`INDEX_ROOTS`] roots in the
+//! inode, index pages below them. Writes are buffered a block at a time,
+//! up to a byte bound, and written out in the data log: a whole block as a
+//! data block page (its inverted index in the page header), a small tail
+//! as a chunk packed with other files' tails (its inverted index in the
+//! chunk header). Nothing else of the file is rewritten, so a write costs
+//! the same wherever it lands. Every read checks the inverted index
+//! against what it expected to find.
+
+use flintfs_flash::{FlashDevice, PageAddress};
+use flintfs_format::{
+    inline_bytes_max, parse_packed, ChunkHeader, ChunkKind, Compression, FileContent, InvertedIndex, Node, PackedPage,
+    PageKind, Pointer, ZoneRole, CHUNK_HEADER_BYTES, CHUNK_UNIT_BYTES, INDEX_ROOTS,
+};
+
+use super::nodes::NodeKey;
+use super::Fs;
+use crate::allocator::PageMeta;
+use crate::error::{errno, Error, Result};
+
+impl<D: FlashDevice> Fs<D> {
+    pub(crate) fn block_bytes(&self) -> u64 {
+        self.page_size as u64
+    }
+
+    /// Blocks an index of `height` covers.
+    fn index_capacity_blocks(&self, height: u8) -> u64 {
+        let fanout = self.index_fanout();
+        (0..height).fold(INDEX_ROOTS as u64, |blocks, _| blocks.saturating_mul(fanout))
+    }
+
+    /// `fanout^level`, the blocks one pointer of an index page at `level`
+    /// covers.
+    fn span(&self, level: u8) -> u64 {
+        let fanout = self.index_fanout();
+        (0..level).fold(1u64, |blocks, _| blocks.saturating_mul(fanout))
+    }
+
+    /// Where block `block` of a file is; null for a hole.
+    pub(crate) fn block_pointer(&mut self, ino: u64, block: u64) -> Result<Pointer> {
+        let file_key = self.file_key(ino)?;
+        let Node::File { content: FileContent::Index { height, roots }, .. } = self.node(file_key)? else {
+            return Ok(Pointer::NULL);
+        };
+        if block >= self.index_capacity_blocks(height) {
+            return Ok(Pointer::NULL);
+        }
+        if height == 0 {
+            return Ok(roots[block as usize]);
+        }
+        let mut pointer = roots[(block / self.span(height)) as usize];
+        let fanout = self.index_fanout();
+        for level in (0..height).rev() {
+            let key = NodeKey::Index { level, ino, number: block / self.span(level + 1) };
+            if !self.in_memory(key) && pointer.is_null() {
+                return Ok(Pointer::NULL);
+            }
+            let Node::Index { pointers, .. } = self.node(key)? else { unreachable!("index keys hold index nodes") };
+            pointer = pointers[((block / self.span(level)) % fanout) as usize];
+        }
+        Ok(pointer)
+    }
+
+    /// Points block `block` of a file at `pointer`; returns what it pointed
+    /// at before. Grows the tree as needed.
+    pub(crate) fn set_block_pointer(&mut self, ino: u64, block: u64, pointer: Pointer) -> Result<Pointer> {
+        let file_key = self.file_key(ino)?;
+        let Node::File { inode, content: FileContent::Index { mut height, roots }, .. } = self.node(file_key)? else {
+            return Err(Error::corrupt(format!("inode {ino} holds its data inline")));
+        };
+        let fanout = self.index_fanout();
+        let mut roots = roots;
+        while block >= self.index_capacity_blocks(height) {
+            if height >= flintfs_format::INDEX_HEIGHT_MAX {
+                return Err(Error::new(errno::EFBIG, format!("block {block} is past the largest index")));
+            }
+            // One level up: a new index page holds the old roots.
+            let mut pointers = vec![Pointer::NULL; fanout as usize];
+            pointers[..INDEX_ROOTS].copy_from_slice(&roots);
+            self.insert_new(
+                NodeKey::Index { level: height, ino, number: 0 },
+                Node::Index { ino, version: inode.born, level: height, number: 0, pointers },
+            );
+            height += 1;
+            roots = [Pointer::NULL; INDEX_ROOTS];
+            self.modify(file_key, |node| {
+                let Node::File { content, .. } = node else { unreachable!() };
+                *content = FileContent::Index { height, roots };
+            })?;
+        }
+        if height == 0 {
+            return self.modify(file_key, |node| {
+                let Node::File { content: FileContent::Index { roots, .. }, .. } = node else { unreachable!() };
+                std::mem::replace(&mut roots[block as usize], pointer)
+            });
+        }
+        let mut parent_pointer = roots[(block / self.span(height)) as usize];
+        for level in (0..height).rev() {
+            let number = block / self.span(level + 1);
+            let key = NodeKey::Index { level, ino, number };
+            if !self.in_memory(key) && parent_pointer.is_null() {
+                self.insert_new(
+                    key,
+                    Node::Index {
+                        ino,
+                        version: inode.born,
+                        level,
+                        number,
+                        pointers: vec![Pointer::NULL; fanout as usize],
+                    },
+                );
+            }
+            let child = ((block / self.span(level)) % fanout) as usize;
+            if level == 0 {
+                return self.modify(key, |node| {
+                    let Node::Index { pointers, .. } = node else { unreachable!() };
+                    std::mem::replace(&mut pointers[child], pointer)
+                });
+            }
+            let Node::Index { pointers, .. } = self.node(key)? else { unreachable!() };
+            parent_pointer = pointers[child];
+        }
+        unreachable!("the loop returns at level 0")
+    }
+
+    /// Frees every block from `first` on, and the index pages that no
+    /// longer hold any.
+    pub(crate) fn free_blocks_from(&mut self, ino: u64, first: u64) -> Result<()> {
+        let file_key = self.file_key(ino)?;
+        let Node::File { content: FileContent::Index { height, roots }, .. } = self.node(file_key)? else {
+            return Ok(());
+        };
+        let keys: Vec<(u64, u64)> =
+            self.dirty_blocks.range((ino, first)..(ino, u64::MAX)).map(|(key, _)| *key).collect();
+        for key in keys {
+            self.dirty_blocks.remove(&key);
+        }
+        let mut roots = roots;
+        if height == 0 {
+            for block in first.min(INDEX_ROOTS as u64)..INDEX_ROOTS as u64 {
+                self.release(roots[block as usize]);
+                roots[block as usize] = Pointer::NULL;
+            }
+        } else {
+            let span = self.span(height);
+            for root in 0..INDEX_ROOTS as u64 {
+                let start = root * span;
+                if start.saturating_add(span) <= first {
+                    continue;
+                }
+                let key = NodeKey::Index { level: height - 1, ino, number: root };
+                if !self.in_memory(key) && roots[root as usize].is_null() {
+                    continue;
+                }
+                self.free_index_from(ino, height - 1, root, first)?;
+                if start >= first {
+                    self.discard(key, roots[root as usize]);
+                    roots[root as usize] = Pointer::NULL;
+                }
+            }
+        }
+        self.modify(file_key, |node| {
+            let Node::File { content: FileContent::Index { roots: kept, .. }, .. } = node else { unreachable!() };
+            // Roots changed by write-backs during the walk are current in
+            // the node; only the freed ones are cleared.
+            for (index, root) in roots.iter().enumerate() {
+                if root.is_null() {
+                    kept[index] = Pointer::NULL;
+                }
+            }
+        })
+    }
+
+    fn free_index_from(&mut self, ino: u64, level: u8, number: u64, first: u64) -> Result<()> {
+        let key = NodeKey::Index { level, ino, number };
+        let Node::Index { pointers, .. } = self.node(key)? else { unreachable!() };
+        let fanout = self.index_fanout();
+        let span = self.span(level);
+        let mut cleared = Vec::new();
+        for (child, &pointer) in pointers.iter().enumerate() {
+            let start = (number * fanout + child as u64) * span;
+            if start.saturating_add(span) <= first {
+                continue;
+            }
+            if level == 0 {
+                self.release(pointer);
+                cleared.push(child);
+                continue;
+            }
+            let child_key = NodeKey::Index { level: level - 1, ino, number: number * fanout + child as u64 };
+            if !self.in_memory(child_key) && pointer.is_null() {
+                continue;
+            }
+            self.free_index_from(ino, level - 1, number * fanout + child as u64, first)?;
+            if start >= first {
+                // The child's own write-backs may have moved it: discard
+                // where it is now.
+                let Node::Index { pointers: now, .. } = self.node(key)? else { unreachable!() };
+                self.discard(child_key, now[child]);
+                cleared.push(child);
+            }
+        }
+        if !cleared.is_empty() {
+            self.modify(key, |node| {
+                let Node::Index { pointers, .. } = node else { unreachable!() };
+                for child in cleared {
+                    pointers[child] = Pointer::NULL;
+                }
+            })?;
+        }
+        Ok(())
+    }
+
+    /// Reads block `block` of file `ino` from `pointer`, checking its
+    /// inverted index; returns the whole block (zeros past what is stored).
+    pub(crate) fn read_block(&mut self, ino: u64, born: u64, block: u64, pointer: Pointer) -> Result<Vec<u8>> {
+        let page_size = self.page_size;
+        let whole = pointer.whole_page();
+        let (header, data) = match self.read_cache.get(whole) {
+            Some(cached) => {
+                self.counters.read_cache_hits += 1;
+                cached.clone()
+            }
+            None => {
+                if pointer.zone() >= self.volume.device().geometry().zone_count {
+                    return Err(Error::corrupt(format!("inode {ino} block {block} points past the device: {pointer}")));
+                }
+                let read = self.volume.read_page(PageAddress::new(pointer.zone(), pointer.page()))?;
+                self.counters.data_pages_read += 1;
+                // Only clean pages go in: nothing comes back to write.
+                let _ = self.read_cache.insert(whole, read.clone(), page_size, crate::cache::Dirty::CLEAN);
+                read
+            }
+        };
+        let offset = block * self.block_bytes();
+        let bad = |what: String| Error::corrupt(format!("inode {ino} block {block} at {pointer}: {what}"));
+        let mut out = vec![0u8; page_size];
+        if pointer.chunk() == 0 {
+            if header.kind != PageKind::DataBlock {
+                return Err(bad(format!("a {:?} page, not a data block", header.kind)));
+            }
+            let index = header.inverted;
+            if index.ino != ino || index.offset != offset || index.version < born {
+                return Err(bad(format!("the page belongs to {index:?}")));
+            }
+            out[..header.length as usize].copy_from_slice(&data[..header.length as usize]);
+        } else {
+            if header.kind != PageKind::PackedData {
+                return Err(bad(format!("a {:?} page, not packed chunks", header.kind)));
+            }
+            let chunks = parse_packed(&data, header.length, header.count).map_err(|error| bad(error.to_string()))?;
+            let (chunk, range) =
+                chunks.get(pointer.chunk() as usize - 1).ok_or_else(|| bad("no such chunk".into()))?.clone();
+            if chunk.ino != ino || chunk.offset != offset || chunk.version < born || chunk.kind != ChunkKind::FileData {
+                return Err(bad(format!("the chunk belongs to inode {} offset {}", chunk.ino, chunk.offset)));
+            }
+            if chunk.compression != Compression::None {
+                return Err(Error::new(errno::EIO, format!("{pointer}: compressed chunks are not read by this build")));
+            }
+            if chunk.logical_length as usize > page_size {
+                return Err(bad("a chunk longer than a block".into()));
+            }
+            out[..range.len()].copy_from_slice(&data[range]);
+        }
+        Ok(out)
+    }
+
+    /// The bytes of a file from `offset`, at most `size`, stopping at its
+    /// end. Holes read as zeros.
+    pub(crate) fn file_read(&mut self, ino: u64, offset: u64, size: u64) -> Result<Vec<u8>> {
+        let file_key = self.file_key(ino)?;
+        let Node::File { inode, content, .. } = self.node(file_key)? else { unreachable!() };
+        let end = inode.size.min(offset.saturating_add(size));
+        if offset >= end {
+            return Ok(Vec::new());
+        }
+        if let FileContent::Inline(data) = content {
+            return Ok(data[offset as usize..end as usize].to_vec());
+        }
+        let block_bytes = self.block_bytes();
+        let mut out = Vec::with_capacity((end - offset) as usize);
+        let mut position = offset;
+        while position < end {
+            let block = position / block_bytes;
+            let within = (position % block_bytes) as usize;
+            let take = ((block_bytes - within as u64).min(end - position)) as usize;
+            if let Some(buffered) = self.dirty_blocks.get(&(ino, block)) {
+                out.extend_from_slice(&buffered[within..within + take]);
+            } else {
+                let pointer = self.block_pointer(ino, block)?;
+                if pointer.is_null() {
+                    out.resize(out.len() + take, 0);
+                } else {
+                    let data = self.read_block(ino, inode.born, block, pointer)?;
+                    out.extend_from_slice(&data[within..within + take]);
+                }
+            }
+            position += take as u64;
+        }
+        Ok(out)
+    }
+
+    /// Writes `data` at `offset` into the file's buffers; the size grows to
+    /// cover it. Times are the caller's business.
+    pub(crate) fn file_write(&mut self, ino: u64, offset: u64, data: &[u8]) -> Result<()> {
+        if data.is_empty() {
+            return Ok(());
+        }
+        let file_key = self.file_key(ino)?;
+        let end = offset
+            .checked_add(data.len() as u64)
+            .filter(|&end| end <= self.volume.device().geometry().device_size_bytes())
+            .ok_or_else(|| Error::new(errno::EFBIG, "a write past the largest file the device can hold"))?;
+        let Node::File { inode, content, .. } = self.node(file_key)? else { unreachable!() };
+        let block_bytes = self.block_bytes();
+        if let FileContent::Inline(inline) = &content {
+            if end as usize <= inline_bytes_max(self.page_size) {
+                self.reserve_space(0)?;
+                return self.modify(file_key, |node| {
+                    let Node::File { inode, content: FileContent::Inline(inline), .. } = node else { unreachable!() };
+                    if inline.len() < end as usize {
+                        inline.resize(end as usize, 0);
+                    }
+                    inline[offset as usize..end as usize].copy_from_slice(data);
+                    inode.size = inline.len() as u64;
+                });
+            }
+            let _ = inline;
+            self.reserve_space(end.div_ceil(block_bytes) + 1)?;
+            self.inline_to_blocks(ino)?;
+        } else {
+            let new_blocks = end.div_ceil(block_bytes) - offset / block_bytes;
+            self.reserve_space(new_blocks + new_blocks / self.index_fanout() + 1)?;
+        }
+        let mut position = offset;
+        while position < end {
+            let block = position / block_bytes;
+            let within = (position % block_bytes) as usize;
+            let take = ((block_bytes - within as u64).min(end - position)) as usize;
+            if !self.dirty_blocks.contains_key(&(ino, block)) {
+                let whole = within == 0 && take == block_bytes as usize;
+                let existing = if whole || block * block_bytes >= inode.size {
+                    vec![0u8; block_bytes as usize]
+                } else {
+                    let pointer = self.block_pointer(ino, block)?;
+                    if pointer.is_null() {
+                        vec![0u8; block_bytes as usize]
+                    } else {
+                        self.read_block(ino, inode.born, block, pointer)?
+                    }
+                };
+                self.dirty_blocks.insert((ino, block), existing);
+            }
+            let buffer = self.dirty_blocks.get_mut(&(ino, block)).expect("inserted");
+            let source = (position - offset) as usize;
+            buffer[within..within + take].copy_from_slice(&data[source..source + take]);
+            position += take as u64;
+        }
+        self.changed = true;
+        self.modify(file_key, |node| {
+            let Node::File { inode, .. } = node else { unreachable!() };
+            inode.size = inode.size.max(end);
+        })?;
+        Ok(())
+    }
+
+    /// Moves an inline file's bytes to block 0 (inline data is smaller than
+    /// a block), leaving an empty index.
+    pub(crate) fn inline_to_blocks(&mut self, ino: u64) -> Result<()> {
+        let file_key = self.file_key(ino)?;
+        let block_bytes = self.block_bytes() as usize;
+        let first = self.modify(file_key, |node| {
+            let Node::File { content, .. } = node else { unreachable!() };
+            let empty = FileContent::Index { height: 0, roots: [Pointer::NULL; INDEX_ROOTS] };
+            match std::mem::replace(content, empty) {
+                FileContent::Inline(data) => data,
+                index => {
+                    *content = index;
+                    Vec::new()
+                }
+            }
+        })?;
+        if !first.is_empty() {
+            let mut block = first;
+            block.resize(block_bytes, 0);
+            self.dirty_blocks.insert((ino, 0), block);
+        }
+        Ok(())
+    }
+
+    /// Writes buffered blocks out to the data log: all of them, or those of
+    /// one file.
+    pub(crate) fn flush_data(&mut self, only: Option<u64>) -> Result<()> {
+        let keys: Vec<(u64, u64)> = match only {
+            Some(ino) => self.dirty_blocks.range((ino, 0)..=(ino, u64::MAX)).map(|(key, _)| *key).collect(),
+            None => self.dirty_blocks.keys().copied().collect(),
+        };
+        let page_size = self.page_size;
+        let block_bytes = self.block_bytes();
+        let mut packer = PackedPage::new(page_size);
+        let mut packed: Vec<(u64, u64, u32)> = Vec::new();
+        for (ino, block) in keys {
+            let Some(mut buffer) = self.dirty_blocks.remove(&(ino, block)) else { continue };
+            let file_key = self.file_key(ino)?;
+            let Node::File { inode, .. } = self.node(file_key)? else { unreachable!() };
+            let start = block * block_bytes;
+            if start >= inode.size {
+                continue;
+            }
+            let valid = (inode.size - start).min(block_bytes) as usize;
+            buffer[valid..].fill(0);
+            if CHUNK_HEADER_BYTES + valid <= page_size / 2 {
+                let header = ChunkHeader {
+                    kind: ChunkKind::FileData,
+                    compression: Compression::None,
+                    stored_length: valid as u32,
+                    ino,
+                    offset: start,
+                    logical_length: valid as u32,
+                    version: inode.current,
+                };
+                if packer.count() == flintfs_format::Pointer::CHUNKS_MAX || !packer.push(&header, &buffer[..valid]) {
+                    self.program_packed(std::mem::replace(&mut packer, PackedPage::new(page_size)), &mut packed)?;
+                    assert!(packer.push(&header, &buffer[..valid]), "a small chunk fits an empty page");
+                }
+                packed.push((ino, block, (CHUNK_HEADER_BYTES + valid).div_ceil(CHUNK_UNIT_BYTES as usize) as u32));
+                continue;
+            }
+            let meta = PageMeta {
+                kind: PageKind::DataBlock,
+                end_of_record: false,
+                inverted: InvertedIndex { ino, offset: start, version: inode.current },
+                length: valid as u32,
+                count: 0,
+            };
+            let address = match self.volume.append(ZoneRole::HotData, meta, &buffer) {
+                Ok(address) => address,
+                Err(error) => {
+                    self.dirty_blocks.insert((ino, block), buffer);
+                    return Err(error);
+                }
+            };
+            self.counters.data_pages_written += 1;
+            self.volume.account(address.zone, page_size as i64);
+            let old = self.set_block_pointer(ino, block, Pointer::page_at(address.zone, address.page))?;
+            self.release(old);
+        }
+        if packer.count() > 0 {
+            self.program_packed(packer, &mut packed)?;
+        }
+        Ok(())
+    }
+
+    /// Programs a page of packed chunks and points each file at its chunk.
+    fn program_packed(&mut self, packer: PackedPage, chunks: &mut Vec<(u64, u64, u32)>) -> Result<()> {
+        let (data, length, count) = packer.finish();
+        assert_eq!(count as usize, chunks.len(), "one chunk per block packed");
+        let meta = PageMeta::new(PageKind::PackedData, length).with_count(count);
+        let address = self.volume.append(ZoneRole::HotData, meta, &data)?;
+        self.counters.data_pages_written += 1;
+        for (index, (ino, block, units)) in chunks.drain(..).enumerate() {
+            let pointer = Pointer::new(address.zone, address.page, index as u32 + 1, units);
+            self.counters.chunks_written += 1;
+            self.volume.account(address.zone, i64::from(units) * i64::from(CHUNK_UNIT_BYTES));
+            let old = self.set_block_pointer(ino, block, pointer)?;
+            self.release(old);
+        }
+        Ok(())
+    }
+}

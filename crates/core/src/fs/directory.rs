@@ -1,0 +1,467 @@
+//! Directories: entries sorted by hash in the directory's own page (DFFS's
+//! inode embedding) until they no longer fit; then an extendible hash
+//! table of bucket pages, indexed by the top bits of the name hash, so a
+//! name resolves in a fixed number of page reads however big the
+//! directory. Buckets split as they fill; the table doubles (moving into
+//! table pages once it outgrows the directory page) up to its bound, after
+//! which a full bucket chains an overflow bucket. Because the table is
+//! indexed by the top bits, the buckets in table order are in hash order,
+//! and readdir walks them with the hash as its cookie.
+
+use flintfs_flash::FlashDevice;
+use flintfs_format::{
+    array_capacity, bucket_area_bytes, directory_area_bytes, DirectoryContent, Entry, Node, Target, GLOBAL_DEPTH_MAX,
+    SLOT_NONE,
+};
+
+use super::nodes::NodeKey;
+use super::{Fs, FILE_INO_FIRST};
+use crate::error::{errno, Error, Result};
+
+/// The table index of `hash` in a table of depth `depth`.
+fn table_index(hash: u64, depth: u8) -> usize {
+    if depth == 0 {
+        0
+    } else {
+        (hash >> (63 - u32::from(depth))) as usize
+    }
+}
+
+/// The bit that decides which half of a split bucket of depth `depth` an
+/// entry goes to.
+fn split_bit(hash: u64, depth: u8) -> bool {
+    (hash >> (62 - u32::from(depth))) & 1 == 1
+}
+
+impl<D: FlashDevice> Fs<D> {
+    /// The node key of directory `ino`.
+    pub(crate) fn directory_key(&self, ino: u64) -> Result<NodeKey> {
+        if ino == 0 || ino >= FILE_INO_FIRST {
+            return Err(Error::new(errno::ENOTDIR, format!("inode {ino} is not a directory")));
+        }
+        let slot = ino - 1;
+        if slot >= u64::from(self.slot_count) {
+            return Err(Error::new(errno::ENOENT, format!("directory {ino} does not exist")));
+        }
+        Ok(NodeKey::Slot(slot as u32))
+    }
+
+    /// The directory node of `ino`, checked to be that directory.
+    pub(crate) fn directory(&mut self, ino: u64) -> Result<Node> {
+        let key = self.directory_key(ino)?;
+        if !self.in_memory(key) && self.map_get(ino as u32 - 1)? & super::nodes::MAP_FREE_TAG != 0 {
+            return Err(Error::new(errno::ENOENT, format!("directory {ino} does not exist")));
+        }
+        let node = self.node(key)?;
+        match &node {
+            Node::Directory { inode, .. } if inode.ino == ino => Ok(node),
+            _ => Err(Error::new(errno::ENOENT, format!("directory {ino} does not exist"))),
+        }
+    }
+
+    fn direct_table_capacity(&self) -> usize {
+        directory_area_bytes(self.page_size) / 4
+    }
+
+    fn table_page_capacity(&self) -> usize {
+        array_capacity(self.page_size, 4)
+    }
+
+    /// Whether a table of `depth` fits the directory page, directly or as
+    /// table pages.
+    fn table_fits(&self, depth: u8) -> bool {
+        let slots = 1usize << depth;
+        depth <= GLOBAL_DEPTH_MAX
+            && (slots <= self.direct_table_capacity()
+                || slots.div_ceil(self.table_page_capacity()) <= self.direct_table_capacity())
+    }
+
+    /// The bucket slot at `index` of a hashed directory.
+    fn table_get(&mut self, directory: NodeKey, index: usize) -> Result<u32> {
+        let Node::Directory { content: DirectoryContent::Hashed { global_depth, slots }, .. } = self.node(directory)?
+        else {
+            return Err(Error::corrupt(format!("{directory:?} is not a hashed directory")));
+        };
+        let slot = if (1usize << global_depth) <= self.direct_table_capacity() {
+            slots.get(index).copied()
+        } else {
+            let capacity = self.table_page_capacity();
+            let page = *slots.get(index / capacity).ok_or_else(|| Error::corrupt("table index past the table"))?;
+            match self.node(NodeKey::Slot(page))? {
+                Node::Table { slots, .. } => slots.get(index % capacity).copied(),
+                _ => None,
+            }
+        };
+        slot.filter(|&slot| slot != SLOT_NONE && slot < self.slot_count)
+            .ok_or_else(|| Error::corrupt(format!("{directory:?}: table entry {index} is missing or out of range")))
+    }
+
+    /// Points table entries `range` at `bucket`.
+    fn table_set(&mut self, directory: NodeKey, range: std::ops::Range<usize>, bucket: u32) -> Result<()> {
+        let Node::Directory { content: DirectoryContent::Hashed { global_depth, slots }, .. } = self.node(directory)?
+        else {
+            return Err(Error::corrupt(format!("{directory:?} is not a hashed directory")));
+        };
+        if (1usize << global_depth) <= self.direct_table_capacity() {
+            return self.modify(directory, |node| {
+                let Node::Directory { content: DirectoryContent::Hashed { slots, .. }, .. } = node else {
+                    unreachable!()
+                };
+                slots[range].iter_mut().for_each(|slot| *slot = bucket);
+            });
+        }
+        let capacity = self.table_page_capacity();
+        let mut index = range.start;
+        while index < range.end {
+            let page = slots[index / capacity];
+            let end = range.end.min((index / capacity + 1) * capacity);
+            self.modify(NodeKey::Slot(page), |node| {
+                let Node::Table { slots, .. } = node else { unreachable!("table slots hold tables") };
+                slots[index % capacity..(end - 1) % capacity + 1].iter_mut().for_each(|slot| *slot = bucket);
+            })?;
+            index = end;
+        }
+        Ok(())
+    }
+
+    /// Doubles a directory's table.
+    fn table_double(&mut self, directory: NodeKey, directory_ino: u64) -> Result<()> {
+        let Node::Directory { content: DirectoryContent::Hashed { global_depth, slots }, .. } = self.node(directory)?
+        else {
+            unreachable!("only hashed directories double")
+        };
+        let old_size = 1usize << global_depth;
+        let mut old = Vec::with_capacity(old_size);
+        for index in 0..old_size {
+            old.push(self.table_get(directory, index)?);
+        }
+        let new: Vec<u32> = (0..old_size * 2).map(|index| old[index >> 1]).collect();
+        let depth = global_depth + 1;
+        let direct = self.direct_table_capacity();
+        let new_slots = if new.len() <= direct {
+            new
+        } else {
+            let capacity = self.table_page_capacity();
+            let mut pages = if old_size <= direct { Vec::new() } else { slots };
+            while pages.len() < new.len().div_ceil(capacity) {
+                let slot = self.allocate_slot()?;
+                self.insert_new(NodeKey::Slot(slot), Node::Table { directory: directory_ino, slot, slots: Vec::new() });
+                pages.push(slot);
+            }
+            for (number, &page) in pages.iter().enumerate() {
+                let run = new[number * capacity..new.len().min((number + 1) * capacity)].to_vec();
+                self.modify(NodeKey::Slot(page), |node| {
+                    let Node::Table { slots, .. } = node else { unreachable!("table slots hold tables") };
+                    *slots = run;
+                })?;
+            }
+            pages
+        };
+        self.modify(directory, |node| {
+            let Node::Directory { content, .. } = node else { unreachable!() };
+            *content = DirectoryContent::Hashed { global_depth: depth, slots: new_slots };
+        })
+    }
+
+    /// The bucket slots of the chain that holds `hash`.
+    fn chain(&mut self, directory: NodeKey, hash: u64) -> Result<Vec<u32>> {
+        let Node::Directory { content: DirectoryContent::Hashed { global_depth, .. }, .. } = self.node(directory)?
+        else {
+            unreachable!("only hashed directories have chains")
+        };
+        let head = self.table_get(directory, table_index(hash, global_depth))?;
+        self.chain_from(head)
+    }
+
+    /// The entry named `name` in directory `ino`.
+    pub(crate) fn directory_lookup(&mut self, ino: u64, name: &[u8]) -> Result<Option<Entry>> {
+        let hash = flintfs_format::name_hash(self.hash_seed, name);
+        let node = self.directory(ino)?;
+        let Node::Directory { content, .. } = node else { unreachable!() };
+        match content {
+            DirectoryContent::Inline(entries) => Ok(entries.into_iter().find(|entry| entry.name == name)),
+            DirectoryContent::Hashed { .. } => {
+                let key = self.directory_key(ino)?;
+                for slot in self.chain(key, hash)? {
+                    let Node::Bucket { entries, .. } = self.node(NodeKey::Slot(slot))? else { unreachable!() };
+                    if let Some(entry) = entries.into_iter().find(|entry| entry.name == name) {
+                        return Ok(Some(entry));
+                    }
+                }
+                Ok(None)
+            }
+        }
+    }
+
+    /// Adds an entry; the caller has checked the name is not there.
+    pub(crate) fn directory_insert(&mut self, ino: u64, entry: Entry) -> Result<()> {
+        let key = self.directory_key(ino)?;
+        let page_size = self.page_size;
+        let Node::Directory { inode, content, .. } = self.directory(ino)? else { unreachable!() };
+        if let DirectoryContent::Inline(entries) = content {
+            // Measured against the area that leaves room for the most xattrs
+            // an inode may have, so a later setxattr always fits.
+            let used: usize = entries.iter().map(Entry::encoded_bytes).sum();
+            if used + entry.encoded_bytes() <= directory_area_bytes(page_size) {
+                return self.modify(key, |node| {
+                    let Node::Directory { content: DirectoryContent::Inline(entries), entry_count, .. } = node else {
+                        unreachable!()
+                    };
+                    let at = entries.partition_point(|other| other.hash <= entry.hash);
+                    entries.insert(at, entry);
+                    *entry_count += 1;
+                });
+            }
+            // Full: the entries move to a first bucket, and the page holds a
+            // table of one slot.
+            let bucket = self.allocate_slot()?;
+            self.insert_new(
+                NodeKey::Slot(bucket),
+                Node::Bucket { directory: inode.ino, slot: bucket, local_depth: 0, next: SLOT_NONE, entries },
+            );
+            self.modify(key, |node| {
+                let Node::Directory { content, .. } = node else { unreachable!() };
+                *content = DirectoryContent::Hashed { global_depth: 0, slots: vec![bucket] };
+            })?;
+        }
+        let bucket_room = bucket_area_bytes(page_size);
+        loop {
+            let chain = self.chain(key, entry.hash)?;
+            for &slot in &chain {
+                let Node::Bucket { entries, .. } = self.node(NodeKey::Slot(slot))? else { unreachable!() };
+                let used: usize = entries.iter().map(Entry::encoded_bytes).sum();
+                if used + entry.encoded_bytes() <= bucket_room {
+                    self.modify(NodeKey::Slot(slot), |node| {
+                        let Node::Bucket { entries, .. } = node else { unreachable!() };
+                        let at = entries.partition_point(|other| other.hash <= entry.hash);
+                        entries.insert(at, entry.clone());
+                    })?;
+                    return self.modify(key, |node| {
+                        let Node::Directory { entry_count, .. } = node else { unreachable!() };
+                        *entry_count += 1;
+                    });
+                }
+            }
+            let Node::Directory { content: DirectoryContent::Hashed { global_depth, .. }, .. } = self.node(key)? else {
+                unreachable!()
+            };
+            let head = chain[0];
+            let Node::Bucket { local_depth, entries, .. } = self.node(NodeKey::Slot(head))? else { unreachable!() };
+            if local_depth < global_depth {
+                // Split: the upper half of the bucket's run of table entries
+                // goes to a new bucket, with the entries whose next bit is 1.
+                let sibling = self.allocate_slot()?;
+                let (high, low): (Vec<Entry>, Vec<Entry>) =
+                    entries.into_iter().partition(|entry| split_bit(entry.hash, local_depth));
+                self.insert_new(
+                    NodeKey::Slot(sibling),
+                    Node::Bucket {
+                        directory: inode.ino,
+                        slot: sibling,
+                        local_depth: local_depth + 1,
+                        next: SLOT_NONE,
+                        entries: high,
+                    },
+                );
+                self.modify(NodeKey::Slot(head), |node| {
+                    let Node::Bucket { entries, local_depth, .. } = node else { unreachable!() };
+                    *entries = low;
+                    *local_depth += 1;
+                })?;
+                let run = 1usize << (global_depth - local_depth);
+                let start = (table_index(entry.hash, global_depth) / run) * run;
+                self.table_set(key, start + run / 2..start + run, sibling)?;
+            } else if self.table_fits(global_depth + 1) {
+                self.table_double(key, inode.ino)?;
+            } else {
+                // The table is at its bound: chain an overflow bucket.
+                let overflow = self.allocate_slot()?;
+                let last = *chain.last().expect("not empty");
+                self.insert_new(
+                    NodeKey::Slot(overflow),
+                    Node::Bucket {
+                        directory: inode.ino,
+                        slot: overflow,
+                        local_depth,
+                        next: SLOT_NONE,
+                        entries: Vec::new(),
+                    },
+                );
+                self.modify(NodeKey::Slot(last), |node| {
+                    let Node::Bucket { next, .. } = node else { unreachable!() };
+                    *next = overflow;
+                })?;
+            }
+        }
+    }
+
+    /// Removes the entry named `name` and returns it.
+    pub(crate) fn directory_remove(&mut self, ino: u64, name: &[u8]) -> Result<Entry> {
+        let key = self.directory_key(ino)?;
+        let hash = flintfs_format::name_hash(self.hash_seed, name);
+        let not_found = || Error::new(errno::ENOENT, format!("no entry {:?} in directory {ino}", name_text(name)));
+        let Node::Directory { content, .. } = self.directory(ino)? else { unreachable!() };
+        let removed = match content {
+            DirectoryContent::Inline(entries) => {
+                let at = entries.iter().position(|entry| entry.name == name).ok_or_else(not_found)?;
+                self.modify(key, |node| {
+                    let Node::Directory { content: DirectoryContent::Inline(entries), .. } = node else {
+                        unreachable!()
+                    };
+                    entries.remove(at)
+                })?
+            }
+            DirectoryContent::Hashed { .. } => {
+                let chain = self.chain(key, hash)?;
+                let mut found = None;
+                for (position, &slot) in chain.iter().enumerate() {
+                    let Node::Bucket { entries, next, .. } = self.node(NodeKey::Slot(slot))? else { unreachable!() };
+                    if let Some(at) = entries.iter().position(|entry| entry.name == name) {
+                        let removed = self.modify(NodeKey::Slot(slot), |node| {
+                            let Node::Bucket { entries, .. } = node else { unreachable!() };
+                            entries.remove(at)
+                        })?;
+                        // An emptied overflow bucket leaves its chain.
+                        if position > 0 && entries.len() == 1 {
+                            self.modify(NodeKey::Slot(chain[position - 1]), |node| {
+                                let Node::Bucket { next: previous_next, .. } = node else { unreachable!() };
+                                *previous_next = next;
+                            })?;
+                            self.discard_slot(slot)?;
+                        }
+                        found = Some(removed);
+                        break;
+                    }
+                }
+                found.ok_or_else(not_found)?
+            }
+        };
+        self.modify(key, |node| {
+            let Node::Directory { entry_count, .. } = node else { unreachable!() };
+            *entry_count -= 1;
+        })?;
+        Ok(removed)
+    }
+
+    /// Points the entry for `ino` (whose name hashes to `hash`) in
+    /// directory `directory` at `target`.
+    pub(crate) fn directory_set_target(&mut self, directory: u64, hash: u64, ino: u64, target: Target) -> Result<()> {
+        let key = self.directory_key(directory)?;
+        let Node::Directory { content, .. } = self.directory(directory)? else { unreachable!() };
+        let slots = match content {
+            DirectoryContent::Inline(entries) => {
+                if entries.iter().any(|entry| entry.ino == ino && entry.hash == hash) {
+                    return self.modify(key, |node| {
+                        let Node::Directory { content: DirectoryContent::Inline(entries), .. } = node else {
+                            unreachable!()
+                        };
+                        for entry in entries.iter_mut().filter(|entry| entry.ino == ino && entry.hash == hash) {
+                            entry.target = target;
+                        }
+                    });
+                }
+                Vec::new()
+            }
+            DirectoryContent::Hashed { .. } => self.chain(key, hash)?,
+        };
+        for slot in slots {
+            let Node::Bucket { entries, .. } = self.node(NodeKey::Slot(slot))? else { unreachable!() };
+            if entries.iter().any(|entry| entry.ino == ino && entry.hash == hash) {
+                return self.modify(NodeKey::Slot(slot), |node| {
+                    let Node::Bucket { entries, .. } = node else { unreachable!() };
+                    for entry in entries.iter_mut().filter(|entry| entry.ino == ino && entry.hash == hash) {
+                        entry.target = target;
+                    }
+                });
+            }
+        }
+        Err(Error::corrupt(format!("directory {directory} has no entry for inode {ino} with hash {hash:#x}")))
+    }
+
+    /// Entries with a hash of at least `from_hash`, in hash order: at least
+    /// `count` of them if there are, and never part of a group of equal
+    /// hashes.
+    pub(crate) fn directory_list(&mut self, ino: u64, from_hash: u64, count: usize) -> Result<Vec<Entry>> {
+        let key = self.directory_key(ino)?;
+        let Node::Directory { content, .. } = self.directory(ino)? else { unreachable!() };
+        match content {
+            DirectoryContent::Inline(entries) => {
+                Ok(entries.into_iter().filter(|entry| entry.hash >= from_hash).collect())
+            }
+            DirectoryContent::Hashed { global_depth, .. } => {
+                let mut listed = Vec::new();
+                let size = 1usize << global_depth;
+                let mut index = table_index(from_hash, global_depth);
+                while index < size && listed.len() < count {
+                    let head = self.table_get(key, index)?;
+                    let Node::Bucket { local_depth, .. } = self.node(NodeKey::Slot(head))? else {
+                        return Err(Error::corrupt(format!("slot {head} is in a hash table but is not a bucket")));
+                    };
+                    let mut bucket_entries = Vec::new();
+                    for slot in self.chain_from(head)? {
+                        let Node::Bucket { entries, .. } = self.node(NodeKey::Slot(slot))? else { unreachable!() };
+                        bucket_entries.extend(entries.into_iter().filter(|entry| entry.hash >= from_hash));
+                    }
+                    bucket_entries.sort_by_key(|entry| entry.hash);
+                    listed.extend(bucket_entries);
+                    let run = 1usize << global_depth.saturating_sub(local_depth);
+                    index = (index / run + 1) * run;
+                }
+                Ok(listed)
+            }
+        }
+    }
+
+    /// A chain from its head bucket.
+    fn chain_from(&mut self, head: u32) -> Result<Vec<u32>> {
+        let mut chain = vec![head];
+        loop {
+            let last = *chain.last().expect("not empty");
+            let Node::Bucket { next, .. } = self.node(NodeKey::Slot(last))? else {
+                return Err(Error::corrupt(format!("slot {last} is chained but is not a bucket")));
+            };
+            if next == SLOT_NONE {
+                return Ok(chain);
+            }
+            if chain.contains(&next) || chain.len() as u32 > self.slot_count {
+                return Err(Error::corrupt(format!("a bucket chain loops at slot {next}")));
+            }
+            chain.push(next);
+        }
+    }
+
+    /// Frees an empty directory's buckets and table pages.
+    pub(crate) fn directory_release_buckets(&mut self, ino: u64) -> Result<()> {
+        let key = self.directory_key(ino)?;
+        let Node::Directory { content: DirectoryContent::Hashed { global_depth, slots }, .. } = self.directory(ino)?
+        else {
+            return Ok(());
+        };
+        let size = 1usize << global_depth;
+        let mut buckets = Vec::new();
+        let mut index = 0;
+        while index < size {
+            let head = self.table_get(key, index)?;
+            let Node::Bucket { local_depth, .. } = self.node(NodeKey::Slot(head))? else { unreachable!() };
+            buckets.extend(self.chain_from(head)?);
+            index += 1usize << global_depth.saturating_sub(local_depth);
+        }
+        for bucket in buckets {
+            self.discard_slot(bucket)?;
+        }
+        if size > self.direct_table_capacity() {
+            for page in slots {
+                self.discard_slot(page)?;
+            }
+        }
+        self.modify(key, |node| {
+            let Node::Directory { content, .. } = node else { unreachable!() };
+            *content = DirectoryContent::Inline(Vec::new());
+        })
+    }
+}
+
+/// A name for messages.
+pub(crate) fn name_text(name: &[u8]) -> String {
+    String::from_utf8_lossy(name).into_owned()
+}

@@ -1,0 +1,398 @@
+//! The file system: a POSIX-like engine over a [`Volume`]. It knows nothing
+//! of FUSE; the FUSE adapter and embedders call these methods with inode
+//! numbers, as the kernel does.
+//!
+//! The namespace follows DFFS. A directory's inode and its entries share
+//! one node page (an extendible hash table of bucket pages once they no
+//! longer fit). Directories, buckets, table pages and files with more than
+//! one link are located through the paged map by slot; a file with one
+//! link is located physically from its entry. Node pages are fetched on
+//! demand into a byte-bounded cache and written back when evicted or at a
+//! checkpoint; nothing else about the namespace is held in memory.
+//!
+//! Durability, until the metadata log lands: a checkpoint makes everything
+//! durable, and fsync, sync and unmount take one. After a crash the file
+//! system is exactly what the last checkpoint recorded.
+//!
+//! Inode numbers: a directory's is its slot plus one (the root is 1), so
+//! it needs no table; files take numbers from [`FILE_INO_FIRST`] up, never
+//! reused. The engine keeps a table entry only for files the caller holds
+//! a reference to (from lookup, create, mknod, symlink and link, released
+//! by [`Fs::forget`]) or that have state in memory, as a FUSE server does.
+
+mod check;
+mod checkpoint;
+mod data;
+mod directory;
+mod nodes;
+mod ops;
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::Arc;
+
+use flintfs_flash::FlashDevice;
+use flintfs_format::{Pointer, SLOT_NONE};
+
+use crate::cache::PageCache;
+use crate::error::{errno, Error, Result};
+use crate::volume::{MkfsOptions, MountReport, Volume};
+
+pub use ops::{Attributes, DirectoryEntry, RenameFlags, SetAttributes, StatFs, XattrFlags};
+
+/// The first inode number of a file; below it, inode numbers are
+/// directories (slot + 1).
+pub const FILE_INO_FIRST: u64 = 1 << 32;
+/// The root directory's slot.
+pub const ROOT_SLOT: u32 = 0;
+/// Default byte bound of the node cache.
+pub const NODE_CACHE_BYTES_DEFAULT: usize = 8 << 20;
+/// Default byte bound of buffered file data.
+pub const DATA_BUFFER_BYTES_DEFAULT: usize = 8 << 20;
+/// Default byte bound of the read cache.
+pub const READ_CACHE_BYTES_DEFAULT: usize = 4 << 20;
+/// Default time between timed checkpoints.
+pub const CHECKPOINT_INTERVAL_NS_DEFAULT: u64 = 30_000_000_000;
+/// Node pages one operation can dirty besides its data, at most (a rename
+/// touching two directories with splits, say): the margin the checkpoint
+/// trigger keeps.
+pub const OPERATION_NODE_PAGES_MAX: u64 = 64;
+/// Smallest cache bound, in pages: what one operation touches at once.
+/// (Nothing holds a cached node across another fetch, so a smaller cache
+/// would still be correct; it would only thrash.)
+pub const CACHE_PAGES_MIN: usize = 16;
+/// Pages of the largest size the defaults must hold.
+const PAGE_SIZE_BYTES_LARGEST: usize = 64 * 1024;
+
+const _: () = assert!(NODE_CACHE_BYTES_DEFAULT >= CACHE_PAGES_MIN * PAGE_SIZE_BYTES_LARGEST);
+const _: () = assert!(DATA_BUFFER_BYTES_DEFAULT >= CACHE_PAGES_MIN * PAGE_SIZE_BYTES_LARGEST);
+const _: () = assert!(READ_CACHE_BYTES_DEFAULT >= CACHE_PAGES_MIN * PAGE_SIZE_BYTES_LARGEST / 2);
+const _: () = assert!(FILE_INO_FIRST > SLOT_NONE as u64);
+
+/// Where the engine gets the time. It reads no clock of its own.
+pub trait Clock: Send {
+    /// Nanoseconds since the Unix epoch.
+    fn now_ns(&self) -> i64;
+}
+
+/// A clock that moves only when told to: for tests and simulation.
+#[derive(Clone, Debug, Default)]
+pub struct ManualClock(Arc<AtomicI64>);
+
+impl ManualClock {
+    pub fn new(now_ns: i64) -> ManualClock {
+        ManualClock(Arc::new(AtomicI64::new(now_ns)))
+    }
+
+    pub fn set(&self, now_ns: i64) {
+        self.0.store(now_ns, Ordering::SeqCst);
+    }
+
+    pub fn advance(&self, nanoseconds: i64) {
+        self.0.fetch_add(nanoseconds, Ordering::SeqCst);
+    }
+}
+
+impl Clock for ManualClock {
+    fn now_ns(&self) -> i64 {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
+/// Choices made at mount.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FsOptions {
+    pub node_cache_bytes: usize,
+    pub data_buffer_bytes: usize,
+    pub read_cache_bytes: usize,
+    /// A checkpoint is taken at the first operation this long after the
+    /// last one, if anything changed.
+    pub checkpoint_interval_ns: u64,
+}
+
+impl Default for FsOptions {
+    fn default() -> FsOptions {
+        FsOptions {
+            node_cache_bytes: NODE_CACHE_BYTES_DEFAULT,
+            data_buffer_bytes: DATA_BUFFER_BYTES_DEFAULT,
+            read_cache_bytes: READ_CACHE_BYTES_DEFAULT,
+            checkpoint_interval_ns: CHECKPOINT_INTERVAL_NS_DEFAULT,
+        }
+    }
+}
+
+impl FsOptions {
+    /// Small pages, small caches: what the model tests run with, so
+    /// every eviction path is taken.
+    pub fn smallest(page_size_bytes: u32) -> FsOptions {
+        let bytes = CACHE_PAGES_MIN * page_size_bytes as usize;
+        FsOptions {
+            node_cache_bytes: bytes,
+            data_buffer_bytes: bytes,
+            read_cache_bytes: bytes,
+            checkpoint_interval_ns: CHECKPOINT_INTERVAL_NS_DEFAULT,
+        }
+    }
+
+    fn validate(&self, page_size_bytes: u32) -> Result<()> {
+        let minimum = CACHE_PAGES_MIN * page_size_bytes as usize;
+        for (name, value) in [
+            ("node cache", self.node_cache_bytes),
+            ("data buffer", self.data_buffer_bytes),
+            ("read cache", self.read_cache_bytes),
+        ] {
+            if value < minimum {
+                return Err(Error::invalid(format!(
+                    "the {name} of {value} bytes is below {CACHE_PAGES_MIN} pages ({minimum} bytes)"
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Where a file's inode is found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Location {
+    /// On flash at `home` (null until first written), from its one entry.
+    Physical { home: Pointer },
+    /// Through the map.
+    Slot(u32),
+}
+
+/// A file the engine must be able to find by inode number.
+#[derive(Clone, Debug)]
+pub(crate) struct Known {
+    pub location: Location,
+    /// References the caller holds.
+    pub lookups: u64,
+    /// Unlinked while referenced: it lives until the last reference goes.
+    pub orphan: bool,
+}
+
+/// What the engine has done since mount, for tests and `stat`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct FsCounters {
+    pub checkpoints: u64,
+    pub node_pages_written: u64,
+    pub node_pages_read: u64,
+    pub data_pages_written: u64,
+    pub chunks_written: u64,
+    pub data_pages_read: u64,
+    pub read_cache_hits: u64,
+}
+
+/// A mounted flintfs.
+pub struct Fs<D: FlashDevice> {
+    pub(crate) volume: Volume<D>,
+    pub(crate) options: FsOptions,
+    clock: Box<dyn Clock>,
+    pub(crate) page_size: usize,
+    pub(crate) hash_seed: u64,
+    /// Decoded node pages with their homes, byte-bounded.
+    pub(crate) nodes: PageCache<nodes::NodeKey, nodes::Cached>,
+    /// Dirty nodes pushed out of the cache during an operation, written
+    /// back before it returns. Loads look here before reading flash.
+    pub(crate) pending: BTreeMap<nodes::NodeKey, nodes::Cached>,
+    /// Files that must stay findable by number.
+    pub(crate) known: BTreeMap<u64, Known>,
+    /// Buffered file blocks: `(ino, block)` to the whole block.
+    pub(crate) dirty_blocks: BTreeMap<(u64, u64), Vec<u8>>,
+    /// Verified data pages, by where they are.
+    pub(crate) read_cache: PageCache<Pointer, (flintfs_format::PageHeader, Vec<u8>)>,
+    /// The map's pages (from the checkpoint's tree roots) and allocator.
+    pub(crate) map_pages: Vec<Pointer>,
+    pub(crate) slot_count: u32,
+    pub(crate) free_slot_head: u32,
+    pub(crate) version_next: u64,
+    /// Anything changed since the last checkpoint.
+    pub(crate) changed: bool,
+    last_checkpoint_ns: i64,
+    pub(crate) counters: FsCounters,
+}
+
+impl<D: FlashDevice> Fs<D> {
+    /// Formats `device`: the durable frame, then the root directory, then a
+    /// checkpoint. Returns the device, ready to mount.
+    pub fn format(device: D, options: &MkfsOptions, clock: Box<dyn Clock>) -> Result<D> {
+        let mut device = device;
+        crate::volume::mkfs(&mut device, options)?;
+        let (mut volume, _) = Volume::mount(device)?;
+        volume.checkpoint.ino_next = FILE_INO_FIRST;
+        let mut fs = Fs::assemble(volume, FsOptions::default(), clock)?;
+        fs.make_root()?;
+        fs.checkpoint()?;
+        Ok(fs.volume.into_device())
+    }
+
+    /// Mounts a formatted device after a clean unmount or a crash; a crash
+    /// leaves it at its last checkpoint.
+    pub fn mount(device: D, options: FsOptions, clock: Box<dyn Clock>) -> Result<(Fs<D>, MountReport)> {
+        options.validate(device.geometry().page_size_bytes)?;
+        let (volume, report) = Volume::mount(device)?;
+        if volume.checkpoint.tree.slot_count == 0 {
+            return Err(Error::corrupt("the checkpoint has no root directory: the format did not finish"));
+        }
+        let pages_before = volume.device().counters().pages_read;
+        let mut fs = Fs::assemble(volume, options, clock)?;
+        // Reading the root proves the tree is there: the map page and the
+        // root's page, whatever the number of files.
+        let root = fs.getattr(crate::volume::ROOT_INO)?;
+        if root.file_type != flintfs_format::FileType::Directory {
+            return Err(Error::corrupt("the root is not a directory"));
+        }
+        let mut report = report;
+        report.pages_read += fs.volume.device().counters().pages_read - pages_before;
+        Ok((fs, report))
+    }
+
+    fn assemble(volume: Volume<D>, options: FsOptions, clock: Box<dyn Clock>) -> Result<Fs<D>> {
+        let page_size = volume.device().geometry().page_size_bytes as usize;
+        let uuid = volume.superblock().uuid;
+        let hash_seed = u64::from_le_bytes(uuid[..8].try_into().expect("8 bytes"));
+        let tree = volume.checkpoint.tree.clone();
+        if tree.map_pages.len() as u64 != u64::from(tree.slot_count).div_ceil(nodes::map_capacity(page_size) as u64) {
+            return Err(Error::corrupt(format!(
+                "the checkpoint has {} map pages for {} slots",
+                tree.map_pages.len(),
+                tree.slot_count
+            )));
+        }
+        let now = clock.now_ns();
+        Ok(Fs {
+            nodes: PageCache::new(options.node_cache_bytes),
+            read_cache: PageCache::new(options.read_cache_bytes),
+            options,
+            clock,
+            page_size,
+            hash_seed,
+            pending: BTreeMap::new(),
+            known: BTreeMap::new(),
+            dirty_blocks: BTreeMap::new(),
+            map_pages: tree.map_pages,
+            slot_count: tree.slot_count,
+            free_slot_head: tree.free_slot_head,
+            version_next: tree.version_next,
+            changed: false,
+            last_checkpoint_ns: now,
+            counters: FsCounters::default(),
+            volume,
+        })
+    }
+
+    /// Unmounts cleanly: frees what only open references kept, takes a
+    /// checkpoint, and returns the device.
+    pub fn unmount(mut self) -> Result<D> {
+        self.shut_down()?;
+        Ok(self.volume.into_device())
+    }
+
+    /// What unmount does before it lets go of the device: frees files only
+    /// references kept, and takes a checkpoint. On an error the file
+    /// system is still there (and so is the device).
+    pub fn shut_down(&mut self) -> Result<()> {
+        let orphans: Vec<u64> = self.known.iter().filter(|(_, known)| known.orphan).map(|(&ino, _)| ino).collect();
+        for ino in orphans {
+            self.delete_file(ino)?;
+            self.known.remove(&ino);
+        }
+        self.checkpoint()
+    }
+
+    pub fn volume(&self) -> &Volume<D> {
+        &self.volume
+    }
+
+    pub fn volume_mut(&mut self) -> &mut Volume<D> {
+        &mut self.volume
+    }
+
+    pub fn device(&self) -> &D {
+        self.volume.device()
+    }
+
+    /// Gives up the device without a checkpoint (a crash, as far as the
+    /// file system is concerned).
+    pub fn into_device(self) -> D {
+        self.volume.into_device()
+    }
+
+    pub fn counters(&self) -> &FsCounters {
+        &self.counters
+    }
+
+    /// The number of the last checkpoint written or mounted.
+    pub fn checkpoint_number(&self) -> u64 {
+        self.volume.checkpoint.number
+    }
+
+    /// Bytes held in memory by the caches and buffers, and their bound.
+    pub fn memory_bytes(&self) -> (usize, usize) {
+        let used = self.nodes.used_bytes()
+            + self.read_cache.used_bytes()
+            + self.dirty_blocks.len() * self.page_size
+            + self.known.len() * std::mem::size_of::<(u64, Known)>();
+        let bound = self.options.node_cache_bytes + self.options.read_cache_bytes + self.options.data_buffer_bytes;
+        (used, bound)
+    }
+
+    /// Files the engine currently keeps findable by number.
+    pub fn known_files(&self) -> usize {
+        self.known.len()
+    }
+
+    pub(crate) fn now(&self) -> i64 {
+        self.clock.now_ns()
+    }
+
+    /// Work done at the start of every operation that changes something:
+    /// a timed checkpoint, or one because the declared unindexed zones
+    /// could not take what is buffered plus what this operation may write.
+    pub(crate) fn begin(&mut self, data_pages: u64) -> Result<()> {
+        let now = self.now();
+        let interval = i64::try_from(self.options.checkpoint_interval_ns).unwrap_or(i64::MAX);
+        if self.changed && now.saturating_sub(self.last_checkpoint_ns) >= interval {
+            return self.checkpoint();
+        }
+        if self.unindexed_short(data_pages) {
+            self.checkpoint()?;
+        }
+        Ok(())
+    }
+
+    /// Whether the zones left in the declared list may not hold what is
+    /// buffered and `data_pages` more.
+    fn unindexed_short(&self, data_pages: u64) -> bool {
+        let geometry = self.volume.device().geometry();
+        let zone_pages = geometry.zone_pages();
+        let dirty_nodes = (self.nodes.dirty_count() + self.pending.len()) as u64;
+        let data_need = self.dirty_blocks.len() as u64 + data_pages;
+        let node_need = dirty_nodes + OPERATION_NODE_PAGES_MAX;
+        let zones_for = |need: u64, free: u64| need.saturating_sub(free).div_ceil(zone_pages);
+        let zones_needed = zones_for(data_need, self.volume.head_free_pages(flintfs_format::ZoneRole::HotData))
+            + zones_for(node_need, self.volume.head_free_pages(flintfs_format::ZoneRole::Node));
+        zones_needed > self.volume.unindexed_remaining() as u64
+    }
+
+    /// Errors with ENOSPC unless `pages` more can be written on top of what
+    /// is buffered, keeping room for the checkpoint that makes it durable.
+    pub(crate) fn reserve_space(&self, pages: u64) -> Result<()> {
+        let dirty = (self.dirty_blocks.len() + self.nodes.dirty_count() + self.pending.len()) as u64;
+        let available = self.volume.allocatable_pages()
+            + self.volume.head_free_pages(flintfs_format::ZoneRole::HotData)
+            + self.volume.head_free_pages(flintfs_format::ZoneRole::Node);
+        let margin = OPERATION_NODE_PAGES_MAX + self.map_pages.len() as u64;
+        if dirty + pages + margin > available {
+            return Err(Error::new(
+                errno::ENOSPC,
+                format!("no space: {pages} pages wanted, {dirty} buffered, {available} free"),
+            ));
+        }
+        Ok(())
+    }
+
+    pub(crate) fn mark_checkpointed(&mut self) {
+        self.last_checkpoint_ns = self.now();
+        self.changed = false;
+    }
+}

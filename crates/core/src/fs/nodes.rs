@@ -1,0 +1,513 @@
+//! Node pages in memory: fetched on demand into the byte-bounded cache,
+//! written back to the node log when pushed out or at a checkpoint. A node
+//! written back moves, so whatever points at it is updated: the map for a
+//! slot, the entry for a file with one link, the parent for an index page,
+//! the checkpoint for a map page.
+
+use flintfs_flash::FlashDevice;
+use flintfs_format::{
+    array_capacity, DirectoryContent, FileContent, Node, PageKind, Pointer, Target, ZoneRole, SLOT_NONE,
+};
+
+use super::{Fs, Location};
+use crate::allocator::PageMeta;
+use crate::cache::Dirty;
+use crate::error::{errno, Error, Result};
+
+/// Marks a free slot's map entry; the low 32 bits chain to the next free
+/// slot. A node pointer never has the top bit set (it has no chunk units).
+pub(crate) const MAP_FREE_TAG: u64 = 1 << 63;
+
+/// Slots one map page holds.
+pub(crate) fn map_capacity(page_size: usize) -> usize {
+    array_capacity(page_size, 8)
+}
+
+/// Pointers one index page holds.
+pub(crate) fn index_capacity(page_size: usize) -> usize {
+    array_capacity(page_size, 8)
+}
+
+/// A node in memory. The order is the order a checkpoint writes them in:
+/// children before what points at them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum NodeKey {
+    Index { level: u8, ino: u64, number: u64 },
+    File(u64),
+    Slot(u32),
+    Map(u32),
+}
+
+#[derive(Clone, Debug)]
+pub(crate) struct Cached {
+    pub node: Node,
+    /// Where the node was last written; null if never.
+    pub home: Pointer,
+}
+
+impl<D: FlashDevice> Fs<D> {
+    /// Puts `key` in the cache, from the pending write-backs or from flash.
+    pub(crate) fn ensure(&mut self, key: NodeKey) -> Result<()> {
+        if self.nodes.get(key).is_some() {
+            return Ok(());
+        }
+        if let Some(cached) = self.pending.remove(&key) {
+            self.cache_insert(key, cached, Dirty::BOTH);
+            return Ok(());
+        }
+        let home = self.locate(key)?;
+        if home.is_null() {
+            return Err(Error::corrupt(format!("{key:?} has never been written and is not in memory")));
+        }
+        let node = self.read_node(key, home)?;
+        self.cache_insert(key, Cached { node, home }, Dirty::CLEAN);
+        Ok(())
+    }
+
+    /// A copy of a node.
+    pub(crate) fn node(&mut self, key: NodeKey) -> Result<Node> {
+        self.ensure(key)?;
+        Ok(self.nodes.get(key).expect("ensured").node.clone())
+    }
+
+    /// Changes a node in place and marks it dirty.
+    pub(crate) fn modify<R>(&mut self, key: NodeKey, change: impl FnOnce(&mut Node) -> R) -> Result<R> {
+        self.ensure(key)?;
+        self.changed = true;
+        Ok(change(&mut self.nodes.get_mut(key).expect("ensured").node))
+    }
+
+    /// Adds a node that has never been written.
+    pub(crate) fn insert_new(&mut self, key: NodeKey, node: Node) {
+        debug_assert!(!self.nodes.contains(key) && !self.pending.contains_key(&key), "{key:?} already exists");
+        self.changed = true;
+        self.cache_insert(key, Cached { node, home: Pointer::NULL }, Dirty::BOTH);
+    }
+
+    pub(crate) fn cache_insert(&mut self, key: NodeKey, cached: Cached, dirty: Dirty) {
+        let page_size = self.page_size;
+        for victim in self.nodes.insert(key, cached, page_size, dirty) {
+            self.pending.insert(victim.key, victim.value);
+        }
+    }
+
+    /// Takes a node out of memory (cache or pending), with its home.
+    pub(crate) fn take(&mut self, key: NodeKey) -> Option<Cached> {
+        self.nodes.remove(key).map(|(cached, _)| cached).or_else(|| self.pending.remove(&key))
+    }
+
+    /// Whether a node is in memory.
+    pub(crate) fn in_memory(&self, key: NodeKey) -> bool {
+        self.nodes.contains(key) || self.pending.contains_key(&key)
+    }
+
+    /// Removes a node for good: out of memory, and its page no longer
+    /// counted. `home` is where it is on flash if it is not in memory.
+    pub(crate) fn discard(&mut self, key: NodeKey, home: Pointer) {
+        let home = self.take(key).map_or(home, |cached| cached.home);
+        self.release(home);
+        self.changed = true;
+    }
+
+    /// Stops counting a page or chunk as referenced.
+    pub(crate) fn release(&mut self, pointer: Pointer) {
+        if !pointer.is_null() {
+            let bytes = self.pointer_bytes(pointer);
+            self.volume.account(pointer.zone(), -(bytes as i64));
+            self.read_cache.remove(pointer.whole_page());
+        }
+    }
+
+    /// Bytes a page or chunk takes in its zone.
+    pub(crate) fn pointer_bytes(&self, pointer: Pointer) -> u64 {
+        if pointer.chunk() == 0 {
+            self.page_size as u64
+        } else {
+            u64::from(pointer.chunk_units()) * u64::from(flintfs_format::CHUNK_UNIT_BYTES)
+        }
+    }
+
+    /// Where a node's current copy is on flash (null if never written).
+    fn locate(&mut self, key: NodeKey) -> Result<Pointer> {
+        match key {
+            NodeKey::Map(page) => self
+                .map_pages
+                .get(page as usize)
+                .copied()
+                .ok_or_else(|| Error::corrupt(format!("map page {page} is past the map"))),
+            NodeKey::Slot(slot) => {
+                let entry = self.map_get(slot)?;
+                if entry & MAP_FREE_TAG != 0 {
+                    return Err(Error::corrupt(format!("slot {slot} is free")));
+                }
+                Ok(Pointer(entry))
+            }
+            NodeKey::File(ino) => match self.known.get(&ino).map(|known| known.location) {
+                Some(Location::Physical { home }) => Ok(home),
+                _ => Err(Error::new(errno::ENOENT, format!("inode {ino} is not known: look it up first"))),
+            },
+            NodeKey::Index { level, ino, number } => self.index_pointer_to(ino, level, number),
+        }
+    }
+
+    pub(crate) fn index_fanout(&self) -> u64 {
+        index_capacity(self.page_size) as u64
+    }
+
+    /// The pointer to index page `(level, number)` held by its parent.
+    fn index_pointer_to(&mut self, ino: u64, level: u8, number: u64) -> Result<Pointer> {
+        let file_key = self.file_key(ino)?;
+        let Node::File { content: FileContent::Index { height, roots }, .. } = self.node(file_key)? else {
+            return Err(Error::corrupt(format!("inode {ino} has no index, yet index page {level}/{number} is wanted")));
+        };
+        if level + 1 == height {
+            return Ok(roots.get(number as usize).copied().unwrap_or(Pointer::NULL));
+        }
+        if level + 1 > height {
+            return Ok(Pointer::NULL);
+        }
+        let fanout = self.index_fanout();
+        let parent = NodeKey::Index { level: level + 1, ino, number: number / fanout };
+        if !self.in_memory(parent) && self.index_pointer_to(ino, level + 1, number / fanout)?.is_null() {
+            return Ok(Pointer::NULL);
+        }
+        let Node::Index { pointers, .. } = self.node(parent)? else { unreachable!("index keys hold index nodes") };
+        Ok(pointers[(number % fanout) as usize])
+    }
+
+    /// The cache key of a file's inode node.
+    pub(crate) fn file_key(&self, ino: u64) -> Result<NodeKey> {
+        if ino < super::FILE_INO_FIRST {
+            return Err(Error::invalid(format!("inode {ino} is a directory")));
+        }
+        match self.known.get(&ino).map(|known| known.location) {
+            Some(Location::Slot(slot)) => Ok(NodeKey::Slot(slot)),
+            Some(Location::Physical { .. }) => Ok(NodeKey::File(ino)),
+            None => Err(Error::new(errno::ENOENT, format!("inode {ino} is not known: look it up first"))),
+        }
+    }
+
+    /// Reads and checks a node page: the page header, then the node's own
+    /// identity against what was asked for, so a pointer to the wrong page
+    /// is caught.
+    pub(crate) fn read_node(&mut self, key: NodeKey, home: Pointer) -> Result<Node> {
+        if home.zone() >= self.volume.device().geometry().zone_count {
+            return Err(Error::corrupt(format!("{key:?} points at {home}, past the device")));
+        }
+        let (header, data) = self.volume.read_page(flintfs_flash::PageAddress::new(home.zone(), home.page()))?;
+        self.counters.node_pages_read += 1;
+        if header.kind != PageKind::Node {
+            return Err(Error::corrupt(format!("{key:?} points at {home}, a {:?} page", header.kind)));
+        }
+        let node = if home.chunk() == 0 {
+            if flintfs_format::is_inode_pack(&data) {
+                return Err(Error::corrupt(format!("{key:?} points at the whole of inode pack {home}")));
+            }
+            Node::decode(&data).map_err(|error| Error::corrupt(format!("{home}: {error}")))?
+        } else {
+            let mut records =
+                flintfs_format::decode_inode_pack(&data).map_err(|error| Error::corrupt(format!("{home}: {error}")))?;
+            let index = home.chunk() as usize - 1;
+            if index >= records.len() {
+                return Err(Error::corrupt(format!("{key:?} points at {home}, past the pack's records")));
+            }
+            records.swap_remove(index)
+        };
+        let matches = match (&node, key) {
+            (Node::Map { number, .. }, NodeKey::Map(page)) => *number == u64::from(page),
+            (Node::Directory { slot, .. }, NodeKey::Slot(wanted))
+            | (Node::Bucket { slot, .. }, NodeKey::Slot(wanted))
+            | (Node::Table { slot, .. }, NodeKey::Slot(wanted))
+            | (Node::File { slot, .. }, NodeKey::Slot(wanted)) => *slot == wanted,
+            (Node::File { slot, inode, .. }, NodeKey::File(ino)) => *slot == SLOT_NONE && inode.ino == ino,
+            (Node::Index { ino, level, number, .. }, NodeKey::Index { ino: i, level: l, number: n }) => {
+                (*ino, *level, *number) == (i, l, n) && node_fits_index(&node, self.page_size)
+            }
+            _ => false,
+        };
+        if !matches {
+            return Err(Error::corrupt(format!("{home} holds {:?}, not {key:?}: a stray pointer", node.kind())));
+        }
+        Ok(node)
+    }
+
+    /// Reads a slot's map entry.
+    pub(crate) fn map_get(&mut self, slot: u32) -> Result<u64> {
+        if slot >= self.slot_count {
+            return Err(Error::corrupt(format!("slot {slot} is past the {} slots", self.slot_count)));
+        }
+        let capacity = map_capacity(self.page_size);
+        let page = (slot as usize / capacity) as u32;
+        let Node::Map { entries, .. } = self.node(NodeKey::Map(page))? else { unreachable!("map keys hold maps") };
+        Ok(entries[slot as usize % capacity])
+    }
+
+    /// Sets a slot's map entry.
+    pub(crate) fn map_set(&mut self, slot: u32, value: u64) -> Result<()> {
+        let capacity = map_capacity(self.page_size);
+        let page = (slot as usize / capacity) as u32;
+        self.modify(NodeKey::Map(page), |node| {
+            let Node::Map { entries, .. } = node else { unreachable!("map keys hold maps") };
+            entries[slot as usize % capacity] = value;
+        })
+    }
+
+    /// A slot for a new logical node: a freed one, or the next.
+    pub(crate) fn allocate_slot(&mut self) -> Result<u32> {
+        if self.free_slot_head != SLOT_NONE {
+            let slot = self.free_slot_head;
+            let entry = self.map_get(slot)?;
+            if entry & MAP_FREE_TAG == 0 {
+                return Err(Error::corrupt(format!("slot {slot} heads the free list but is in use")));
+            }
+            let next = entry as u32;
+            if next != SLOT_NONE && next >= self.slot_count {
+                return Err(Error::corrupt(format!("free slot {slot} chains to {next}, past the slots")));
+            }
+            self.free_slot_head = next;
+            self.map_set(slot, 0)?;
+            return Ok(slot);
+        }
+        let slot = self.slot_count;
+        if slot >= SLOT_NONE - 1 {
+            return Err(Error::new(errno::ENOSPC, "every slot of the map is in use"));
+        }
+        let capacity = map_capacity(self.page_size);
+        let page = slot as usize / capacity;
+        if page == self.map_pages.len() {
+            self.map_pages.push(Pointer::NULL);
+            self.insert_new(NodeKey::Map(page as u32), Node::Map { number: page as u64, entries: vec![0; capacity] });
+        }
+        self.slot_count += 1;
+        self.map_set(slot, 0)?;
+        Ok(slot)
+    }
+
+    /// Gives a slot back; its node must already be discarded.
+    pub(crate) fn free_slot(&mut self, slot: u32) -> Result<()> {
+        debug_assert!(!self.in_memory(NodeKey::Slot(slot)));
+        self.map_set(slot, MAP_FREE_TAG | u64::from(self.free_slot_head))?;
+        self.free_slot_head = slot;
+        Ok(())
+    }
+
+    /// Removes a slot's node and frees the slot.
+    pub(crate) fn discard_slot(&mut self, slot: u32) -> Result<()> {
+        let home = if self.in_memory(NodeKey::Slot(slot)) { Pointer::NULL } else { Pointer(self.map_get(slot)?) };
+        self.discard(NodeKey::Slot(slot), home);
+        self.free_slot(slot)
+    }
+
+    /// Programs a node page at the node head; returns where it went. The
+    /// old copy stops counting.
+    fn program_node(&mut self, node: &Node, old_home: Pointer) -> Result<Pointer> {
+        let (data, used) = node.encode(self.page_size);
+        let address = self.volume.append(ZoneRole::Node, PageMeta::new(PageKind::Node, used), &data)?;
+        let home = Pointer::page_at(address.zone, address.page);
+        self.volume.account(address.zone, self.page_size as i64);
+        self.release(old_home);
+        self.counters.node_pages_written += 1;
+        Ok(home)
+    }
+
+    /// Writes file inodes packed into as few node pages as they need, and
+    /// updates what points at each: the map for a file found by slot, the
+    /// entry for one found physically (unless `skip_entries`, for files
+    /// whose entries the caller patches itself). The nodes must already be
+    /// out of the cache and the pending list. Returns each one's new home.
+    pub(crate) fn write_files(&mut self, files: Vec<(NodeKey, Cached)>, skip_entries: bool) -> Result<Vec<Pointer>> {
+        let page_size = self.page_size;
+        let room = page_size - flintfs_format::NODE_HEADER_BYTES;
+        let mut homes = Vec::with_capacity(files.len());
+        let mut start = 0;
+        while start < files.len() {
+            // As many records as fit one page, in order.
+            let mut end = start;
+            let mut bytes = 0;
+            while end < files.len()
+                && end - start < Pointer::CHUNKS_MAX as usize
+                && bytes + flintfs_format::inode_record_bytes(&files[end].1.node) <= room
+            {
+                bytes += flintfs_format::inode_record_bytes(&files[end].1.node);
+                end += 1;
+            }
+            assert!(end > start, "one inode record always fits a page");
+            let nodes: Vec<Node> = files[start..end].iter().map(|(_, cached)| cached.node.clone()).collect();
+            let (data, used, units) = flintfs_format::encode_inode_pack(&nodes, page_size);
+            let address = match self.volume.append(ZoneRole::Node, PageMeta::new(PageKind::Node, used), &data) {
+                Ok(address) => address,
+                Err(error) => {
+                    for (key, cached) in files.into_iter().skip(start) {
+                        self.pending.insert(key, cached);
+                    }
+                    return Err(error);
+                }
+            };
+            self.counters.node_pages_written += 1;
+            for (index, units) in units.into_iter().enumerate() {
+                let home = Pointer::new(address.zone, address.page, index as u32 + 1, units);
+                self.volume.account(address.zone, self.pointer_bytes(home) as i64);
+                homes.push(home);
+            }
+            start = end;
+        }
+        for ((key, cached), &home) in files.into_iter().zip(&homes) {
+            self.release(cached.home);
+            let Node::File { inode, .. } = &cached.node else { unreachable!("only files are packed") };
+            let (ino, parent, hash) = (inode.ino, inode.parent, inode.name_hash);
+            self.cache_insert(key, Cached { node: cached.node, home }, Dirty::CLEAN);
+            match key {
+                NodeKey::Slot(slot) => self.map_set(slot, home.0)?,
+                NodeKey::File(_) => {
+                    let orphan = self.known.get(&ino).is_some_and(|known| known.orphan);
+                    if let Some(known) = self.known.get_mut(&ino) {
+                        known.location = Location::Physical { home };
+                    }
+                    if !orphan && !skip_entries {
+                        self.directory_set_target(parent, hash, ino, Target::Physical(home))?;
+                    }
+                }
+                _ => unreachable!("files are found by slot or by inode"),
+            }
+        }
+        Ok(homes)
+    }
+
+    /// Writes a node back and updates what points at it. The node must
+    /// already be out of the cache and the pending list.
+    pub(crate) fn write_back(&mut self, key: NodeKey, cached: Cached) -> Result<()> {
+        if matches!(cached.node, Node::File { .. }) {
+            return self.write_files(vec![(key, cached)], false).map(|_| ());
+        }
+        let mut node = cached.node;
+        // Entries of files never written point nowhere yet: write those
+        // files first and point the entries at them.
+        let mut unwritten: Vec<u64> = Vec::new();
+        match &node {
+            Node::Directory { content: DirectoryContent::Inline(entries), .. } | Node::Bucket { entries, .. } => {
+                unwritten.extend(
+                    entries
+                        .iter()
+                        .filter(|entry| entry.target == Target::Physical(Pointer::NULL))
+                        .map(|entry| entry.ino),
+                );
+            }
+            _ => {}
+        }
+        if !unwritten.is_empty() {
+            let mut files = Vec::with_capacity(unwritten.len());
+            for &ino in &unwritten {
+                let file = self
+                    .take(NodeKey::File(ino))
+                    .ok_or_else(|| Error::corrupt(format!("entry for inode {ino} points at an inode never written")))?;
+                files.push((NodeKey::File(ino), file));
+            }
+            let homes = self.write_files(files, true)?;
+            if let Node::Directory { content: DirectoryContent::Inline(entries), .. } | Node::Bucket { entries, .. } =
+                &mut node
+            {
+                for (ino, home) in unwritten.into_iter().zip(homes) {
+                    for entry in entries.iter_mut().filter(|entry| entry.ino == ino) {
+                        entry.target = Target::Physical(home);
+                    }
+                }
+            }
+        }
+        let home = self.program_node(&node, cached.home)?;
+        match key {
+            NodeKey::Map(page) => self.map_pages[page as usize] = home,
+            NodeKey::Slot(slot) => self.map_set(slot, home.0)?,
+            NodeKey::File(_) => unreachable!("files are packed"),
+            NodeKey::Index { level, ino, number } => {
+                let file_key = self.file_key(ino)?;
+                let Node::File { content: FileContent::Index { height, .. }, .. } = self.node(file_key)? else {
+                    return Err(Error::corrupt(format!("index page of inode {ino}, which has no index")));
+                };
+                if level + 1 == height {
+                    self.modify(file_key, |file| {
+                        let Node::File { content: FileContent::Index { roots, .. }, .. } = file else { unreachable!() };
+                        roots[number as usize] = home;
+                    })?;
+                } else if level + 1 < height {
+                    let fanout = self.index_fanout();
+                    let parent = NodeKey::Index { level: level + 1, ino, number: number / fanout };
+                    self.modify(parent, |parent| {
+                        let Node::Index { pointers, .. } = parent else { unreachable!("index keys hold index nodes") };
+                        pointers[(number % fanout) as usize] = home;
+                    })?;
+                } else {
+                    return Err(Error::corrupt(format!("index page at level {level} of a tree {height} high")));
+                }
+            }
+        }
+        // Stays cached, clean, at its new home.
+        self.cache_insert(key, Cached { node, home }, Dirty::CLEAN);
+        Ok(())
+    }
+
+    /// Writes back everything pushed out of the cache: index pages first,
+    /// lowest level first (each changes its parent), then every file inode
+    /// in one batch of packs (each changes its entry or the map), then the
+    /// rest in key order (slots, whose write-backs change the map, then map
+    /// pages). Whatever a write-back changes stays in `pending` if it is
+    /// there, so a parent is never read stale from flash.
+    pub(crate) fn drain(&mut self) -> Result<()> {
+        loop {
+            if let Some((&key, _)) = self.pending.first_key_value() {
+                if matches!(key, NodeKey::Index { .. }) {
+                    let cached = self.pending.remove(&key).expect("present");
+                    self.write_back_or_keep(key, cached)?;
+                    continue;
+                }
+            }
+            let file_keys: Vec<NodeKey> = self
+                .pending
+                .iter()
+                .filter(|(_, cached)| matches!(cached.node, Node::File { .. }))
+                .map(|(key, _)| *key)
+                .collect();
+            if !file_keys.is_empty() {
+                let mut files: Vec<(NodeKey, Cached)> =
+                    file_keys.into_iter().map(|key| (key, self.pending.remove(&key).expect("present"))).collect();
+                // Fill the pack: the coldest dirty inodes still cached go
+                // with the evicted ones, so an inode costs its record, not
+                // a page.
+                let room = self.page_size - flintfs_format::NODE_HEADER_BYTES;
+                let used: usize =
+                    files.iter().map(|(_, cached)| flintfs_format::inode_record_bytes(&cached.node)).sum();
+                if used < room {
+                    let record_estimate = flintfs_format::INODE_RECORD_HEADER_BYTES
+                        + flintfs_format::INODE_FIXED_BYTES
+                        + flintfs_format::INDEX_IN_INODE_BYTES;
+                    let more = (room - used) / record_estimate;
+                    files.extend(
+                        self.nodes
+                            .take_dirty_where(more, |_, cached: &Cached| matches!(cached.node, Node::File { .. })),
+                    );
+                }
+                self.write_files(files, false)?;
+                continue;
+            }
+            match self.pending.pop_first() {
+                Some((key, cached)) => self.write_back_or_keep(key, cached)?,
+                None => return Ok(()),
+            }
+        }
+    }
+
+    /// Writes a node taken out of memory back; on failure it goes back to
+    /// the pending list, so nothing is lost.
+    fn write_back_or_keep(&mut self, key: NodeKey, cached: Cached) -> Result<()> {
+        if let Err(error) = self.write_back(key, cached.clone()) {
+            if !self.in_memory(key) {
+                self.pending.insert(key, cached);
+            }
+            return Err(error);
+        }
+        Ok(())
+    }
+}
+
+fn node_fits_index(node: &Node, page_size: usize) -> bool {
+    matches!(node, Node::Index { pointers, .. } if pointers.len() == index_capacity(page_size))
+}

@@ -1,0 +1,1038 @@
+//! The POSIX operations. Each checks its arguments, starts with
+//! [`Fs::begin`] (a checkpoint if one is due), changes nodes in the cache,
+//! and ends by writing back what the cache pushed out and flushing data
+//! past its bound.
+
+use flintfs_flash::FlashDevice;
+use flintfs_format::{
+    inline_bytes_max, name_hash, validate_name, xattr_bytes_max, DirectoryContent, Entry, FileContent, FileType, Inode,
+    Node, Pointer, Target, FIRST_DYNAMIC_ZONE, INDEX_ROOTS, NAME_BYTES_MAX, SLOT_NONE, XATTR_NAME_BYTES_MAX,
+};
+
+use super::directory::name_text;
+use super::nodes::{Cached, NodeKey};
+use super::{Fs, Known, Location, FILE_INO_FIRST, ROOT_SLOT};
+use crate::cache::Dirty;
+use crate::error::{errno, Error, Result};
+use crate::volume::{RESERVE_ZONES, ROOT_INO};
+
+/// What `stat` shows.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Attributes {
+    pub ino: u64,
+    pub file_type: FileType,
+    /// Permission bits (`0o7777`).
+    pub permissions: u32,
+    pub nlink: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub size: u64,
+    /// 512-byte units.
+    pub blocks: u64,
+    pub atime_ns: i64,
+    pub mtime_ns: i64,
+    pub ctime_ns: i64,
+    pub rdev: u32,
+    pub block_size: u32,
+    /// The inode's `born` version: FUSE's generation number.
+    pub generation: u64,
+}
+
+/// What `setattr` changes; `None` leaves a field alone.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SetAttributes {
+    pub permissions: Option<u32>,
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+    pub size: Option<u64>,
+    pub atime_ns: Option<i64>,
+    pub mtime_ns: Option<i64>,
+}
+
+/// One entry of a directory listing. `offset` is the cookie that resumes
+/// the listing after this entry.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DirectoryEntry {
+    pub ino: u64,
+    pub offset: u64,
+    pub file_type: FileType,
+    pub name: Vec<u8>,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RenameFlags {
+    /// Fail with EEXIST rather than replace (RENAME_NOREPLACE).
+    pub no_replace: bool,
+    /// Swap the two names, which must both exist (RENAME_EXCHANGE).
+    pub exchange: bool,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct XattrFlags {
+    /// Fail with EEXIST if it exists (XATTR_CREATE).
+    pub create: bool,
+    /// Fail with ENODATA unless it exists (XATTR_REPLACE).
+    pub replace: bool,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StatFs {
+    pub block_size: u32,
+    pub blocks: u64,
+    pub blocks_free: u64,
+    pub blocks_available: u64,
+    pub files: u64,
+    pub files_free: u64,
+    pub name_max: u32,
+}
+
+/// What a new inode starts as.
+struct NewInode {
+    file_type: FileType,
+    permissions: u32,
+    uid: u32,
+    gid: u32,
+    rdev: u32,
+}
+
+const COOKIE_DOT: u64 = 1;
+const COOKIE_DOT_DOT: u64 = 2;
+/// Entry cookies are the name hash plus this.
+const COOKIE_BASE: u64 = 3;
+/// `fallocate` mode bit: do not change the size.
+pub const FALLOC_FL_KEEP_SIZE: u32 = 1;
+
+fn check_name(name: &[u8]) -> Result<()> {
+    if name.len() > NAME_BYTES_MAX {
+        return Err(Error::new(
+            errno::ENAMETOOLONG,
+            format!("a name of {} bytes; at most {NAME_BYTES_MAX}", name.len()),
+        ));
+    }
+    validate_name(name).map_err(|reason| {
+        let code = if name == b"." || name == b".." { errno::EEXIST } else { errno::EINVAL };
+        Error::new(code, reason)
+    })
+}
+
+impl<D: FlashDevice> Fs<D> {
+    /// Runs an operation that changes something: a checkpoint first if one
+    /// is due, then the operation, then the write-backs and data flushes it
+    /// left. A write-back that fails after the operation succeeded stays
+    /// pending for the next one; the operation's own result is returned.
+    fn mutate<T>(&mut self, data_pages: u64, operation: impl FnOnce(&mut Fs<D>) -> Result<T>) -> Result<T> {
+        self.begin(data_pages)?;
+        let result = operation(self);
+        if result.is_ok() {
+            self.changed = true;
+        }
+        let settled = self.drain().and_then(|()| {
+            if self.dirty_blocks.len() * self.page_size > self.options.data_buffer_bytes {
+                self.flush_data(None)?;
+                self.drain()?;
+            }
+            Ok(())
+        });
+        match (result, settled) {
+            (Err(error), _) => Err(error),
+            (Ok(value), _) => Ok(value),
+        }
+    }
+
+    /// Makes the root directory (format only).
+    pub(crate) fn make_root(&mut self) -> Result<()> {
+        let slot = self.allocate_slot()?;
+        assert_eq!(slot, ROOT_SLOT, "the root takes the first slot");
+        let now = self.now();
+        let version = self.take_version();
+        let inode = Inode {
+            ino: ROOT_INO,
+            born: version,
+            current: version,
+            mode: FileType::Directory.mode_bits() | 0o755,
+            nlink: 2,
+            atime_ns: now,
+            mtime_ns: now,
+            ctime_ns: now,
+            parent: ROOT_INO,
+            ..Inode::default()
+        };
+        self.insert_new(
+            NodeKey::Slot(slot),
+            Node::Directory { slot, inode, entry_count: 0, content: DirectoryContent::Inline(Vec::new()) },
+        );
+        self.drain()
+    }
+
+    fn take_version(&mut self) -> u64 {
+        let version = self.version_next;
+        self.version_next += 1;
+        version
+    }
+
+    /// The node key of any inode.
+    fn inode_key(&self, ino: u64) -> Result<NodeKey> {
+        if ino < FILE_INO_FIRST {
+            self.directory_key(ino)
+        } else {
+            self.file_key(ino)
+        }
+    }
+
+    /// The inode of any file or directory.
+    fn inode(&mut self, ino: u64) -> Result<Inode> {
+        if ino < FILE_INO_FIRST {
+            let Node::Directory { inode, .. } = self.directory(ino)? else { unreachable!() };
+            return Ok(inode);
+        }
+        match self.node(self.file_key(ino)?)? {
+            Node::File { inode, .. } if inode.ino == ino => Ok(inode),
+            _ => Err(Error::new(errno::ENOENT, format!("inode {ino} does not exist"))),
+        }
+    }
+
+    /// Changes an inode in place.
+    fn change_inode<R>(&mut self, ino: u64, change: impl FnOnce(&mut Inode) -> R) -> Result<R> {
+        let key = self.inode_key(ino)?;
+        if ino < FILE_INO_FIRST {
+            self.directory(ino)?;
+        }
+        self.modify(key, |node| match node {
+            Node::Directory { inode, .. } | Node::File { inode, .. } => change(inode),
+            _ => unreachable!("inode keys hold inodes"),
+        })
+    }
+
+    fn attributes_of(&self, inode: &Inode) -> Attributes {
+        let file_type = inode.file_type().expect("decoded inodes have a type");
+        let size = if file_type == FileType::Directory { self.page_size as u64 } else { inode.size };
+        Attributes {
+            ino: inode.ino,
+            file_type,
+            permissions: inode.mode & 0o7777,
+            nlink: inode.nlink,
+            uid: inode.uid,
+            gid: inode.gid,
+            size,
+            blocks: size.div_ceil(self.block_bytes()) * (self.block_bytes() / 512),
+            atime_ns: inode.atime_ns,
+            mtime_ns: inode.mtime_ns,
+            ctime_ns: inode.ctime_ns,
+            rdev: inode.rdev,
+            block_size: self.page_size as u32,
+            generation: inode.born,
+        }
+    }
+
+    pub fn getattr(&mut self, ino: u64) -> Result<Attributes> {
+        let inode = self.inode(ino)?;
+        let attributes = self.attributes_of(&inode);
+        self.drain()?;
+        Ok(attributes)
+    }
+
+    /// Holds one more reference to a file found through `target`.
+    fn remember(&mut self, ino: u64, target: Target) {
+        if ino < FILE_INO_FIRST {
+            return;
+        }
+        let location = match target {
+            Target::Physical(home) => Location::Physical { home },
+            Target::Slot(slot) => Location::Slot(slot),
+        };
+        self.known.entry(ino).or_insert(Known { location, lookups: 0, orphan: false }).lookups += 1;
+    }
+
+    /// Finds `name` in directory `parent` and holds a reference to it.
+    pub fn lookup(&mut self, parent: u64, name: &[u8]) -> Result<Attributes> {
+        let directory = self.inode(parent)?;
+        if directory.file_type() != Some(FileType::Directory) {
+            return Err(Error::new(errno::ENOTDIR, format!("inode {parent} is not a directory")));
+        }
+        if name == b"." {
+            return self.getattr(parent);
+        }
+        if name == b".." {
+            return self.getattr(directory.parent);
+        }
+        if name.len() > NAME_BYTES_MAX {
+            return Err(Error::new(errno::ENAMETOOLONG, format!("a name of {} bytes", name.len())));
+        }
+        let entry = self
+            .directory_lookup(parent, name)?
+            .ok_or_else(|| Error::new(errno::ENOENT, format!("no {:?} in directory {parent}", name_text(name))))?;
+        self.remember(entry.ino, entry.target);
+        self.getattr(entry.ino)
+    }
+
+    /// Drops `count` references to a file. A file unlinked while held goes
+    /// when the last reference does.
+    pub fn forget(&mut self, ino: u64, count: u64) -> Result<()> {
+        let Some(known) = self.known.get_mut(&ino) else { return Ok(()) };
+        known.lookups = known.lookups.saturating_sub(count);
+        if known.lookups > 0 {
+            return Ok(());
+        }
+        if known.orphan {
+            self.mutate(0, |fs| fs.delete_file(ino))?;
+            self.known.remove(&ino);
+        } else if !self.file_has_state(ino) {
+            self.known.remove(&ino);
+        }
+        Ok(())
+    }
+
+    fn make_inode(&mut self, parent: u64, name: &[u8], new: NewInode) -> Result<Attributes> {
+        let NewInode { file_type, permissions, uid, gid, rdev } = new;
+        check_name(name)?;
+        self.mutate(0, |fs| {
+            let directory = fs.inode(parent)?;
+            if directory.file_type() != Some(FileType::Directory) {
+                return Err(Error::new(errno::ENOTDIR, format!("inode {parent} is not a directory")));
+            }
+            if fs.directory_lookup(parent, name)?.is_some() {
+                return Err(Error::new(errno::EEXIST, format!("{:?} exists in directory {parent}", name_text(name))));
+            }
+            fs.reserve_space(2)?;
+            let now = fs.now();
+            let version = fs.take_version();
+            let hash = name_hash(fs.hash_seed, name);
+            let mut inode = Inode {
+                born: version,
+                current: version,
+                mode: file_type.mode_bits() | (permissions & 0o7777),
+                uid,
+                gid,
+                nlink: 1,
+                atime_ns: now,
+                mtime_ns: now,
+                ctime_ns: now,
+                rdev,
+                parent,
+                name_hash: hash,
+                ..Inode::default()
+            };
+            let (key, target) = if file_type == FileType::Directory {
+                let slot = fs.allocate_slot()?;
+                inode.ino = u64::from(slot) + 1;
+                inode.nlink = 2;
+                inode.name_hash = 0;
+                let node = Node::Directory {
+                    slot,
+                    inode: inode.clone(),
+                    entry_count: 0,
+                    content: DirectoryContent::Inline(Vec::new()),
+                };
+                fs.insert_new(NodeKey::Slot(slot), node);
+                (NodeKey::Slot(slot), Target::Slot(slot))
+            } else {
+                inode.ino = fs.volume.allocate_ino();
+                let node =
+                    Node::File { slot: SLOT_NONE, inode: inode.clone(), content: FileContent::Inline(Vec::new()) };
+                fs.insert_new(NodeKey::File(inode.ino), node);
+                fs.known.insert(
+                    inode.ino,
+                    Known { location: Location::Physical { home: Pointer::NULL }, lookups: 1, orphan: false },
+                );
+                (NodeKey::File(inode.ino), Target::Physical(Pointer::NULL))
+            };
+            let entry = Entry { hash, ino: inode.ino, target, file_type, name: name.to_vec() };
+            if let Err(error) = fs.directory_insert(parent, entry) {
+                fs.take(key);
+                match key {
+                    NodeKey::Slot(slot) => fs.free_slot(slot)?,
+                    _ => {
+                        fs.known.remove(&inode.ino);
+                    }
+                }
+                return Err(error);
+            }
+            fs.change_inode(parent, |directory| {
+                directory.mtime_ns = now;
+                directory.ctime_ns = now;
+                if file_type == FileType::Directory {
+                    directory.nlink += 1;
+                }
+            })?;
+            Ok(fs.attributes_of(&inode))
+        })
+    }
+
+    /// Creates a regular file and holds a reference to it.
+    pub fn create(&mut self, parent: u64, name: &[u8], permissions: u32, uid: u32, gid: u32) -> Result<Attributes> {
+        self.make_inode(parent, name, NewInode { file_type: FileType::Regular, permissions, uid, gid, rdev: 0 })
+    }
+
+    pub fn mkdir(&mut self, parent: u64, name: &[u8], permissions: u32, uid: u32, gid: u32) -> Result<Attributes> {
+        self.make_inode(parent, name, NewInode { file_type: FileType::Directory, permissions, uid, gid, rdev: 0 })
+    }
+
+    /// Makes a special file (a FIFO, a device, a socket) or a regular one,
+    /// from the type bits of `mode`.
+    pub fn mknod(&mut self, parent: u64, name: &[u8], mode: u32, rdev: u32, uid: u32, gid: u32) -> Result<Attributes> {
+        let file_type = FileType::from_mode(mode).unwrap_or(FileType::Regular);
+        if file_type == FileType::Directory || file_type == FileType::Symlink {
+            return Err(Error::invalid("mknod makes neither directories nor symlinks"));
+        }
+        self.make_inode(parent, name, NewInode { file_type, permissions: mode, uid, gid, rdev })
+    }
+
+    pub fn symlink(&mut self, parent: u64, name: &[u8], target: &[u8], uid: u32, gid: u32) -> Result<Attributes> {
+        if target.is_empty() || target.len() > 4096 || target.contains(&0) {
+            return Err(Error::invalid("a symlink target must be 1 to 4096 bytes without NUL"));
+        }
+        let new = NewInode { file_type: FileType::Symlink, permissions: 0o777, uid, gid, rdev: 0 };
+        let attributes = self.make_inode(parent, name, new)?;
+        self.mutate(target.len().div_ceil(self.page_size) as u64, |fs| fs.file_write(attributes.ino, 0, target))?;
+        self.getattr(attributes.ino)
+    }
+
+    pub fn readlink(&mut self, ino: u64) -> Result<Vec<u8>> {
+        let inode = self.inode(ino)?;
+        if inode.file_type() != Some(FileType::Symlink) {
+            return Err(Error::invalid(format!("inode {ino} is not a symlink")));
+        }
+        let target = self.file_read(ino, 0, inode.size)?;
+        self.drain()?;
+        Ok(target)
+    }
+
+    /// Gives file `ino` a second (or further) name. A file with one link
+    /// moves to the map first: its entries then name a slot, not a page.
+    pub fn link(&mut self, ino: u64, new_parent: u64, new_name: &[u8]) -> Result<Attributes> {
+        check_name(new_name)?;
+        if ino < FILE_INO_FIRST {
+            return Err(Error::new(errno::EPERM, "directories cannot be hard-linked"));
+        }
+        self.mutate(0, |fs| {
+            let inode = fs.inode(ino)?;
+            if fs.inode(new_parent)?.file_type() != Some(FileType::Directory) {
+                return Err(Error::new(errno::ENOTDIR, format!("inode {new_parent} is not a directory")));
+            }
+            if fs.directory_lookup(new_parent, new_name)?.is_some() {
+                return Err(Error::new(errno::EEXIST, format!("{:?} exists", name_text(new_name))));
+            }
+            if inode.nlink == 0 {
+                return Err(Error::new(errno::ENOENT, format!("inode {ino} has been unlinked")));
+            }
+            fs.reserve_space(2)?;
+            let slot = match fs.known[&ino].location {
+                Location::Slot(slot) => slot,
+                Location::Physical { .. } => fs.move_to_map(ino)?,
+            };
+            let now = fs.now();
+            let file_type = inode.file_type().expect("typed");
+            let entry = Entry {
+                hash: name_hash(fs.hash_seed, new_name),
+                ino,
+                target: Target::Slot(slot),
+                file_type,
+                name: new_name.to_vec(),
+            };
+            fs.directory_insert(new_parent, entry)?;
+            fs.change_inode(ino, |inode| {
+                inode.nlink += 1;
+                inode.ctime_ns = now;
+            })?;
+            fs.change_inode(new_parent, |directory| {
+                directory.mtime_ns = now;
+                directory.ctime_ns = now;
+            })?;
+            fs.known.get_mut(&ino).expect("known").lookups += 1;
+            fs.getattr(ino)
+        })
+    }
+
+    /// Moves a physically located file into the map; returns its slot.
+    fn move_to_map(&mut self, ino: u64) -> Result<u32> {
+        self.ensure(NodeKey::File(ino))?;
+        let slot = self.allocate_slot()?;
+        let mut cached = self.take(NodeKey::File(ino)).expect("ensured");
+        let Node::File { slot: node_slot, inode, .. } = &mut cached.node else { unreachable!() };
+        let (parent, hash) = (inode.parent, inode.name_hash);
+        *node_slot = slot;
+        inode.parent = 0;
+        inode.name_hash = 0;
+        // The old page stops counting when the node is next written.
+        self.cache_insert(NodeKey::Slot(slot), Cached { node: cached.node, home: cached.home }, Dirty::BOTH);
+        self.known.get_mut(&ino).expect("known").location = Location::Slot(slot);
+        self.directory_set_target(parent, hash, ino, Target::Slot(slot))?;
+        Ok(slot)
+    }
+
+    /// Removes a name of a file (not a directory).
+    pub fn unlink(&mut self, parent: u64, name: &[u8]) -> Result<()> {
+        check_name(name)
+            .map_err(|error| if error.errno == errno::EEXIST { Error::invalid(error.message) } else { error })?;
+        self.volume.reserve_allowed = true;
+        let result = self.mutate(0, |fs| {
+            let entry = fs.entry(parent, name)?;
+            if entry.file_type == FileType::Directory {
+                return Err(Error::new(errno::EISDIR, format!("{:?} is a directory", name_text(name))));
+            }
+            fs.directory_remove(parent, name)?;
+            let now = fs.now();
+            fs.change_inode(parent, |directory| {
+                directory.mtime_ns = now;
+                directory.ctime_ns = now;
+            })?;
+            fs.drop_link(entry.ino, entry.target, now)
+        });
+        self.volume.reserve_allowed = false;
+        result
+    }
+
+    /// The entry `name` in `parent`, which must be a directory.
+    fn entry(&mut self, parent: u64, name: &[u8]) -> Result<Entry> {
+        if self.inode(parent)?.file_type() != Some(FileType::Directory) {
+            return Err(Error::new(errno::ENOTDIR, format!("inode {parent} is not a directory")));
+        }
+        self.directory_lookup(parent, name)?
+            .ok_or_else(|| Error::new(errno::ENOENT, format!("no {:?} in directory {parent}", name_text(name))))
+    }
+
+    /// One link of a file is gone: deletes it if that was the last and
+    /// nobody holds it, or keeps it as an orphan until they let go.
+    fn drop_link(&mut self, ino: u64, target: Target, now: i64) -> Result<()> {
+        let registered = !self.known.contains_key(&ino);
+        if registered {
+            self.remember(ino, target);
+            self.known.get_mut(&ino).expect("remembered").lookups = 0;
+        }
+        let nlink = self.change_inode(ino, |inode| {
+            inode.nlink = inode.nlink.saturating_sub(1);
+            inode.ctime_ns = now;
+            if inode.nlink == 0 {
+                inode.parent = 0;
+            }
+            inode.nlink
+        })?;
+        if nlink > 0 {
+            return Ok(());
+        }
+        if self.known[&ino].lookups > 0 {
+            self.known.get_mut(&ino).expect("known").orphan = true;
+            return Ok(());
+        }
+        self.delete_file(ino)?;
+        self.known.remove(&ino);
+        Ok(())
+    }
+
+    /// Frees a file's blocks, index and inode.
+    pub(crate) fn delete_file(&mut self, ino: u64) -> Result<()> {
+        self.free_blocks_from(ino, 0)?;
+        let keys: Vec<(u64, u64)> = self.dirty_blocks.range((ino, 0)..=(ino, u64::MAX)).map(|(key, _)| *key).collect();
+        for key in keys {
+            self.dirty_blocks.remove(&key);
+        }
+        match self.known.get(&ino).map(|known| known.location) {
+            Some(Location::Physical { home }) => self.discard(NodeKey::File(ino), home),
+            Some(Location::Slot(slot)) => self.discard_slot(slot)?,
+            None => return Err(Error::corrupt(format!("deleting inode {ino}, which is not known"))),
+        }
+        self.changed = true;
+        Ok(())
+    }
+
+    pub fn rmdir(&mut self, parent: u64, name: &[u8]) -> Result<()> {
+        if name == b"." {
+            return Err(Error::invalid("rmdir of '.'"));
+        }
+        if name == b".." {
+            return Err(Error::new(errno::ENOTEMPTY, "rmdir of '..'"));
+        }
+        check_name(name)?;
+        self.volume.reserve_allowed = true;
+        let result = self.mutate(0, |fs| {
+            let entry = fs.entry(parent, name)?;
+            if entry.file_type != FileType::Directory {
+                return Err(Error::new(errno::ENOTDIR, format!("{:?} is not a directory", name_text(name))));
+            }
+            let Node::Directory { entry_count, .. } = fs.directory(entry.ino)? else { unreachable!() };
+            if entry_count > 0 {
+                return Err(Error::new(errno::ENOTEMPTY, format!("{:?} holds {entry_count} entries", name_text(name))));
+            }
+            fs.directory_remove(parent, name)?;
+            fs.remove_directory(entry.ino)?;
+            let now = fs.now();
+            fs.change_inode(parent, |directory| {
+                directory.nlink -= 1;
+                directory.mtime_ns = now;
+                directory.ctime_ns = now;
+            })
+        });
+        self.volume.reserve_allowed = false;
+        result
+    }
+
+    /// Frees an empty directory whose entry is already gone.
+    fn remove_directory(&mut self, ino: u64) -> Result<()> {
+        self.directory_release_buckets(ino)?;
+        self.discard_slot((ino - 1) as u32)
+    }
+
+    /// Whether directory `ino` is `ancestor` or below it.
+    fn is_within(&mut self, mut ino: u64, ancestor: u64) -> Result<bool> {
+        for _ in 0..=self.slot_count {
+            if ino == ancestor {
+                return Ok(true);
+            }
+            if ino == ROOT_INO {
+                return Ok(false);
+            }
+            ino = self.inode(ino)?.parent;
+        }
+        Err(Error::corrupt(format!("the directory parents above {ino} loop")))
+    }
+
+    pub fn rename(
+        &mut self,
+        parent: u64,
+        name: &[u8],
+        new_parent: u64,
+        new_name: &[u8],
+        flags: RenameFlags,
+    ) -> Result<()> {
+        if flags.no_replace && flags.exchange {
+            return Err(Error::invalid("RENAME_NOREPLACE and RENAME_EXCHANGE together"));
+        }
+        for checked in [name, new_name] {
+            check_name(checked).map_err(|error| {
+                if error.errno == errno::EEXIST {
+                    Error::new(errno::EINVAL, error.message)
+                } else {
+                    error
+                }
+            })?;
+        }
+        self.mutate(0, |fs| {
+            let source = fs.entry(parent, name)?;
+            if fs.inode(new_parent)?.file_type() != Some(FileType::Directory) {
+                return Err(Error::new(errno::ENOTDIR, format!("inode {new_parent} is not a directory")));
+            }
+            let target = fs.directory_lookup(new_parent, new_name)?;
+            if source.file_type == FileType::Directory && fs.is_within(new_parent, source.ino)? {
+                return Err(Error::invalid("a directory cannot move below itself"));
+            }
+            if flags.exchange {
+                let target = target.ok_or_else(|| {
+                    Error::new(errno::ENOENT, format!("no {:?} to exchange with", name_text(new_name)))
+                })?;
+                if target.file_type == FileType::Directory && fs.is_within(parent, target.ino)? {
+                    return Err(Error::invalid("a directory cannot move below itself"));
+                }
+                if (parent, name) == (new_parent, new_name) {
+                    return Ok(());
+                }
+                fs.reserve_space(4)?;
+                fs.directory_remove(parent, name)?;
+                fs.directory_remove(new_parent, new_name)?;
+                fs.place(new_parent, new_name, &source, parent)?;
+                fs.place(parent, name, &target, new_parent)?;
+                fs.touch_parents(parent, new_parent)?;
+                return Ok(());
+            }
+            if (parent, name) == (new_parent, new_name) {
+                return Ok(());
+            }
+            if let Some(target) = &target {
+                if target.ino == source.ino {
+                    return Ok(());
+                }
+                if flags.no_replace {
+                    return Err(Error::new(errno::EEXIST, format!("{:?} exists", name_text(new_name))));
+                }
+                match (source.file_type == FileType::Directory, target.file_type == FileType::Directory) {
+                    (true, false) => {
+                        return Err(Error::new(errno::ENOTDIR, format!("{:?} is not a directory", name_text(new_name))))
+                    }
+                    (false, true) => {
+                        return Err(Error::new(errno::EISDIR, format!("{:?} is a directory", name_text(new_name))))
+                    }
+                    (true, true) => {
+                        let Node::Directory { entry_count, .. } = fs.directory(target.ino)? else { unreachable!() };
+                        if entry_count > 0 {
+                            return Err(Error::new(
+                                errno::ENOTEMPTY,
+                                format!("{:?} is not empty", name_text(new_name)),
+                            ));
+                        }
+                    }
+                    (false, false) => {}
+                }
+            }
+            fs.reserve_space(4)?;
+            let now = fs.now();
+            if let Some(target) = target {
+                fs.directory_remove(new_parent, new_name)?;
+                if target.file_type == FileType::Directory {
+                    fs.remove_directory(target.ino)?;
+                    fs.change_inode(new_parent, |directory| directory.nlink -= 1)?;
+                } else {
+                    fs.drop_link(target.ino, target.target, now)?;
+                }
+            }
+            fs.directory_remove(parent, name)?;
+            fs.place(new_parent, new_name, &source, parent)?;
+            fs.touch_parents(parent, new_parent)
+        })
+    }
+
+    /// Enters `entry` (taken out of `from`) as `name` in `directory`, and
+    /// updates what the move changes: a directory's parent and the link
+    /// counts, a physically located file's parent and name hash.
+    fn place(&mut self, directory: u64, name: &[u8], entry: &Entry, from: u64) -> Result<()> {
+        let hash = name_hash(self.hash_seed, name);
+        let mut target = entry.target;
+        if entry.file_type != FileType::Directory {
+            if let Some(Known { location, .. }) = self.known.get(&entry.ino) {
+                target = match *location {
+                    Location::Physical { home } => Target::Physical(home),
+                    Location::Slot(slot) => Target::Slot(slot),
+                };
+            }
+        }
+        let moved = Entry { hash, ino: entry.ino, target, file_type: entry.file_type, name: name.to_vec() };
+        self.directory_insert(directory, moved)?;
+        let now = self.now();
+        if entry.file_type == FileType::Directory {
+            self.change_inode(entry.ino, |inode| {
+                inode.parent = directory;
+                inode.ctime_ns = now;
+            })?;
+            if directory != from {
+                self.change_inode(from, |inode| inode.nlink -= 1)?;
+                self.change_inode(directory, |inode| inode.nlink += 1)?;
+            }
+        } else {
+            if !self.known.contains_key(&entry.ino) {
+                self.remember(entry.ino, target);
+                self.known.get_mut(&entry.ino).expect("remembered").lookups = 0;
+            }
+            let physical = matches!(self.known[&entry.ino].location, Location::Physical { .. });
+            self.change_inode(entry.ino, |inode| {
+                if physical {
+                    inode.parent = directory;
+                    inode.name_hash = hash;
+                }
+                inode.ctime_ns = now;
+            })?;
+        }
+        Ok(())
+    }
+
+    fn touch_parents(&mut self, parent: u64, new_parent: u64) -> Result<()> {
+        let now = self.now();
+        for directory in [parent, new_parent] {
+            self.change_inode(directory, |inode| {
+                inode.mtime_ns = now;
+                inode.ctime_ns = now;
+            })?;
+        }
+        Ok(())
+    }
+
+    pub fn read(&mut self, ino: u64, offset: u64, size: u64) -> Result<Vec<u8>> {
+        let inode = self.inode(ino)?;
+        match inode.file_type() {
+            Some(FileType::Directory) => return Err(Error::new(errno::EISDIR, format!("inode {ino} is a directory"))),
+            Some(FileType::Regular) => {}
+            _ => return Err(Error::invalid(format!("inode {ino} is not a regular file: use readlink for a symlink"))),
+        }
+        let data = self.file_read(ino, offset, size)?;
+        self.drain()?;
+        Ok(data)
+    }
+
+    pub fn write(&mut self, ino: u64, offset: u64, data: &[u8]) -> Result<usize> {
+        let pages = (data.len() as u64).div_ceil(self.block_bytes()) + 1;
+        self.mutate(pages, |fs| {
+            let inode = fs.inode(ino)?;
+            match inode.file_type() {
+                Some(FileType::Directory) => {
+                    return Err(Error::new(errno::EISDIR, format!("inode {ino} is a directory")))
+                }
+                Some(FileType::Regular) => {}
+                _ => return Err(Error::invalid(format!("inode {ino} is not a regular file"))),
+            }
+            fs.file_write(ino, offset, data)?;
+            let now = fs.now();
+            fs.change_inode(ino, |inode| {
+                inode.mtime_ns = now;
+                inode.ctime_ns = now;
+                // A write by anyone clears set-user-ID (POSIX; the caller
+                // says nothing of privilege here).
+                inode.mode &= !0o4000;
+            })?;
+            Ok(data.len())
+        })
+    }
+
+    pub fn setattr(&mut self, ino: u64, changes: &SetAttributes) -> Result<Attributes> {
+        self.mutate(0, |fs| {
+            let inode = fs.inode(ino)?;
+            if let Some(size) = changes.size {
+                match inode.file_type() {
+                    Some(FileType::Directory) => {
+                        return Err(Error::new(errno::EISDIR, format!("inode {ino} is a directory")))
+                    }
+                    Some(FileType::Regular) => fs.truncate(ino, size)?,
+                    _ => return Err(Error::invalid(format!("inode {ino} cannot be truncated"))),
+                }
+            }
+            let now = fs.now();
+            fs.change_inode(ino, |inode| {
+                if let Some(permissions) = changes.permissions {
+                    inode.mode = (inode.mode & !0o7777) | (permissions & 0o7777);
+                }
+                if let Some(uid) = changes.uid {
+                    inode.uid = uid;
+                }
+                if let Some(gid) = changes.gid {
+                    inode.gid = gid;
+                }
+                if let Some(atime) = changes.atime_ns {
+                    inode.atime_ns = atime;
+                }
+                if let Some(mtime) = changes.mtime_ns {
+                    inode.mtime_ns = mtime;
+                } else if changes.size.is_some() {
+                    inode.mtime_ns = now;
+                }
+                inode.ctime_ns = now;
+            })?;
+            fs.getattr(ino)
+        })
+    }
+
+    /// Sets a regular file's size: shrinking frees what is past it (and
+    /// raises its version), growing leaves a hole.
+    fn truncate(&mut self, ino: u64, size: u64) -> Result<()> {
+        let file_key = self.file_key(ino)?;
+        let Node::File { inode, content, .. } = self.node(file_key)? else { unreachable!() };
+        if size > self.volume.device().geometry().device_size_bytes() {
+            return Err(Error::new(errno::EFBIG, format!("a size of {size} bytes is past the device")));
+        }
+        if size == inode.size {
+            return Ok(());
+        }
+        let block_bytes = self.block_bytes();
+        if let FileContent::Inline(_) = content {
+            if size as usize <= inline_bytes_max(self.page_size) {
+                return self.modify(file_key, |node| {
+                    let Node::File { inode, content: FileContent::Inline(data), .. } = node else { unreachable!() };
+                    data.resize(size as usize, 0);
+                    inode.size = size;
+                });
+            }
+            // Grows past inline: the bytes become block 0.
+            self.inline_to_blocks(ino)?;
+        }
+        let Node::File { inode, .. } = self.node(file_key)? else { unreachable!() };
+        if size < inode.size {
+            self.free_blocks_from(ino, size.div_ceil(block_bytes))?;
+            let within = (size % block_bytes) as usize;
+            if within != 0 {
+                let block = size / block_bytes;
+                if !self.dirty_blocks.contains_key(&(ino, block)) {
+                    let pointer = self.block_pointer(ino, block)?;
+                    if !pointer.is_null() {
+                        let data = self.read_block(ino, inode.born, block, pointer)?;
+                        self.dirty_blocks.insert((ino, block), data);
+                    }
+                }
+                if let Some(buffer) = self.dirty_blocks.get_mut(&(ino, block)) {
+                    buffer[within..].fill(0);
+                }
+            }
+            let version = self.take_version();
+            self.modify(file_key, |node| {
+                let Node::File { inode, .. } = node else { unreachable!() };
+                inode.current = version;
+            })?;
+        }
+        self.modify(file_key, |node| {
+            let Node::File { inode, .. } = node else { unreachable!() };
+            inode.size = size;
+        })
+    }
+
+    /// Preallocation. flintfs writes out of place, so there is nothing to
+    /// place ahead of time; the default mode checks the space is there and
+    /// extends the size, `FALLOC_FL_KEEP_SIZE` only checks.
+    pub fn fallocate(&mut self, ino: u64, offset: u64, length: u64, mode: u32) -> Result<()> {
+        if mode & !FALLOC_FL_KEEP_SIZE != 0 {
+            return Err(Error::new(errno::EOPNOTSUPP, format!("fallocate mode {mode:#x} is not supported")));
+        }
+        if length == 0 {
+            return Err(Error::invalid("fallocate of zero bytes"));
+        }
+        self.mutate(0, |fs| {
+            let inode = fs.inode(ino)?;
+            if inode.file_type() != Some(FileType::Regular) {
+                return Err(Error::new(errno::ENODEV, format!("inode {ino} is not a regular file")));
+            }
+            let end = offset
+                .checked_add(length)
+                .ok_or_else(|| Error::new(errno::EFBIG, "fallocate past the largest offset"))?;
+            let block_bytes = fs.block_bytes();
+            let new_blocks = end.div_ceil(block_bytes).saturating_sub(inode.size.div_ceil(block_bytes));
+            fs.reserve_space(new_blocks)?;
+            if mode & FALLOC_FL_KEEP_SIZE == 0 && end > inode.size {
+                fs.truncate(ino, end)?;
+                let now = fs.now();
+                fs.change_inode(ino, |inode| inode.ctime_ns = now)?;
+            }
+            Ok(())
+        })
+    }
+
+    /// Makes a file durable. Until the metadata log, that is a checkpoint.
+    pub fn fsync(&mut self, ino: u64, _datasync: bool) -> Result<()> {
+        self.inode(ino)?;
+        self.checkpoint()
+    }
+
+    /// Makes everything durable.
+    pub fn sync(&mut self) -> Result<()> {
+        self.checkpoint()
+    }
+
+    /// Entries after `cookie` (0 starts), "." and ".." first; at least
+    /// `count` if there are that many.
+    pub fn readdir(&mut self, ino: u64, cookie: u64, count: usize) -> Result<Vec<DirectoryEntry>> {
+        let Node::Directory { inode, .. } = self.directory(ino)? else { unreachable!() };
+        let mut listed = Vec::new();
+        if cookie < COOKIE_DOT {
+            listed.push(DirectoryEntry {
+                ino,
+                offset: COOKIE_DOT,
+                file_type: FileType::Directory,
+                name: b".".to_vec(),
+            });
+        }
+        if cookie < COOKIE_DOT_DOT {
+            listed.push(DirectoryEntry {
+                ino: inode.parent,
+                offset: COOKIE_DOT_DOT,
+                file_type: FileType::Directory,
+                name: b"..".to_vec(),
+            });
+        }
+        let from_hash = if cookie < COOKIE_BASE { 0 } else { cookie - COOKIE_BASE + 1 };
+        if from_hash >> 63 == 0 {
+            for entry in self.directory_list(ino, from_hash, count.saturating_sub(listed.len()))? {
+                listed.push(DirectoryEntry {
+                    ino: entry.ino,
+                    offset: entry.hash + COOKIE_BASE,
+                    file_type: entry.file_type,
+                    name: entry.name,
+                });
+            }
+        }
+        self.drain()?;
+        Ok(listed)
+    }
+
+    /// `readdir` with each entry's attributes; holds a reference to each
+    /// file listed (not to "." and ".."), as FUSE's readdirplus does.
+    pub fn readdir_plus(&mut self, ino: u64, cookie: u64, count: usize) -> Result<Vec<(DirectoryEntry, Attributes)>> {
+        let listed = self.readdir(ino, cookie, count)?;
+        let mut out = Vec::with_capacity(listed.len());
+        for entry in listed {
+            if entry.name != b"." && entry.name != b".." && entry.ino >= FILE_INO_FIRST {
+                let found = self.directory_lookup(ino, &entry.name)?;
+                if let Some(found) = found {
+                    self.remember(found.ino, found.target);
+                }
+            }
+            let attributes = self.getattr(entry.ino)?;
+            out.push((entry, attributes));
+        }
+        Ok(out)
+    }
+
+    pub fn setxattr(&mut self, ino: u64, name: &[u8], value: &[u8], flags: XattrFlags) -> Result<()> {
+        if name.is_empty() || name.len() > XATTR_NAME_BYTES_MAX || name.contains(&0) {
+            return Err(Error::new(errno::ERANGE, "an xattr name must be 1 to 255 bytes without NUL"));
+        }
+        if value.len() > xattr_bytes_max(self.page_size) {
+            return Err(Error::new(errno::E2BIG, format!("an xattr value of {} bytes", value.len())));
+        }
+        self.mutate(0, |fs| {
+            let mut xattrs = fs.inode(ino)?.xattrs;
+            let position = xattrs.binary_search_by(|(existing, _)| existing.as_slice().cmp(name));
+            match (position, flags.create, flags.replace) {
+                (Ok(_), true, _) => return Err(Error::new(errno::EEXIST, "the xattr exists")),
+                (Err(_), _, true) => return Err(Error::new(errno::ENODATA, "no such xattr")),
+                (Ok(at), _, _) => xattrs[at].1 = value.to_vec(),
+                (Err(at), _, _) => xattrs.insert(at, (name.to_vec(), value.to_vec())),
+            }
+            if Inode::xattr_encoded_bytes(&xattrs) > xattr_bytes_max(fs.page_size) {
+                return Err(Error::new(
+                    errno::ENOSPC,
+                    format!("the xattrs of an inode are bounded to {} bytes", xattr_bytes_max(fs.page_size)),
+                ));
+            }
+            let now = fs.now();
+            fs.change_inode(ino, |inode| {
+                inode.xattrs = xattrs;
+                inode.ctime_ns = now;
+            })
+        })
+    }
+
+    pub fn getxattr(&mut self, ino: u64, name: &[u8]) -> Result<Vec<u8>> {
+        let inode = self.inode(ino)?;
+        self.drain()?;
+        inode
+            .xattrs
+            .into_iter()
+            .find(|(existing, _)| existing == name)
+            .map(|(_, value)| value)
+            .ok_or_else(|| Error::new(errno::ENODATA, "no such xattr"))
+    }
+
+    pub fn listxattr(&mut self, ino: u64) -> Result<Vec<Vec<u8>>> {
+        let inode = self.inode(ino)?;
+        self.drain()?;
+        Ok(inode.xattrs.into_iter().map(|(name, _)| name).collect())
+    }
+
+    pub fn removexattr(&mut self, ino: u64, name: &[u8]) -> Result<()> {
+        self.mutate(0, |fs| {
+            let mut xattrs = fs.inode(ino)?.xattrs;
+            let at = xattrs
+                .iter()
+                .position(|(existing, _)| existing == name)
+                .ok_or_else(|| Error::new(errno::ENODATA, "no such xattr"))?;
+            xattrs.remove(at);
+            let now = fs.now();
+            fs.change_inode(ino, |inode| {
+                inode.xattrs = xattrs;
+                inode.ctime_ns = now;
+            })
+        })
+    }
+
+    pub fn statfs(&mut self) -> Result<StatFs> {
+        let geometry = self.volume.device().geometry();
+        let reports = self.volume.device().report_zones();
+        let dynamic: Vec<_> = reports.iter().filter(|report| report.zone >= FIRST_DYNAMIC_ZONE).collect();
+        let blocks: u64 = dynamic.iter().map(|report| u64::from(report.capacity_pages)).sum();
+        let used_bytes: u64 = self.volume.checkpoint.zones.iter().map(|usage| usage.valid_bytes).sum();
+        let used = used_bytes.div_ceil(self.block_bytes()) + self.dirty_blocks.len() as u64;
+        let reserve = u64::from(RESERVE_ZONES) * geometry.zone_pages() + INDEX_ROOTS as u64;
+        let free = blocks.saturating_sub(used);
+        Ok(StatFs {
+            block_size: self.page_size as u32,
+            blocks,
+            blocks_free: free,
+            blocks_available: free.saturating_sub(reserve),
+            files: u64::from(u32::MAX),
+            files_free: u64::from(u32::MAX - self.slot_count),
+            name_max: NAME_BYTES_MAX as u32,
+        })
+    }
+}

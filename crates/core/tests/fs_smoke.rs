@@ -1,0 +1,115 @@
+//! The engine's operations end to end on a small device: namespace, data,
+//! remount.
+
+use flintfs_core::{errno, Fs, FsOptions, ManualClock, MkfsOptions, RenameFlags, SetAttributes, XattrFlags};
+use flintfs_flash::{DeviceOptions, FaultConfig, Geometry, MemoryFlash};
+
+fn geometry() -> Geometry {
+    Geometry {
+        page_size_bytes: 4096,
+        oob_size_bytes: 64,
+        block_pages: 16,
+        zone_blocks: 4,
+        zone_count: 64,
+        open_zones_max: 8,
+        nvm_size_bytes: 0,
+    }
+}
+
+fn assert_clean<D: flintfs_flash::FlashDevice>(fs: &mut Fs<D>) {
+    let report = fs.check().unwrap();
+    assert!(report.is_clean(), "{:#?}", report.findings);
+}
+
+fn fresh() -> (MemoryFlash, ManualClock) {
+    let clock = ManualClock::new(1_700_000_000_000_000_000);
+    let flash =
+        MemoryFlash::memory(geometry(), DeviceOptions { faults: FaultConfig::none(1), ..DeviceOptions::default() })
+            .unwrap();
+    let flash = Fs::format(flash, &MkfsOptions::new([7; 16], 0), Box::new(clock.clone())).unwrap();
+    (flash, clock)
+}
+
+#[test]
+fn files_and_directories_survive_a_remount() {
+    let (flash, clock) = fresh();
+    let (mut fs, _) = Fs::mount(flash, FsOptions::default(), Box::new(clock.clone())).unwrap();
+    let dir = fs.mkdir(1, b"d", 0o755, 0, 0).unwrap();
+    let file = fs.create(dir.ino, b"f", 0o644, 0, 0).unwrap();
+    fs.write(file.ino, 0, b"hello").unwrap();
+    let big: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
+    let large = fs.create(1, b"large", 0o644, 0, 0).unwrap();
+    fs.write(large.ino, 0, &big).unwrap();
+    fs.setxattr(file.ino, b"user.a", b"1", XattrFlags::default()).unwrap();
+    fs.symlink(1, b"link", b"d/f", 0, 0).unwrap();
+    assert_eq!(fs.lookup(1, b"d").unwrap().nlink, 2);
+    assert_eq!(fs.read(file.ino, 0, 100).unwrap(), b"hello");
+    assert_eq!(fs.read(large.ino, 0, 300_000).unwrap(), big);
+    assert_clean(&mut fs);
+    let flash = fs.unmount().unwrap();
+    let (mut fs, report) = Fs::mount(flash, FsOptions::default(), Box::new(clock.clone())).unwrap();
+    eprintln!("{report:?}");
+    let dir = fs.lookup(1, b"d").unwrap();
+    let file = fs.lookup(dir.ino, b"f").unwrap();
+    assert_eq!(fs.read(file.ino, 0, 100).unwrap(), b"hello");
+    assert_eq!(fs.getxattr(file.ino, b"user.a").unwrap(), b"1");
+    let large = fs.lookup(1, b"large").unwrap();
+    assert_eq!(fs.read(large.ino, 0, 300_000).unwrap(), big);
+    let link = fs.lookup(1, b"link").unwrap();
+    assert_eq!(fs.readlink(link.ino).unwrap(), b"d/f");
+    assert_eq!(fs.rmdir(1, b"d").unwrap_err().errno, errno::ENOTEMPTY);
+    fs.rename(dir.ino, b"f", 1, b"g", RenameFlags::default()).unwrap();
+    fs.rmdir(1, b"d").unwrap();
+    fs.setattr(large.ino, &SetAttributes { size: Some(5000), ..SetAttributes::default() }).unwrap();
+    assert_eq!(fs.read(large.ino, 0, 300_000).unwrap(), big[..5000]);
+    assert_clean(&mut fs);
+    let flash = fs.unmount().unwrap();
+    let (mut fs, _) = Fs::mount(flash, FsOptions::default(), Box::new(clock)).unwrap();
+    let g = fs.lookup(1, b"g").unwrap();
+    assert_eq!(fs.read(g.ino, 0, 100).unwrap(), b"hello");
+    assert_eq!(fs.lookup(1, b"d").unwrap_err().errno, errno::ENOENT);
+    let large = fs.lookup(1, b"large").unwrap();
+    assert_eq!(fs.read(large.ino, 0, 300_000).unwrap(), big[..5000]);
+    assert_clean(&mut fs);
+}
+
+#[test]
+fn a_big_directory_splits_into_buckets() {
+    let (flash, clock) = fresh();
+    let options = FsOptions { node_cache_bytes: 1 << 20, ..FsOptions::default() };
+    let (mut fs, _) = Fs::mount(flash, options.clone(), Box::new(clock.clone())).unwrap();
+    let count = 5000;
+    for index in 0..count {
+        let name = format!("file-with-a-longish-name-{index:06}");
+        let file = fs.create(1, name.as_bytes(), 0o644, 0, 0).unwrap();
+        fs.forget(file.ino, 1).unwrap();
+    }
+    for index in (0..count).step_by(7) {
+        let name = format!("file-with-a-longish-name-{index:06}");
+        fs.lookup(1, name.as_bytes()).unwrap();
+    }
+    let mut names = Vec::new();
+    let mut cookie = 0;
+    loop {
+        let entries = fs.readdir(1, cookie, 100).unwrap();
+        if entries.is_empty() {
+            break;
+        }
+        cookie = entries.last().unwrap().offset;
+        names.extend(entries.into_iter().map(|entry| entry.name));
+    }
+    assert_eq!(names.len(), count + 2);
+    assert_clean(&mut fs);
+    let flash = fs.unmount().unwrap();
+    let (mut fs, report) = Fs::mount(flash, options, Box::new(clock)).unwrap();
+    eprintln!("{report:?}");
+    for index in (0..count).step_by(3) {
+        let name = format!("file-with-a-longish-name-{index:06}");
+        fs.lookup(1, name.as_bytes()).unwrap();
+        fs.unlink(1, name.as_bytes()).unwrap();
+    }
+    assert_clean(&mut fs);
+    let flash = fs.unmount().unwrap();
+    let (mut fs, _) = Fs::mount(flash, FsOptions::default(), Box::new(ManualClock::new(0))).unwrap();
+    assert_clean(&mut fs);
+}

@@ -1,0 +1,456 @@
+//! Runs a workload on the engine and on the [`Model`] side by side, and
+//! power-cut runs: a cut at a chosen device operation, then a remount that
+//! must find exactly the state of the last completed checkpoint (or, for a
+//! cut inside a checkpoint, the one it was writing), with a clean checker.
+//!
+//! Every failure message starts with the seed that reproduces it.
+
+use std::collections::BTreeMap;
+
+use flintfs_core::{errno, Fs, FsOptions, ManualClock, MkfsOptions, RenameFlags, SetAttributes, XattrFlags};
+use flintfs_flash::{DeviceOptions, FaultConfig, Geometry, MemoryFlash};
+use flintfs_format::FileType;
+
+use crate::model::{write_pattern, Generator, Kind, Model, Operation, Outcome, Path, Snapshot, SnapshotEntry};
+
+/// The engine under test, with its clock.
+pub struct Subject {
+    pub fs: Option<Fs<MemoryFlash>>,
+    pub clock: ManualClock,
+    pub options: FsOptions,
+    /// References taken while resolving paths, let go after the operation
+    /// (as the kernel does).
+    held: Vec<u64>,
+}
+
+/// A device and a file system on it for a workload.
+#[derive(Clone, Debug)]
+pub struct Setup {
+    pub geometry: Geometry,
+    pub options: FsOptions,
+    pub unindexed_segments: u32,
+    /// Nanoseconds the clock moves per operation (checkpoint timer).
+    pub step_ns: i64,
+}
+
+impl Setup {
+    /// A small device of small pages: buckets split, chains form, zones
+    /// fill, and the checker can read everything after every step.
+    pub fn small() -> Setup {
+        Setup {
+            geometry: Geometry {
+                page_size_bytes: 512,
+                oob_size_bytes: 64,
+                block_pages: 16,
+                zone_blocks: 2,
+                zone_count: 96,
+                open_zones_max: 8,
+                nvm_size_bytes: 0,
+            },
+            options: FsOptions { checkpoint_interval_ns: 50_000_000, ..FsOptions::smallest(512) },
+            unindexed_segments: 4,
+            step_ns: 1_000_000,
+        }
+    }
+
+    pub fn device(&self, seed: u64) -> MemoryFlash {
+        let options = DeviceOptions { faults: FaultConfig::none(seed), ..DeviceOptions::default() };
+        MemoryFlash::memory(self.geometry, options).expect("a valid geometry")
+    }
+
+    /// A formatted device and a clock.
+    pub fn formatted(&self, seed: u64) -> (MemoryFlash, ManualClock) {
+        let clock = ManualClock::new(1_700_000_000_000_000_000);
+        let mut uuid = [0u8; 16];
+        uuid[..8].copy_from_slice(&seed.to_le_bytes());
+        let mkfs = MkfsOptions { unindexed_segments: self.unindexed_segments, ..MkfsOptions::new(uuid, 0) };
+        let flash = Fs::format(self.device(seed), &mkfs, Box::new(clock.clone())).expect("format");
+        (flash, clock)
+    }
+}
+
+fn kind_of(file_type: FileType) -> Kind {
+    match file_type {
+        FileType::Directory => Kind::Directory,
+        FileType::Symlink => Kind::Symlink,
+        FileType::Fifo => Kind::Fifo,
+        _ => Kind::Regular,
+    }
+}
+
+impl Subject {
+    pub fn mount(flash: MemoryFlash, clock: ManualClock, options: FsOptions) -> Result<Subject, String> {
+        let (fs, _) = Fs::mount(flash, options.clone(), Box::new(clock.clone())).map_err(|error| error.to_string())?;
+        Ok(Subject { fs: Some(fs), clock, options, held: Vec::new() })
+    }
+
+    pub fn fs(&mut self) -> &mut Fs<MemoryFlash> {
+        self.fs.as_mut().expect("mounted")
+    }
+
+    /// The inode at `path`, holding no reference afterwards.
+    fn resolve(&mut self, path: &[Vec<u8>]) -> Result<u64, i32> {
+        let mut ino = 1;
+        let fs = self.fs.as_mut().expect("mounted");
+        for name in path {
+            let attributes = fs.lookup(ino, name).map_err(|error| error.errno)?;
+            self.held.push(attributes.ino);
+            ino = attributes.ino;
+        }
+        Ok(ino)
+    }
+
+    fn resolve_directory(&mut self, path: &[Vec<u8>]) -> Result<u64, i32> {
+        let ino = self.resolve(path)?;
+        let attributes = self.fs().getattr(ino).map_err(|error| error.errno)?;
+        if attributes.file_type != FileType::Directory {
+            return Err(errno::ENOTDIR);
+        }
+        Ok(ino)
+    }
+
+    /// Runs one operation on the engine.
+    pub fn apply(&mut self, operation: &Operation) -> Outcome {
+        let step = self.clock.clone();
+        step.advance(1);
+        let outcome = match self.apply_inner(operation) {
+            Ok(outcome) => outcome,
+            Err(code) => Outcome::Error(code),
+        };
+        let held = std::mem::take(&mut self.held);
+        if let Some(fs) = self.fs.as_mut() {
+            for ino in held {
+                if fs.forget(ino, 1).is_err() {
+                    return Outcome::Error(errno::EIO);
+                }
+            }
+        }
+        outcome
+    }
+
+    fn apply_inner(&mut self, operation: &Operation) -> Result<Outcome, i32> {
+        let code = |error: flintfs_core::Error| error.errno;
+        match operation {
+            Operation::Create { directory, name } => {
+                let parent = self.resolve_directory(directory)?;
+                let attributes = self.fs().create(parent, name, 0o644, 0, 0).map_err(code)?;
+                self.fs().forget(attributes.ino, 1).map_err(code)?;
+            }
+            Operation::Mkfifo { directory, name } => {
+                let parent = self.resolve_directory(directory)?;
+                let attributes = self.fs().mknod(parent, name, 0o010644, 0, 0, 0).map_err(code)?;
+                self.fs().forget(attributes.ino, 1).map_err(code)?;
+            }
+            Operation::Symlink { directory, name, target } => {
+                let parent = self.resolve_directory(directory)?;
+                let attributes = self.fs().symlink(parent, name, target, 0, 0).map_err(code)?;
+                self.fs().forget(attributes.ino, 1).map_err(code)?;
+            }
+            Operation::Mkdir { directory, name } => {
+                let parent = self.resolve_directory(directory)?;
+                self.fs().mkdir(parent, name, 0o755, 0, 0).map_err(code)?;
+            }
+            Operation::Write { path, offset, length, fill } => {
+                let ino = self.resolve(path)?;
+                self.fs().write(ino, *offset, &write_pattern(*offset, *length, *fill)).map_err(code)?;
+            }
+            Operation::Truncate { path, size } => {
+                let ino = self.resolve(path)?;
+                let changes = SetAttributes { size: Some(*size), ..SetAttributes::default() };
+                self.fs().setattr(ino, &changes).map_err(code)?;
+            }
+            Operation::Read { path, offset, length } => {
+                let ino = self.resolve(path)?;
+                return Ok(Outcome::Data(self.fs().read(ino, *offset, *length).map_err(code)?));
+            }
+            Operation::Unlink { directory, name } => {
+                let parent = self.resolve_directory(directory)?;
+                self.fs().unlink(parent, name).map_err(code)?;
+            }
+            Operation::Rmdir { directory, name } => {
+                let parent = self.resolve_directory(directory)?;
+                self.fs().rmdir(parent, name).map_err(code)?;
+            }
+            Operation::Rename { directory, name, new_directory, new_name, no_replace, exchange } => {
+                let parent = self.resolve_directory(directory)?;
+                let new_parent = self.resolve_directory(new_directory)?;
+                let flags = RenameFlags { no_replace: *no_replace, exchange: *exchange };
+                self.fs().rename(parent, name, new_parent, new_name, flags).map_err(code)?;
+            }
+            Operation::Link { path, directory, name } => {
+                let ino = self.resolve(path)?;
+                let parent = self.resolve_directory(directory)?;
+                let attributes = self.fs().link(ino, parent, name).map_err(code)?;
+                self.fs().forget(attributes.ino, 1).map_err(code)?;
+            }
+            Operation::SetXattr { path, name, value } => {
+                let ino = self.resolve(path)?;
+                self.fs().setxattr(ino, name, value, XattrFlags::default()).map_err(code)?;
+            }
+            Operation::RemoveXattr { path, name } => {
+                let ino = self.resolve(path)?;
+                self.fs().removexattr(ino, name).map_err(code)?;
+            }
+            Operation::Chmod { path, permissions } => {
+                let ino = self.resolve(path)?;
+                let changes = SetAttributes { permissions: Some(*permissions), ..SetAttributes::default() };
+                self.fs().setattr(ino, &changes).map_err(code)?;
+            }
+            Operation::Readdir { directory } => {
+                let ino = self.resolve_directory(directory)?;
+                let mut names = self.list(ino).map_err(code)?;
+                names.sort();
+                return Ok(Outcome::Names(names));
+            }
+            Operation::Fsync { path } => {
+                let ino = self.resolve(path)?;
+                self.fs().fsync(ino, false).map_err(code)?;
+            }
+            Operation::Sync => self.fs().sync().map_err(code)?,
+            Operation::Remount => {
+                for ino in std::mem::take(&mut self.held) {
+                    self.fs().forget(ino, 1).map_err(code)?;
+                }
+                self.fs().shut_down().map_err(code)?;
+                let flash = self.fs.take().expect("mounted").into_device();
+                let (fs, _) = Fs::mount(flash, self.options.clone(), Box::new(self.clock.clone())).map_err(code)?;
+                self.fs = Some(fs);
+            }
+        }
+        Ok(Outcome::Done)
+    }
+
+    /// A directory's entries (not "." and ".."), a few at a time as a
+    /// kernel would ask.
+    fn list(&mut self, ino: u64) -> flintfs_core::Result<Vec<(Vec<u8>, Kind)>> {
+        let mut names = Vec::new();
+        let mut cookie = 0;
+        loop {
+            let entries = self.fs().readdir(ino, cookie, 3)?;
+            let Some(last) = entries.last() else { break };
+            cookie = last.offset;
+            for entry in entries {
+                if entry.name != b"." && entry.name != b".." {
+                    names.push((entry.name, kind_of(entry.file_type)));
+                }
+            }
+        }
+        Ok(names)
+    }
+
+    /// The whole tree as the engine shows it.
+    pub fn snapshot(&mut self) -> Result<Snapshot, String> {
+        let mut out = BTreeMap::new();
+        let mut held = Vec::new();
+        let mut stack: Vec<(Path, u64)> = vec![(Vec::new(), 1)];
+        while let Some((path, ino)) = stack.pop() {
+            let fs = self.fs();
+            let attributes = fs.getattr(ino).map_err(|error| format!("{path:?}: {error}"))?;
+            let kind = kind_of(attributes.file_type);
+            let data = match kind {
+                Kind::Regular => fs.read(ino, 0, attributes.size + 1).map_err(|error| format!("{path:?}: {error}"))?,
+                Kind::Symlink => fs.readlink(ino).map_err(|error| format!("{path:?}: {error}"))?,
+                _ => Vec::new(),
+            };
+            let mut xattrs = BTreeMap::new();
+            for name in fs.listxattr(ino).map_err(|error| error.to_string())? {
+                let value = fs.getxattr(ino, &name).map_err(|error| error.to_string())?;
+                xattrs.insert(name, value);
+            }
+            if kind == Kind::Directory {
+                for (name, _) in self.list(ino).map_err(|error| format!("{path:?}: {error}"))? {
+                    let child = self.fs().lookup(ino, &name).map_err(|error| format!("{path:?}/{name:?}: {error}"))?;
+                    held.push(child.ino);
+                    let mut child_path = path.clone();
+                    child_path.push(name);
+                    stack.push((child_path, child.ino));
+                }
+            }
+            out.insert(path, SnapshotEntry { kind, data, nlink: attributes.nlink, xattrs });
+        }
+        for ino in held {
+            self.fs().forget(ino, 1).map_err(|error| error.to_string())?;
+        }
+        Ok(Snapshot(out))
+    }
+
+    /// The checker's findings, if any.
+    pub fn check(&mut self) -> Result<(), String> {
+        let report = self.fs().check().map_err(|error| error.to_string())?;
+        if report.is_clean() {
+            Ok(())
+        } else {
+            Err(format!("the checker found: {:#?}", report.findings))
+        }
+    }
+}
+
+/// How a model run went.
+#[derive(Clone, Debug, Default)]
+pub struct RunReport {
+    pub operations: u64,
+    pub errors_expected: u64,
+    pub checkpoints: u64,
+}
+
+/// Runs `operations` generated operations from `seed` on the engine and
+/// the model, comparing every result, checking every `check_every` steps
+/// and comparing whole trees at every remount.
+pub fn run_model(setup: &Setup, seed: u64, operations: u64, check_every: u64) -> Result<RunReport, String> {
+    let fail = |step: u64, what: String| format!("seed {seed}, operation {step}: {what}");
+    let (flash, clock) = setup.formatted(seed);
+    let mut subject = Subject::mount(flash, clock, setup.options.clone()).map_err(|error| fail(0, error))?;
+    let mut model = Model::new();
+    let mut generator = Generator::new(seed, u64::from(setup.geometry.page_size_bytes) * 6);
+    let mut report = RunReport::default();
+    for step in 0..operations {
+        let operation = generator.next(&model);
+        subject.clock.advance(setup.step_ns);
+        let expected = model.apply(&operation);
+        let actual = subject.apply(&operation);
+        if actual != expected {
+            return Err(fail(step, format!("{operation:?}: the engine gave {actual:?}, the model {expected:?}")));
+        }
+        report.operations += 1;
+        if matches!(expected, Outcome::Error(_)) {
+            report.errors_expected += 1;
+        }
+        if check_every > 0 && step % check_every == 0 {
+            subject.check().map_err(|findings| fail(step, format!("after {operation:?}: {findings}")))?;
+        }
+        if operation == Operation::Remount {
+            let snapshot = subject.snapshot().map_err(|error| fail(step, error))?;
+            if snapshot != model.snapshot() {
+                return Err(fail(step, describe_difference(&model.snapshot(), &snapshot)));
+            }
+        }
+    }
+    subject.check().map_err(|findings| fail(operations, findings))?;
+    let snapshot = subject.snapshot().map_err(|error| fail(operations, error))?;
+    if snapshot != model.snapshot() {
+        return Err(fail(operations, describe_difference(&model.snapshot(), &snapshot)));
+    }
+    report.checkpoints = subject.fs().counters().checkpoints;
+    Ok(report)
+}
+
+/// The first paths where two trees differ.
+pub fn describe_difference(expected: &Snapshot, actual: &Snapshot) -> String {
+    let mut lines = Vec::new();
+    for (path, entry) in &expected.0 {
+        match actual.0.get(path) {
+            None => lines.push(format!("{path:?} is missing")),
+            Some(found) if found != entry => lines.push(format!(
+                "{path:?} differs: expected {:?} {} bytes nlink {} xattrs {}, found {:?} {} bytes nlink {} xattrs {}",
+                entry.kind,
+                entry.data.len(),
+                entry.nlink,
+                entry.xattrs.len(),
+                found.kind,
+                found.data.len(),
+                found.nlink,
+                found.xattrs.len()
+            )),
+            _ => {}
+        }
+    }
+    for path in actual.0.keys() {
+        if !expected.0.contains_key(path) {
+            lines.push(format!("{path:?} should not exist"));
+        }
+    }
+    lines.truncate(8);
+    format!("the trees differ: {}", lines.join("; "))
+}
+
+/// What a power-cut run found.
+#[derive(Clone, Debug, Default)]
+pub struct CutReport {
+    /// Device operations the workload took without a cut.
+    pub device_operations: u64,
+    /// Whether the cut fired before the workload ended.
+    pub fired: bool,
+}
+
+/// Runs `operations` operations from `seed` with a power cut at device
+/// operation `cut_at` (counted from mount), then remounts and requires the
+/// state of the last completed checkpoint, or of the one in flight, a
+/// clean checker, and a file system that keeps working.
+pub fn run_power_cut(setup: &Setup, seed: u64, operations: u64, cut_at: u64) -> Result<CutReport, String> {
+    let fail = |what: String| format!("seed {seed}, cut at device operation {cut_at}: {what}");
+    let (flash, clock) = setup.formatted(seed);
+    let mut subject = Subject::mount(flash, clock.clone(), setup.options.clone()).map_err(fail)?;
+    let start = subject.fs().device().mutating_operations();
+    subject
+        .fs
+        .as_mut()
+        .expect("mounted")
+        .volume_mut()
+        .device_mut()
+        .schedule_power_cut(start + cut_at, seed)
+        .map_err(|error| fail(error.to_string()))?;
+    let mut model = Model::new();
+    let mut durable = model.clone();
+    let mut in_flight: Vec<Model> = Vec::new();
+    let mut generator = Generator::new(seed, u64::from(setup.geometry.page_size_bytes) * 6);
+    let mut report = CutReport::default();
+    for step in 0..operations {
+        let operation = generator.next(&model);
+        subject.clock.advance(setup.step_ns);
+        let before = model.clone();
+        let expected = model.apply(&operation);
+        let number = subject.fs.as_ref().map(|fs| fs.checkpoint_number());
+        let actual = subject.apply(&operation);
+        let powered_off = subject.fs.as_ref().is_none_or(|fs| fs.device().is_powered_off());
+        if powered_off {
+            // The cut fell in this operation: a checkpoint it was writing
+            // may or may not have landed.
+            in_flight = if operation.is_durable_point() { vec![before, model.clone()] } else { vec![before] };
+            report.fired = true;
+            break;
+        }
+        if actual != expected {
+            return Err(fail(format!("operation {step} {operation:?}: engine {actual:?}, model {expected:?}")));
+        }
+        let changed = subject.fs.as_ref().map(|fs| fs.checkpoint_number()) != number;
+        if operation == Operation::Remount || (changed && operation.is_durable_point()) {
+            durable = model.clone();
+        } else if changed {
+            durable = before;
+        }
+    }
+    if !report.fired {
+        report.device_operations = subject.fs().device().mutating_operations() - start;
+        return Ok(report);
+    }
+    // The cut: power comes back, and the file system must be one of the
+    // states it may have made durable.
+    let flash = match subject.fs.take() {
+        Some(fs) => fs.into_device(),
+        None => return Err(fail("the file system was lost in a remount that the cut broke".into())),
+    };
+    let mut flash = flash;
+    flash.power_on();
+    let mut recovered = Subject::mount(flash, clock, setup.options.clone()).map_err(fail)?;
+    recovered.check().map_err(fail)?;
+    let snapshot = recovered.snapshot().map_err(fail)?;
+    let candidates: Vec<&Model> = std::iter::once(&durable).chain(&in_flight).collect();
+    let Some(matched) = candidates.into_iter().find(|candidate| candidate.snapshot() == snapshot) else {
+        return Err(fail(format!("after recovery, {}", describe_difference(&durable.snapshot(), &snapshot))));
+    };
+    // And it keeps working from there.
+    let mut model = matched.clone();
+    let mut generator = Generator::new(seed ^ 0x5eed, u64::from(setup.geometry.page_size_bytes) * 6);
+    for step in 0..20 {
+        let operation = generator.next(&model);
+        let expected = model.apply(&operation);
+        let actual = recovered.apply(&operation);
+        if actual != expected {
+            return Err(fail(format!(
+                "after recovery, operation {step} {operation:?}: engine {actual:?}, model {expected:?}"
+            )));
+        }
+    }
+    recovered.check().map_err(fail)?;
+    Ok(report)
+}
