@@ -9,7 +9,15 @@ use flintfs_flash::{
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|bytes: &[u8]| {
-    let geometry = Geometry { page_size_bytes: 512, oob_size_bytes: 64, block_pages: 4, zone_blocks: 2, zone_count: 4, open_zones_max: 2, nvm_size_bytes: 64 };
+    let geometry = Geometry {
+        page_size_bytes: 512,
+        oob_size_bytes: 64,
+        block_pages: 4,
+        zone_blocks: 2,
+        zone_count: 4,
+        open_zones_max: 2,
+        nvm_size_bytes: 64,
+    };
     let _ = ImageHeader::decode(bytes);
     if bytes.len() >= 36 {
         let index = u32::from_le_bytes(bytes[..4].try_into().unwrap());

@@ -3,7 +3,10 @@
 //! the same (where the structure round-trips by construction).
 #![no_main]
 
-use flintfs_format::{parse_packed, Checkpoint, ChunkHeader, PageHeader, RecordAssembler, RecordKind, Superblock};
+use flintfs_format::{
+    decode_inode_pack, encode_inode_pack, parse_packed, Checkpoint, ChunkHeader, Node, PageHeader, RecordAssembler,
+    RecordKind, Superblock,
+};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|bytes: &[u8]| {
@@ -29,6 +32,16 @@ fuzz_target!(|bytes: &[u8]| {
     }
     if let Ok(superblock) = Superblock::decode(data) {
         assert_eq!(Superblock::decode(&superblock.encode()), Ok(superblock));
+    }
+    // Node pages and inode packs: a decoded node re-encodes to the same
+    // page.
+    if let Ok(node) = Node::decode(data) {
+        let (page, _) = node.encode(data.len());
+        assert_eq!(Node::decode(&page), Ok(node));
+    }
+    if let Ok(files) = decode_inode_pack(data) {
+        let (page, _, _) = encode_inode_pack(&files, data.len());
+        assert_eq!(decode_inode_pack(&page), Ok(files));
     }
     let length = u32::from_le_bytes(bytes[bytes.len() - 4..].try_into().unwrap());
     let _ = parse_packed(data, length, length % 200);

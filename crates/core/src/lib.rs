@@ -25,6 +25,6 @@ pub use fs::{
     XattrFlags, CACHE_PAGES_MIN, FILE_INO_FIRST,
 };
 pub use volume::{
-    mkfs, zones_min, MkfsOptions, MountReport, Volume, LOG_HEAD_ROLES, OPEN_ZONES_NEEDED, RESERVE_ZONES, ROOT_INO,
-    UNINDEXED_SEGMENTS_DEFAULT,
+    mkfs, slots_max, zones_min, MkfsOptions, MountReport, Volume, LOG_HEAD_ROLES, OPEN_ZONES_NEEDED, RESERVE_ZONES,
+    ROOT_INO, UNINDEXED_SEGMENTS_DEFAULT,
 };

@@ -121,9 +121,28 @@ fn shape_of(device: &impl FlashDevice) -> DeviceShape {
 
 /// Pages a checkpoint record of `zone_count` zones and `unindexed` segments
 /// takes, with every log head open.
-fn checkpoint_pages(zone_count: u32, unindexed: u32, page_size_bytes: u32) -> u64 {
-    let payload = Checkpoint::encoded_bytes(zone_count as usize, unindexed as usize, LOG_HEAD_ROLES.len(), 0);
-    checkpoint_record_page_count(payload, page_size_bytes) as u64
+fn checkpoint_pages(geometry: &flintfs_flash::Geometry, unindexed: u32) -> u64 {
+    let map_pages =
+        slots_max(geometry).div_ceil(flintfs_format::array_capacity(geometry.page_size_bytes as usize, 8) as u32);
+    let payload = Checkpoint::encoded_bytes(
+        geometry.zone_count as usize,
+        unindexed as usize,
+        LOG_HEAD_ROLES.len(),
+        map_pages as usize,
+    );
+    checkpoint_record_page_count(payload, geometry.page_size_bytes) as u64
+}
+
+/// Most slots the map holds on this geometry: every node a slot names
+/// takes at least an inode record, so the device cannot hold more. It
+/// bounds the checkpoint, which carries a pointer per map page.
+pub fn slots_max(geometry: &flintfs_flash::Geometry) -> u32 {
+    let record_bytes_min = (flintfs_format::INODE_RECORD_HEADER_BYTES
+        + flintfs_format::INODE_FIXED_BYTES
+        + flintfs_format::INDEX_IN_INODE_BYTES) as u64;
+    let per_page = u64::from(geometry.page_size_bytes) / record_bytes_min;
+    let dynamic_pages = u64::from(geometry.zone_count.saturating_sub(FIRST_DYNAMIC_ZONE)) * geometry.zone_pages();
+    (dynamic_pages * per_page).min(u64::from(flintfs_format::SLOT_NONE - 1)) as u32
 }
 
 /// Programs one page with its header.
@@ -215,7 +234,7 @@ pub fn mkfs<D: FlashDevice>(device: &mut D, options: &MkfsOptions) -> Result<()>
     let reports = device.report_zones();
     for zone in SUPERBLOCK_ZONES.iter().chain(&CHECKPOINT_ZONES) {
         let capacity = reports[*zone as usize].capacity_pages;
-        let record_pages = checkpoint_pages(geometry.zone_count, options.unindexed_segments, geometry.page_size_bytes);
+        let record_pages = checkpoint_pages(&geometry, options.unindexed_segments);
         if u64::from(capacity) < 2 * record_pages.max(1) {
             return Err(Error::new(
                 errno::ENOSPC,

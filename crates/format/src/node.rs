@@ -13,6 +13,8 @@
 use crate::codec::{Reader, Writer};
 use crate::DecodeError;
 
+/// Smallest page a node is decoded from (the device's smallest page).
+pub const NODE_PAGE_BYTES_MIN: usize = 512;
 /// Bytes of the node header at the start of a node page's data.
 pub const NODE_HEADER_BYTES: usize = 32;
 /// Bytes of the fixed part of an inode.
@@ -620,8 +622,12 @@ impl Node {
                 if entry.hash >> 63 != 0 || entry.ino == 0 {
                     return Err("an entry with a bad hash or inode 0".into());
                 }
-                if entry.target == Target::Physical(Pointer::NULL) {
-                    return Err("an entry points nowhere".into());
+                match entry.target {
+                    Target::Physical(pointer) if pointer.chunk() == 0 => {
+                        return Err("an entry points nowhere, or at a whole page".into());
+                    }
+                    Target::Slot(SLOT_NONE) => return Err("an entry names the no-slot value".into()),
+                    _ => {}
                 }
             }
             if entries.windows(2).any(|pair| pair[0].hash > pair[1].hash) {
@@ -692,8 +698,11 @@ impl Node {
                     return Err("map page of the wrong size".into());
                 }
             }
-            Node::Index { pointers, level, .. } => {
-                if pointers.len() != array_capacity(page_size_bytes, 8) || *level >= INDEX_HEIGHT_MAX {
+            Node::Index { pointers, level, number, .. } => {
+                if pointers.len() != array_capacity(page_size_bytes, 8)
+                    || *level >= INDEX_HEIGHT_MAX
+                    || *number >> 56 != 0
+                {
                     return Err("index page of the wrong size or level".into());
                 }
             }
@@ -780,6 +789,11 @@ impl Node {
     pub fn decode(page: &[u8]) -> Result<Node, DecodeError> {
         let page_size_bytes = page.len();
         let mut reader = Reader::new("node", page);
+        if page_size_bytes < NODE_PAGE_BYTES_MIN {
+            return Err(
+                reader.error(format!("a {page_size_bytes}-byte page; node pages are at least {NODE_PAGE_BYTES_MIN}"))
+            );
+        }
         let kind = reader.u8()?;
         reader.zeros(3)?;
         let body = reader.u32()? as usize;
@@ -802,7 +816,10 @@ impl Node {
         let node = match kind {
             1 => {
                 let slot = slot_of(&reader, position)?;
-                let (inode, _) = Inode::decode(&mut reader, page_size_bytes)?;
+                let (inode, inline) = Inode::decode(&mut reader, page_size_bytes)?;
+                if inline {
+                    return Err(reader.error("a directory's inode flagged inline"));
+                }
                 let mode = reader.u8()?;
                 let global_depth = reader.u8()?;
                 reader.zeros(2)?;
@@ -810,6 +827,9 @@ impl Node {
                 let entry_count = reader.u64()?;
                 let content = match mode {
                     0 => {
+                        if global_depth != 0 {
+                            return Err(reader.error("an inline directory with a table depth"));
+                        }
                         let mut entries = Vec::new();
                         for _ in 0..count {
                             entries.push(Entry::decode(&mut reader)?);
@@ -835,6 +855,9 @@ impl Node {
             }
             2 => {
                 let slot = slot_of(&reader, position)?;
+                if version != 0 {
+                    return Err(reader.error("a bucket with a version"));
+                }
                 let local_depth = reader.u8()?;
                 reader.zeros(3)?;
                 let count = reader.u32()? as usize;
@@ -850,12 +873,15 @@ impl Node {
                 let count = reader.u32()? as usize;
                 reader.zeros(4)?;
                 let element = if kind == 3 { 4 } else { 8 };
-                if count.checked_mul(element) != Some(body - ARRAY_HEADER_BYTES) {
+                if count.checked_mul(element) != body.checked_sub(ARRAY_HEADER_BYTES) {
                     return Err(reader.error(format!("{count} elements do not make a body of {body} bytes")));
                 }
                 match kind {
                     3 => {
                         let slot = slot_of(&reader, position)?;
+                        if version != 0 {
+                            return Err(reader.error("a table page with a version"));
+                        }
                         let mut slots = Vec::with_capacity(count);
                         for _ in 0..count {
                             slots.push(reader.u32()?);
@@ -863,6 +889,9 @@ impl Node {
                         Node::Table { directory: owner, slot, slots }
                     }
                     4 => {
+                        if owner != 0 || version != 0 {
+                            return Err(reader.error("a map page with an owner or a version"));
+                        }
                         let mut entries = Vec::with_capacity(count);
                         for _ in 0..count {
                             entries.push(reader.u64()?);
@@ -978,6 +1007,11 @@ pub fn encode_inode_pack(files: &[Node], page_size_bytes: usize) -> (Vec<u8>, u3
 pub fn decode_inode_pack(page: &[u8]) -> Result<Vec<Node>, DecodeError> {
     let page_size_bytes = page.len();
     let mut reader = Reader::new("inode pack", page);
+    if page_size_bytes < NODE_PAGE_BYTES_MIN {
+        return Err(
+            reader.error(format!("a {page_size_bytes}-byte page; node pages are at least {NODE_PAGE_BYTES_MIN}"))
+        );
+    }
     let kind = reader.u8()?;
     reader.zeros(3)?;
     let body = reader.u32()? as usize;

@@ -399,7 +399,9 @@ impl<D: FlashDevice> Fs<D> {
         let page_size = self.page_size;
         let block_bytes = self.block_bytes();
         let mut packer = PackedPage::new(page_size);
-        let mut packed: Vec<(u64, u64, u32)> = Vec::new();
+        // Chunks in the page being packed, with their buffers: kept until
+        // the page is programmed, so a failure loses nothing.
+        let mut packed: Vec<PackedChunk> = Vec::new();
         for (ino, block) in keys {
             let Some(mut buffer) = self.dirty_blocks.remove(&(ino, block)) else { continue };
             let file_key = self.file_key(ino)?;
@@ -421,10 +423,15 @@ impl<D: FlashDevice> Fs<D> {
                     version: inode.current,
                 };
                 if packer.count() == flintfs_format::Pointer::CHUNKS_MAX || !packer.push(&header, &buffer[..valid]) {
-                    self.program_packed(std::mem::replace(&mut packer, PackedPage::new(page_size)), &mut packed)?;
+                    let full = std::mem::replace(&mut packer, PackedPage::new(page_size));
+                    if let Err(error) = self.program_packed(full, &mut packed) {
+                        self.dirty_blocks.insert((ino, block), buffer);
+                        return Err(error);
+                    }
                     assert!(packer.push(&header, &buffer[..valid]), "a small chunk fits an empty page");
                 }
-                packed.push((ino, block, (CHUNK_HEADER_BYTES + valid).div_ceil(CHUNK_UNIT_BYTES as usize) as u32));
+                let units = (CHUNK_HEADER_BYTES + valid).div_ceil(CHUNK_UNIT_BYTES as usize) as u32;
+                packed.push(PackedChunk { ino, block, units, buffer });
                 continue;
             }
             let meta = PageMeta {
@@ -453,13 +460,22 @@ impl<D: FlashDevice> Fs<D> {
     }
 
     /// Programs a page of packed chunks and points each file at its chunk.
-    fn program_packed(&mut self, packer: PackedPage, chunks: &mut Vec<(u64, u64, u32)>) -> Result<()> {
+    /// If the page cannot be programmed, the chunks go back to the buffer.
+    fn program_packed(&mut self, packer: PackedPage, chunks: &mut Vec<PackedChunk>) -> Result<()> {
         let (data, length, count) = packer.finish();
         assert_eq!(count as usize, chunks.len(), "one chunk per block packed");
         let meta = PageMeta::new(PageKind::PackedData, length).with_count(count);
-        let address = self.volume.append(ZoneRole::HotData, meta, &data)?;
+        let address = match self.volume.append(ZoneRole::HotData, meta, &data) {
+            Ok(address) => address,
+            Err(error) => {
+                for chunk in chunks.drain(..) {
+                    self.dirty_blocks.insert((chunk.ino, chunk.block), chunk.buffer);
+                }
+                return Err(error);
+            }
+        };
         self.counters.data_pages_written += 1;
-        for (index, (ino, block, units)) in chunks.drain(..).enumerate() {
+        for (index, PackedChunk { ino, block, units, .. }) in chunks.drain(..).enumerate() {
             let pointer = Pointer::new(address.zone, address.page, index as u32 + 1, units);
             self.counters.chunks_written += 1;
             self.volume.account(address.zone, i64::from(units) * i64::from(CHUNK_UNIT_BYTES));
@@ -468,4 +484,12 @@ impl<D: FlashDevice> Fs<D> {
         }
         Ok(())
     }
+}
+
+/// A block on its way into a packed page.
+struct PackedChunk {
+    ino: u64,
+    block: u64,
+    units: u32,
+    buffer: Vec<u8>,
 }

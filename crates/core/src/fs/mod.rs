@@ -258,6 +258,15 @@ impl<D: FlashDevice> Fs<D> {
                 tree.slot_count
             )));
         }
+        if volume.checkpoint.ino_next < FILE_INO_FIRST && tree.slot_count > 0 {
+            return Err(Error::corrupt(format!(
+                "the next file inode number {} is below the first, {FILE_INO_FIRST}",
+                volume.checkpoint.ino_next
+            )));
+        }
+        if tree.slot_count > crate::volume::slots_max(&volume.device().geometry()) {
+            return Err(Error::corrupt(format!("{} slots, more than the device can hold", tree.slot_count)));
+        }
         let now = clock.now_ns();
         Ok(Fs {
             nodes: PageCache::new(options.node_cache_bytes),

@@ -269,7 +269,7 @@ impl<D: FlashDevice> Fs<D> {
             return Ok(slot);
         }
         let slot = self.slot_count;
-        if slot >= SLOT_NONE - 1 {
+        if slot >= crate::volume::slots_max(&self.volume.device().geometry()) {
             return Err(Error::new(errno::ENOSPC, "every slot of the map is in use"));
         }
         let capacity = map_capacity(self.page_size);
