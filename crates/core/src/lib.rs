@@ -22,7 +22,7 @@ pub use check::CheckReport;
 pub use error::{errno, Error, Result};
 pub use fs::{
     Attributes, Clock, DirectoryEntry, Fs, FsCounters, FsOptions, ManualClock, RenameFlags, SetAttributes, StatFs,
-    XattrFlags, CACHE_PAGES_MIN, FILE_INO_FIRST,
+    XattrFlags, CACHE_PAGES_MIN,
 };
 pub use volume::{
     mkfs, slots_max, zones_min, MkfsOptions, MountReport, Volume, LOG_HEAD_ROLES, OPEN_ZONES_NEEDED, RESERVE_ZONES,

@@ -512,11 +512,13 @@ impl<D: FlashDevice> Volume<D> {
         self.device
     }
 
-    /// Allocates an inode number; durable with the next checkpoint.
-    pub fn allocate_ino(&mut self) -> u64 {
-        let ino = self.checkpoint.ino_next;
-        self.checkpoint.ino_next += 1;
-        ino
+    /// Counts an inode created; returns the count before. The checkpoint
+    /// keeps it (`ino_next`) as a lifetime statistic: inode numbers
+    /// themselves are slots of the map.
+    pub fn count_inode_created(&mut self) -> u64 {
+        let count = self.checkpoint.ino_next;
+        self.checkpoint.ino_next = count.saturating_add(1);
+        count
     }
 
     /// Writes the current state as the next checkpoint. Everything programmed

@@ -67,7 +67,7 @@ fn checkpoints_alternate_zones_and_the_newest_wins() {
     let (mut volume, _) = Volume::mount(flash).unwrap();
     let mut zones_used = std::collections::BTreeSet::new();
     for round in 0..40u64 {
-        let ino = volume.allocate_ino();
+        let ino = volume.count_inode_created();
         let number = volume.write_checkpoint().unwrap();
         let (remounted, report) = Volume::mount(volume.into_device()).unwrap();
         assert_eq!(report.checkpoint_number, number, "round {round}");
@@ -94,7 +94,7 @@ fn workload(flash: MemoryFlash, checkpoints: u64) -> (MemoryFlash, Option<Checkp
     let (mut volume, report) = Volume::mount(flash).expect("mount right after mkfs");
     let mut completed = Some((report.checkpoint_number, volume.checkpoint().ino_next));
     for _ in 0..checkpoints {
-        volume.allocate_ino();
+        volume.count_inode_created();
         let in_flight = (volume.checkpoint().number + 1, volume.checkpoint().ino_next);
         match volume.write_checkpoint() {
             Ok(_) => completed = Some(in_flight),
@@ -145,7 +145,7 @@ fn a_power_cut_at_every_operation_remounts_to_the_last_checkpoint() {
             let check = volume.check().unwrap();
             assert!(check.is_clean(), "{context}: {:?}", check.findings);
             // The volume goes on working after recovery.
-            volume.allocate_ino();
+            volume.count_inode_created();
             volume.write_checkpoint().unwrap_or_else(|error| panic!("{context}: checkpoint after remount: {error}"));
         }
     }
@@ -164,7 +164,7 @@ fn an_image_device_survives_a_remount_in_another_open() {
             .unwrap();
     mkfs(&mut flash, &MkfsOptions::new([3; 16], 5)).unwrap();
     let (mut volume, _) = Volume::mount(flash).unwrap();
-    let ino = volume.allocate_ino();
+    let ino = volume.count_inode_created();
     volume.write_checkpoint().unwrap();
     drop(volume);
     let flash = flintfs_flash::ImageFlash::open_image(&path, DeviceOptions::default()).unwrap();

@@ -23,8 +23,9 @@ use flintfs_format::{
     name_hash, DirectoryContent, Entry, FileContent, FileType, Node, Pointer, Target, INDEX_ROOTS, SLOT_NONE,
 };
 
-use super::nodes::{map_capacity, NodeKey, MAP_FREE_TAG};
-use super::{Fs, Location, FILE_INO_FIRST, ROOT_SLOT};
+use super::nodes::MapEntry;
+use super::nodes::{map_capacity, NodeKey};
+use super::{Fs, Location, ROOT_SLOT};
 use crate::check::CheckReport;
 use crate::error::Result;
 use crate::volume::ROOT_INO;
@@ -93,12 +94,9 @@ impl<D: FlashDevice> Fs<D> {
         }
         map_entries.truncate(self.slot_count as usize);
         let slot_home = |slot: u32| -> Pointer {
-            map_entries.get(slot as usize).map_or(Pointer::NULL, |&entry| {
-                if entry & MAP_FREE_TAG != 0 {
-                    Pointer::NULL
-                } else {
-                    Pointer(entry)
-                }
+            map_entries.get(slot as usize).map_or(Pointer::NULL, |&entry| match MapEntry::decode(entry) {
+                MapEntry::Home(home) => home,
+                _ => Pointer::NULL,
             })
         };
         // Directories, breadth first from the root.
@@ -150,6 +148,17 @@ impl<D: FlashDevice> Fs<D> {
                     continue;
                 }
                 self.check_file_entry(walk, ino, &entry, &slot_home);
+                if let Target::Physical(_) = entry.target {
+                    let expected = MapEntry::decode(MapEntry::locator(ino, entry.hash));
+                    let found =
+                        map_entries.get((entry.ino as usize).wrapping_sub(1)).map(|&value| MapEntry::decode(value));
+                    if found != Some(expected) {
+                        walk.findings.push(format!(
+                            "inode {}: its map entry is {found:?}, not a locator for directory {ino}",
+                            entry.ino
+                        ));
+                    }
+                }
             }
             if inode.nlink != 2 + subdirectories {
                 walk.findings.push(format!(
@@ -182,8 +191,8 @@ impl<D: FlashDevice> Fs<D> {
                 walk.findings.push(format!("the free-slot list is broken at slot {next}"));
                 break;
             }
-            match map_entries.get(next as usize) {
-                Some(&entry) if entry & MAP_FREE_TAG != 0 => next = entry as u32,
+            match map_entries.get(next as usize).map(|&entry| MapEntry::decode(entry)) {
+                Some(MapEntry::Free { next: following }) => next = following,
                 _ => {
                     walk.findings.push(format!("slot {next} is on the free list but its map entry is not free"));
                     break;
@@ -303,10 +312,6 @@ impl<D: FlashDevice> Fs<D> {
     }
 
     fn check_file_entry(&mut self, walk: &mut Walk, directory: u64, entry: &Entry, slot_home: &dyn Fn(u32) -> Pointer) {
-        if entry.ino < FILE_INO_FIRST {
-            walk.findings.push(format!("directory {directory}: file entry {:?} has a directory's inode", entry.name));
-            return;
-        }
         let found = walk.links.entry(entry.ino).or_insert((0, entry.target));
         found.0 += 1;
         if found.1 != entry.target {
@@ -364,10 +369,12 @@ impl<D: FlashDevice> Fs<D> {
         slot_home: &dyn Fn(u32) -> Pointer,
     ) {
         walk.files += 1;
-        if let Target::Slot(slot) = target {
-            if walk.slots.insert(slot, "file").is_some() {
-                walk.findings.push(format!("inode {ino}: slot {slot} is also reached as something else"));
-            }
+        let slot = ino.checked_sub(1).and_then(|slot| u32::try_from(slot).ok()).unwrap_or(SLOT_NONE);
+        if walk.slots.insert(slot, "file").is_some() {
+            walk.findings.push(format!("inode {ino}: slot {slot} is also reached as something else"));
+        }
+        if matches!(target, Target::Slot(found) if found != slot) {
+            walk.findings.push(format!("inode {ino}: its entries name a slot other than its own"));
         }
         let (node, home) = match self.file_node(ino, target, slot_home) {
             Ok(found) => found,

@@ -14,8 +14,8 @@ use flintfs_format::{
     SLOT_NONE,
 };
 
-use super::nodes::NodeKey;
-use super::{Fs, FILE_INO_FIRST};
+use super::nodes::{MapEntry, NodeKey};
+use super::Fs;
 use crate::error::{errno, Error, Result};
 
 /// The table index of `hash` in a table of depth `depth`.
@@ -36,27 +36,57 @@ fn split_bit(hash: u64, depth: u8) -> bool {
 impl<D: FlashDevice> Fs<D> {
     /// The node key of directory `ino`.
     pub(crate) fn directory_key(&self, ino: u64) -> Result<NodeKey> {
-        if ino == 0 || ino >= FILE_INO_FIRST {
-            return Err(Error::new(errno::ENOTDIR, format!("inode {ino} is not a directory")));
-        }
-        let slot = ino - 1;
-        if slot >= u64::from(self.slot_count) {
+        if ino == 0 || ino > u64::from(self.slot_count) {
             return Err(Error::new(errno::ENOENT, format!("directory {ino} does not exist")));
         }
-        Ok(NodeKey::Slot(slot as u32))
+        Ok(NodeKey::Slot((ino - 1) as u32))
     }
 
-    /// The directory node of `ino`, checked to be that directory.
+    /// The directory node of `ino`, checked to be that directory: ENOTDIR
+    /// for a file, ENOENT for nothing.
     pub(crate) fn directory(&mut self, ino: u64) -> Result<Node> {
         let key = self.directory_key(ino)?;
-        if !self.in_memory(key) && self.map_get(ino as u32 - 1)? & super::nodes::MAP_FREE_TAG != 0 {
-            return Err(Error::new(errno::ENOENT, format!("directory {ino} does not exist")));
+        if !self.in_memory(key) {
+            match MapEntry::decode(self.map_get(ino as u32 - 1)?) {
+                MapEntry::Home(_) => {}
+                MapEntry::Locator { .. } => {
+                    return Err(Error::new(errno::ENOTDIR, format!("inode {ino} is not a directory")))
+                }
+                MapEntry::Free { .. } | MapEntry::Unwritten => {
+                    return Err(Error::new(errno::ENOENT, format!("directory {ino} does not exist")))
+                }
+            }
+        } else if self.known.contains_key(&ino) {
+            return Err(Error::new(errno::ENOTDIR, format!("inode {ino} is not a directory")));
         }
         let node = self.node(key)?;
         match &node {
             Node::Directory { inode, .. } if inode.ino == ino => Ok(node),
+            Node::File { inode, .. } if inode.ino == ino => {
+                Err(Error::new(errno::ENOTDIR, format!("inode {ino} is not a directory")))
+            }
             _ => Err(Error::new(errno::ENOENT, format!("directory {ino} does not exist"))),
         }
+    }
+
+    /// Where the entry for file `ino` in `directory` points, found by the
+    /// top bits of its name's hash (a locator's prefix).
+    pub(crate) fn directory_find_ino(&mut self, directory: u64, hash_prefix: u64, ino: u64) -> Result<Option<Target>> {
+        let key = self.directory_key(directory)?;
+        let Node::Directory { content, .. } = self.directory(directory)? else { unreachable!() };
+        let slots = match content {
+            DirectoryContent::Inline(entries) => {
+                return Ok(entries.into_iter().find(|entry| entry.ino == ino).map(|entry| entry.target));
+            }
+            DirectoryContent::Hashed { .. } => self.chain(key, hash_prefix)?,
+        };
+        for slot in slots {
+            let Node::Bucket { entries, .. } = self.node(NodeKey::Slot(slot))? else { unreachable!() };
+            if let Some(entry) = entries.into_iter().find(|entry| entry.ino == ino) {
+                return Ok(Some(entry.target));
+            }
+        }
+        Ok(None)
     }
 
     fn direct_table_capacity(&self) -> usize {

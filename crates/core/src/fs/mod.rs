@@ -14,11 +14,14 @@
 //! durable, and fsync, sync and unmount take one. After a crash the file
 //! system is exactly what the last checkpoint recorded.
 //!
-//! Inode numbers: a directory's is its slot plus one (the root is 1), so
-//! it needs no table; files take numbers from [`FILE_INO_FIRST`] up, never
-//! reused. The engine keeps a table entry only for files the caller holds
-//! a reference to (from lookup, create, mknod, symlink and link, released
-//! by [`Fs::forget`]) or that have state in memory, as a FUSE server does.
+//! Inode numbers are slots plus one (the root is 1). A directory's slot
+//! locates its page; a file with one link has a *locator* in its slot (the
+//! directory of its entry and its name hash), so it can be found by number
+//! (the cleaner does, from an inverted index) without the map following
+//! every move of its inode. Numbers are reused; an inode's `born` version
+//! tells its lives apart. The engine keeps a table entry for files the
+//! caller holds a reference to (from lookup, create, mknod, symlink and
+//! link, released by [`Fs::forget`]) or that have state in memory.
 
 mod check;
 mod checkpoint;
@@ -32,7 +35,7 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 
 use flintfs_flash::FlashDevice;
-use flintfs_format::{Pointer, SLOT_NONE};
+use flintfs_format::Pointer;
 
 use crate::cache::PageCache;
 use crate::error::{errno, Error, Result};
@@ -40,9 +43,6 @@ use crate::volume::{MkfsOptions, MountReport, Volume};
 
 pub use ops::{Attributes, DirectoryEntry, RenameFlags, SetAttributes, StatFs, XattrFlags};
 
-/// The first inode number of a file; below it, inode numbers are
-/// directories (slot + 1).
-pub const FILE_INO_FIRST: u64 = 1 << 32;
 /// The root directory's slot.
 pub const ROOT_SLOT: u32 = 0;
 /// Default byte bound of the node cache.
@@ -67,7 +67,6 @@ const PAGE_SIZE_BYTES_LARGEST: usize = 64 * 1024;
 const _: () = assert!(NODE_CACHE_BYTES_DEFAULT >= CACHE_PAGES_MIN * PAGE_SIZE_BYTES_LARGEST);
 const _: () = assert!(DATA_BUFFER_BYTES_DEFAULT >= CACHE_PAGES_MIN * PAGE_SIZE_BYTES_LARGEST);
 const _: () = assert!(READ_CACHE_BYTES_DEFAULT >= CACHE_PAGES_MIN * PAGE_SIZE_BYTES_LARGEST / 2);
-const _: () = assert!(FILE_INO_FIRST > SLOT_NONE as u64);
 
 /// Where the engine gets the time. It reads no clock of its own.
 pub trait Clock: Send {
@@ -217,8 +216,7 @@ impl<D: FlashDevice> Fs<D> {
     pub fn format(device: D, options: &MkfsOptions, clock: Box<dyn Clock>) -> Result<D> {
         let mut device = device;
         crate::volume::mkfs(&mut device, options)?;
-        let (mut volume, _) = Volume::mount(device)?;
-        volume.checkpoint.ino_next = FILE_INO_FIRST;
+        let (volume, _) = Volume::mount(device)?;
         let mut fs = Fs::assemble(volume, FsOptions::default(), clock)?;
         fs.make_root()?;
         fs.checkpoint()?;
@@ -256,12 +254,6 @@ impl<D: FlashDevice> Fs<D> {
                 "the checkpoint has {} map pages for {} slots",
                 tree.map_pages.len(),
                 tree.slot_count
-            )));
-        }
-        if volume.checkpoint.ino_next < FILE_INO_FIRST && tree.slot_count > 0 {
-            return Err(Error::corrupt(format!(
-                "the next file inode number {} is below the first, {FILE_INO_FIRST}",
-                volume.checkpoint.ino_next
             )));
         }
         if tree.slot_count > crate::volume::slots_max(&volume.device().geometry()) {

@@ -15,8 +15,64 @@ use crate::cache::Dirty;
 use crate::error::{errno, Error, Result};
 
 /// Marks a free slot's map entry; the low 32 bits chain to the next free
-/// slot. A node pointer never has the top bit set (it has no chunk units).
+/// slot.
 pub(crate) const MAP_FREE_TAG: u64 = 1 << 63;
+/// Marks a locator: the map entry of a file with one link, which is found
+/// through its entry, not the map. The low 32 bits are the directory
+/// holding that entry, bits 32..62 the top 30 bits of its name hash. It
+/// changes when the file is created, renamed or linked, never when its
+/// inode moves.
+pub(crate) const MAP_LOCATOR_TAG: u64 = 3 << 62;
+/// Bits of the name hash a locator keeps.
+const LOCATOR_HASH_SHIFT: u32 = 33;
+
+// A node or inode record pointer never has bit 62 or 63 set: an inode
+// record is under 16 KiB, so its size in units stays below 2^10.
+const _: () = assert!(
+    flintfs_format::INODE_RECORD_HEADER_BYTES
+        + flintfs_format::INODE_FIXED_BYTES
+        + flintfs_format::XATTR_BYTES_CAP
+        + flintfs_format::INLINE_BYTES_CAP
+        < (1 << 10) * flintfs_format::CHUNK_UNIT_BYTES as usize
+);
+
+/// What a slot's map entry says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum MapEntry {
+    /// Allocated; its node has not been written yet.
+    Unwritten,
+    Free {
+        next: u32,
+    },
+    /// A file with one link, in directory `parent` under a name whose hash
+    /// starts with `hash_prefix`.
+    Locator {
+        parent: u64,
+        hash_prefix: u64,
+    },
+    /// The node's page, or an inode record.
+    Home(Pointer),
+}
+
+impl MapEntry {
+    pub(crate) fn decode(value: u64) -> MapEntry {
+        if value == 0 {
+            MapEntry::Unwritten
+        } else if value & MAP_LOCATOR_TAG == MAP_LOCATOR_TAG {
+            let hash_prefix = ((value >> 32) & ((1 << 30) - 1)) << LOCATOR_HASH_SHIFT;
+            MapEntry::Locator { parent: value & 0xffff_ffff, hash_prefix }
+        } else if value & MAP_FREE_TAG != 0 {
+            MapEntry::Free { next: value as u32 }
+        } else {
+            MapEntry::Home(Pointer(value))
+        }
+    }
+
+    pub(crate) fn locator(parent: u64, hash: u64) -> u64 {
+        debug_assert!(parent <= u64::from(u32::MAX) && hash >> 63 == 0);
+        MAP_LOCATOR_TAG | (hash >> LOCATOR_HASH_SHIFT) << 32 | parent
+    }
+}
 
 /// Slots one map page holds.
 pub(crate) fn map_capacity(page_size: usize) -> usize {
@@ -135,17 +191,21 @@ impl<D: FlashDevice> Fs<D> {
                 .get(page as usize)
                 .copied()
                 .ok_or_else(|| Error::corrupt(format!("map page {page} is past the map"))),
-            NodeKey::Slot(slot) => {
-                let entry = self.map_get(slot)?;
-                if entry & MAP_FREE_TAG != 0 {
-                    return Err(Error::corrupt(format!("slot {slot} is free")));
+            NodeKey::Slot(slot) => match MapEntry::decode(self.map_get(slot)?) {
+                MapEntry::Home(home) => Ok(home),
+                MapEntry::Unwritten => Ok(Pointer::NULL),
+                MapEntry::Free { .. } => Err(Error::new(errno::ENOENT, format!("slot {slot} is free"))),
+                MapEntry::Locator { .. } => {
+                    Err(Error::new(errno::ENOTDIR, format!("slot {slot} holds a file found through its entry")))
                 }
-                Ok(Pointer(entry))
-            }
-            NodeKey::File(ino) => match self.known.get(&ino).map(|known| known.location) {
-                Some(Location::Physical { home }) => Ok(home),
-                _ => Err(Error::new(errno::ENOENT, format!("inode {ino} is not known: look it up first"))),
             },
+            NodeKey::File(ino) => {
+                self.file_key(ino)?;
+                match self.known.get(&ino).map(|known| known.location) {
+                    Some(Location::Physical { home }) => Ok(home),
+                    _ => Err(Error::corrupt(format!("inode {ino} is not where its locator says"))),
+                }
+            }
             NodeKey::Index { level, ino, number } => self.index_pointer_to(ino, level, number),
         }
     }
@@ -175,15 +235,44 @@ impl<D: FlashDevice> Fs<D> {
         Ok(pointers[(number % fanout) as usize])
     }
 
-    /// The cache key of a file's inode node.
-    pub(crate) fn file_key(&self, ino: u64) -> Result<NodeKey> {
-        if ino < super::FILE_INO_FIRST {
-            return Err(Error::invalid(format!("inode {ino} is a directory")));
+    /// The cache key of inode `ino`, a directory or a file. A file with one
+    /// link is found through its locator: its directory's entry says where
+    /// its inode is, and the engine remembers that while it needs it.
+    pub(crate) fn file_key(&mut self, ino: u64) -> Result<NodeKey> {
+        let missing = || Error::new(errno::ENOENT, format!("inode {ino} does not exist"));
+        if ino == 0 || ino > u64::from(self.slot_count) {
+            return Err(missing());
         }
-        match self.known.get(&ino).map(|known| known.location) {
-            Some(Location::Slot(slot)) => Ok(NodeKey::Slot(slot)),
-            Some(Location::Physical { .. }) => Ok(NodeKey::File(ino)),
-            None => Err(Error::new(errno::ENOENT, format!("inode {ino} is not known: look it up first"))),
+        let slot = (ino - 1) as u32;
+        if let Some(known) = self.known.get(&ino) {
+            return Ok(match known.location {
+                Location::Physical { .. } => NodeKey::File(ino),
+                Location::Slot(slot) => NodeKey::Slot(slot),
+            });
+        }
+        if self.in_memory(NodeKey::Slot(slot)) {
+            return Ok(NodeKey::Slot(slot));
+        }
+        match MapEntry::decode(self.map_get(slot)?) {
+            MapEntry::Home(_) => Ok(NodeKey::Slot(slot)),
+            MapEntry::Unwritten | MapEntry::Free { .. } => Err(missing()),
+            MapEntry::Locator { parent, hash_prefix } => {
+                if parent == ino {
+                    return Err(Error::corrupt(format!("inode {ino}'s locator names itself")));
+                }
+                let target = self.directory_find_ino(parent, hash_prefix, ino)?.ok_or_else(|| {
+                    Error::corrupt(format!("inode {ino}'s locator names directory {parent}, which has no entry for it"))
+                })?;
+                let location = match target {
+                    Target::Physical(home) => Location::Physical { home },
+                    Target::Slot(found) if found == slot => Location::Slot(slot),
+                    Target::Slot(found) => {
+                        return Err(Error::corrupt(format!("inode {ino}'s entry names slot {found}")));
+                    }
+                };
+                self.known.insert(ino, super::Known { location, lookups: 0, orphan: false });
+                self.file_key(ino)
+            }
         }
     }
 
@@ -256,11 +345,9 @@ impl<D: FlashDevice> Fs<D> {
     pub(crate) fn allocate_slot(&mut self) -> Result<u32> {
         if self.free_slot_head != SLOT_NONE {
             let slot = self.free_slot_head;
-            let entry = self.map_get(slot)?;
-            if entry & MAP_FREE_TAG == 0 {
+            let MapEntry::Free { next } = MapEntry::decode(self.map_get(slot)?) else {
                 return Err(Error::corrupt(format!("slot {slot} heads the free list but is in use")));
-            }
-            let next = entry as u32;
+            };
             if next != SLOT_NONE && next >= self.slot_count {
                 return Err(Error::corrupt(format!("free slot {slot} chains to {next}, past the slots")));
             }
@@ -293,7 +380,11 @@ impl<D: FlashDevice> Fs<D> {
 
     /// Removes a slot's node and frees the slot.
     pub(crate) fn discard_slot(&mut self, slot: u32) -> Result<()> {
-        let home = if self.in_memory(NodeKey::Slot(slot)) { Pointer::NULL } else { Pointer(self.map_get(slot)?) };
+        let home = match MapEntry::decode(self.map_get(slot)?) {
+            _ if self.in_memory(NodeKey::Slot(slot)) => Pointer::NULL,
+            MapEntry::Home(home) => home,
+            _ => Pointer::NULL,
+        };
         self.discard(NodeKey::Slot(slot), home);
         self.free_slot(slot)
     }

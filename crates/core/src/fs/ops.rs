@@ -10,8 +10,9 @@ use flintfs_format::{
 };
 
 use super::directory::name_text;
+use super::nodes::MapEntry;
 use super::nodes::{Cached, NodeKey};
-use super::{Fs, Known, Location, FILE_INO_FIRST, ROOT_SLOT};
+use super::{Fs, Known, Location, ROOT_SLOT};
 use crate::cache::Dirty;
 use crate::error::{errno, Error, Result};
 use crate::volume::{RESERVE_ZONES, ROOT_INO};
@@ -170,33 +171,19 @@ impl<D: FlashDevice> Fs<D> {
         version
     }
 
-    /// The node key of any inode.
-    fn inode_key(&self, ino: u64) -> Result<NodeKey> {
-        if ino < FILE_INO_FIRST {
-            self.directory_key(ino)
-        } else {
-            self.file_key(ino)
-        }
-    }
-
     /// The inode of any file or directory.
     fn inode(&mut self, ino: u64) -> Result<Inode> {
-        if ino < FILE_INO_FIRST {
-            let Node::Directory { inode, .. } = self.directory(ino)? else { unreachable!() };
-            return Ok(inode);
-        }
-        match self.node(self.file_key(ino)?)? {
-            Node::File { inode, .. } if inode.ino == ino => Ok(inode),
+        let key = self.file_key(ino)?;
+        match self.node(key)? {
+            Node::File { inode, .. } | Node::Directory { inode, .. } if inode.ino == ino => Ok(inode),
             _ => Err(Error::new(errno::ENOENT, format!("inode {ino} does not exist"))),
         }
     }
 
     /// Changes an inode in place.
     fn change_inode<R>(&mut self, ino: u64, change: impl FnOnce(&mut Inode) -> R) -> Result<R> {
-        let key = self.inode_key(ino)?;
-        if ino < FILE_INO_FIRST {
-            self.directory(ino)?;
-        }
+        let key = self.file_key(ino)?;
+        self.inode(ino)?;
         self.modify(key, |node| match node {
             Node::Directory { inode, .. } | Node::File { inode, .. } => change(inode),
             _ => unreachable!("inode keys hold inodes"),
@@ -232,8 +219,8 @@ impl<D: FlashDevice> Fs<D> {
     }
 
     /// Holds one more reference to a file found through `target`.
-    fn remember(&mut self, ino: u64, target: Target) {
-        if ino < FILE_INO_FIRST {
+    fn remember(&mut self, ino: u64, target: Target, file_type: FileType) {
+        if file_type == FileType::Directory {
             return;
         }
         let location = match target {
@@ -261,7 +248,7 @@ impl<D: FlashDevice> Fs<D> {
         let entry = self
             .directory_lookup(parent, name)?
             .ok_or_else(|| Error::new(errno::ENOENT, format!("no {:?} in directory {parent}", name_text(name))))?;
-        self.remember(entry.ino, entry.target);
+        self.remember(entry.ino, entry.target, entry.file_type);
         self.getattr(entry.ino)
     }
 
@@ -296,6 +283,7 @@ impl<D: FlashDevice> Fs<D> {
             fs.reserve_space(2)?;
             let now = fs.now();
             let version = fs.take_version();
+            fs.volume.count_inode_created();
             let hash = name_hash(fs.hash_seed, name);
             let mut inode = Inode {
                 born: version,
@@ -326,7 +314,9 @@ impl<D: FlashDevice> Fs<D> {
                 fs.insert_new(NodeKey::Slot(slot), node);
                 (NodeKey::Slot(slot), Target::Slot(slot))
             } else {
-                inode.ino = fs.volume.allocate_ino();
+                let slot = fs.allocate_slot()?;
+                inode.ino = u64::from(slot) + 1;
+                fs.map_set(slot, MapEntry::locator(parent, hash))?;
                 let node =
                     Node::File { slot: SLOT_NONE, inode: inode.clone(), content: FileContent::Inline(Vec::new()) };
                 fs.insert_new(NodeKey::File(inode.ino), node);
@@ -339,12 +329,8 @@ impl<D: FlashDevice> Fs<D> {
             let entry = Entry { hash, ino: inode.ino, target, file_type, name: name.to_vec() };
             if let Err(error) = fs.directory_insert(parent, entry) {
                 fs.take(key);
-                match key {
-                    NodeKey::Slot(slot) => fs.free_slot(slot)?,
-                    _ => {
-                        fs.known.remove(&inode.ino);
-                    }
-                }
+                fs.known.remove(&inode.ino);
+                fs.free_slot((inode.ino - 1) as u32)?;
                 return Err(error);
             }
             fs.change_inode(parent, |directory| {
@@ -401,11 +387,11 @@ impl<D: FlashDevice> Fs<D> {
     /// moves to the map first: its entries then name a slot, not a page.
     pub fn link(&mut self, ino: u64, new_parent: u64, new_name: &[u8]) -> Result<Attributes> {
         check_name(new_name)?;
-        if ino < FILE_INO_FIRST {
-            return Err(Error::new(errno::EPERM, "directories cannot be hard-linked"));
-        }
         self.mutate(0, |fs| {
             let inode = fs.inode(ino)?;
+            if inode.file_type() == Some(FileType::Directory) {
+                return Err(Error::new(errno::EPERM, "directories cannot be hard-linked"));
+            }
             if fs.inode(new_parent)?.file_type() != Some(FileType::Directory) {
                 return Err(Error::new(errno::ENOTDIR, format!("inode {new_parent} is not a directory")));
             }
@@ -416,9 +402,9 @@ impl<D: FlashDevice> Fs<D> {
                 return Err(Error::new(errno::ENOENT, format!("inode {ino} has been unlinked")));
             }
             fs.reserve_space(2)?;
-            let slot = match fs.known[&ino].location {
-                Location::Slot(slot) => slot,
-                Location::Physical { .. } => fs.move_to_map(ino)?,
+            let slot = match fs.known.get(&ino).map(|known| known.location) {
+                Some(Location::Slot(slot)) => slot,
+                _ => fs.move_to_map(ino)?,
             };
             let now = fs.now();
             let file_type = inode.file_type().expect("typed");
@@ -446,7 +432,7 @@ impl<D: FlashDevice> Fs<D> {
     /// Moves a physically located file into the map; returns its slot.
     fn move_to_map(&mut self, ino: u64) -> Result<u32> {
         self.ensure(NodeKey::File(ino))?;
-        let slot = self.allocate_slot()?;
+        let slot = (ino - 1) as u32;
         let mut cached = self.take(NodeKey::File(ino)).expect("ensured");
         let Node::File { slot: node_slot, inode, .. } = &mut cached.node else { unreachable!() };
         let (parent, hash) = (inode.parent, inode.name_hash);
@@ -456,6 +442,8 @@ impl<D: FlashDevice> Fs<D> {
         // The old page stops counting when the node is next written.
         self.cache_insert(NodeKey::Slot(slot), Cached { node: cached.node, home: cached.home }, Dirty::BOTH);
         self.known.get_mut(&ino).expect("known").location = Location::Slot(slot);
+        // Written when the node is: until then the node is in memory.
+        self.map_set(slot, 0)?;
         self.directory_set_target(parent, hash, ino, Target::Slot(slot))?;
         Ok(slot)
     }
@@ -494,9 +482,8 @@ impl<D: FlashDevice> Fs<D> {
     /// One link of a file is gone: deletes it if that was the last and
     /// nobody holds it, or keeps it as an orphan until they let go.
     fn drop_link(&mut self, ino: u64, target: Target, now: i64) -> Result<()> {
-        let registered = !self.known.contains_key(&ino);
-        if registered {
-            self.remember(ino, target);
+        if !self.known.contains_key(&ino) {
+            self.remember(ino, target, FileType::Regular);
             self.known.get_mut(&ino).expect("remembered").lookups = 0;
         }
         let nlink = self.change_inode(ino, |inode| {
@@ -527,7 +514,10 @@ impl<D: FlashDevice> Fs<D> {
             self.dirty_blocks.remove(&key);
         }
         match self.known.get(&ino).map(|known| known.location) {
-            Some(Location::Physical { home }) => self.discard(NodeKey::File(ino), home),
+            Some(Location::Physical { home }) => {
+                self.discard(NodeKey::File(ino), home);
+                self.free_slot((ino - 1) as u32)?;
+            }
             Some(Location::Slot(slot)) => self.discard_slot(slot)?,
             None => return Err(Error::corrupt(format!("deleting inode {ino}, which is not known"))),
         }
@@ -707,10 +697,13 @@ impl<D: FlashDevice> Fs<D> {
             }
         } else {
             if !self.known.contains_key(&entry.ino) {
-                self.remember(entry.ino, target);
+                self.remember(entry.ino, target, entry.file_type);
                 self.known.get_mut(&entry.ino).expect("remembered").lookups = 0;
             }
             let physical = matches!(self.known[&entry.ino].location, Location::Physical { .. });
+            if physical {
+                self.map_set((entry.ino - 1) as u32, MapEntry::locator(directory, hash))?;
+            }
             self.change_inode(entry.ino, |inode| {
                 if physical {
                     inode.parent = directory;
@@ -941,10 +934,10 @@ impl<D: FlashDevice> Fs<D> {
         let listed = self.readdir(ino, cookie, count)?;
         let mut out = Vec::with_capacity(listed.len());
         for entry in listed {
-            if entry.name != b"." && entry.name != b".." && entry.ino >= FILE_INO_FIRST {
+            if entry.name != b"." && entry.name != b".." && entry.file_type != FileType::Directory {
                 let found = self.directory_lookup(ino, &entry.name)?;
                 if let Some(found) = found {
-                    self.remember(found.ino, found.target);
+                    self.remember(found.ino, found.target, found.file_type);
                 }
             }
             let attributes = self.getattr(entry.ino)?;
