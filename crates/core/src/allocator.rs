@@ -197,6 +197,13 @@ impl<D: FlashDevice> Volume<D> {
         Ok(zone)
     }
 
+    /// Free zones allocation can hand out (the reserve apart, unless
+    /// allowed).
+    pub fn allocatable_zone_count(&self) -> usize {
+        let taken = &self.checkpoint.unindexed[..self.unindexed_used];
+        self.allocatable_zones(&self.checkpoint).into_iter().filter(|zone| !taken.contains(zone)).count()
+    }
+
     /// Zones still to be taken from the declared unindexed list.
     pub fn unindexed_remaining(&self) -> usize {
         self.checkpoint.unindexed.len().saturating_sub(self.unindexed_used)

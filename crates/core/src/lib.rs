@@ -21,8 +21,9 @@ pub use cache::{Dirty, Evicted, PageCache};
 pub use check::CheckReport;
 pub use error::{errno, Error, Result};
 pub use fs::{
-    Attributes, Clock, DirectoryEntry, Fs, FsCounters, FsOptions, ManualClock, RenameFlags, SetAttributes, StatFs,
-    XattrFlags, CACHE_PAGES_MIN,
+    Attributes, CleanerCounters, Clock, DirectoryEntry, Fs, FsCounters, FsOptions, ManualClock, RenameFlags,
+    SetAttributes, StatFs, XattrFlags, CACHE_PAGES_MIN, CLEAN_IDLE_WATER_ZONES, CLEAN_LOW_WATER_ZONES,
+    CLEAN_ZONES_PER_OPERATION_MAX, WEAR_SPREAD_MAX,
 };
 pub use volume::{
     mkfs, slots_max, zones_min, MkfsOptions, MountReport, Volume, LOG_HEAD_ROLES, OPEN_ZONES_NEEDED, RESERVE_ZONES,

@@ -291,6 +291,8 @@ pub struct RunReport {
     pub operations: u64,
     pub errors_expected: u64,
     pub checkpoints: u64,
+    /// Zones the cleaner cleaned in the last mount of the run.
+    pub zones_cleaned: u64,
 }
 
 /// Runs `operations` generated operations from `seed` on the engine and
@@ -331,6 +333,7 @@ pub fn run_model(setup: &Setup, seed: u64, operations: u64, check_every: u64) ->
         return Err(fail(operations, describe_difference(&model.snapshot(), &snapshot)));
     }
     report.checkpoints = subject.fs().counters().checkpoints;
+    report.zones_cleaned = subject.fs().cleaner_counters().zones_cleaned;
     Ok(report)
 }
 

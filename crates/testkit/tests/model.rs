@@ -21,8 +21,8 @@ fn random_workloads_match_the_model() {
     for seed in first..first + seeds {
         match run_model(&setup, seed, operations, 1) {
             Ok(report) => eprintln!(
-                "seed {seed}: {} operations, {} expected errors, {} checkpoints",
-                report.operations, report.errors_expected, report.checkpoints
+                "seed {seed}: {} operations, {} expected errors, {} checkpoints, {} zones cleaned (since the last remount)",
+                report.operations, report.errors_expected, report.checkpoints, report.zones_cleaned
             ),
             Err(failure) => panic!("{failure}"),
         }

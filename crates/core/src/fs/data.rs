@@ -424,7 +424,7 @@ impl<D: FlashDevice> Fs<D> {
                 };
                 if packer.count() == flintfs_format::Pointer::CHUNKS_MAX || !packer.push(&header, &buffer[..valid]) {
                     let full = std::mem::replace(&mut packer, PackedPage::new(page_size));
-                    if let Err(error) = self.program_packed(full, &mut packed) {
+                    if let Err(error) = self.program_packed(full, &mut packed, ZoneRole::HotData) {
                         self.dirty_blocks.insert((ino, block), buffer);
                         return Err(error);
                     }
@@ -454,18 +454,23 @@ impl<D: FlashDevice> Fs<D> {
             self.release(old);
         }
         if packer.count() > 0 {
-            self.program_packed(packer, &mut packed)?;
+            self.program_packed(packer, &mut packed, ZoneRole::HotData)?;
         }
         Ok(())
     }
 
     /// Programs a page of packed chunks and points each file at its chunk.
     /// If the page cannot be programmed, the chunks go back to the buffer.
-    fn program_packed(&mut self, packer: PackedPage, chunks: &mut Vec<PackedChunk>) -> Result<()> {
+    pub(crate) fn program_packed(
+        &mut self,
+        packer: PackedPage,
+        chunks: &mut Vec<PackedChunk>,
+        role: ZoneRole,
+    ) -> Result<()> {
         let (data, length, count) = packer.finish();
         assert_eq!(count as usize, chunks.len(), "one chunk per block packed");
         let meta = PageMeta::new(PageKind::PackedData, length).with_count(count);
-        let address = match self.volume.append(ZoneRole::HotData, meta, &data) {
+        let address = match self.volume.append(role, meta, &data) {
             Ok(address) => address,
             Err(error) => {
                 for chunk in chunks.drain(..) {
@@ -486,10 +491,11 @@ impl<D: FlashDevice> Fs<D> {
     }
 }
 
-/// A block on its way into a packed page.
-struct PackedChunk {
-    ino: u64,
-    block: u64,
-    units: u32,
-    buffer: Vec<u8>,
+/// A block on its way into a packed page, with its whole buffer, which
+/// goes back to the buffered blocks if the page cannot be programmed.
+pub(crate) struct PackedChunk {
+    pub ino: u64,
+    pub block: u64,
+    pub units: u32,
+    pub buffer: Vec<u8>,
 }

@@ -25,6 +25,7 @@
 
 mod check;
 mod checkpoint;
+mod cleaner;
 mod data;
 mod directory;
 mod nodes;
@@ -41,6 +42,9 @@ use crate::cache::PageCache;
 use crate::error::{errno, Error, Result};
 use crate::volume::{MkfsOptions, MountReport, Volume};
 
+pub use cleaner::{
+    CleanerCounters, CLEAN_IDLE_WATER_ZONES, CLEAN_LOW_WATER_ZONES, CLEAN_ZONES_PER_OPERATION_MAX, WEAR_SPREAD_MAX,
+};
 pub use ops::{Attributes, DirectoryEntry, RenameFlags, SetAttributes, StatFs, XattrFlags};
 
 /// The root directory's slot.
@@ -208,6 +212,10 @@ pub struct Fs<D: FlashDevice> {
     pub(crate) changed: bool,
     last_checkpoint_ns: i64,
     pub(crate) counters: FsCounters,
+    pub(crate) cleaner: CleanerCounters,
+    /// Victims the cleaner could not empty this mount (see
+    /// [`CleanerCounters::zones_stuck`]).
+    pub(crate) cleaner_stuck: std::collections::BTreeSet<u32>,
 }
 
 impl<D: FlashDevice> Fs<D> {
@@ -277,6 +285,8 @@ impl<D: FlashDevice> Fs<D> {
             changed: false,
             last_checkpoint_ns: now,
             counters: FsCounters::default(),
+            cleaner: CleanerCounters::default(),
+            cleaner_stuck: std::collections::BTreeSet::new(),
             volume,
         })
     }
@@ -355,6 +365,7 @@ impl<D: FlashDevice> Fs<D> {
         if self.changed && now.saturating_sub(self.last_checkpoint_ns) >= interval {
             return self.checkpoint();
         }
+        self.clean_if_low()?;
         if self.unindexed_short(data_pages) {
             self.checkpoint()?;
         }
@@ -377,19 +388,27 @@ impl<D: FlashDevice> Fs<D> {
 
     /// Errors with ENOSPC unless `pages` more can be written on top of what
     /// is buffered, keeping room for the checkpoint that makes it durable.
-    pub(crate) fn reserve_space(&self, pages: u64) -> Result<()> {
-        let dirty = (self.dirty_blocks.len() + self.nodes.dirty_count() + self.pending.len()) as u64;
-        let available = self.volume.allocatable_pages()
-            + self.volume.head_free_pages(flintfs_format::ZoneRole::HotData)
-            + self.volume.head_free_pages(flintfs_format::ZoneRole::Node);
-        let margin = OPERATION_NODE_PAGES_MAX + self.map_pages.len() as u64;
-        if dirty + pages + margin > available {
-            return Err(Error::new(
-                errno::ENOSPC,
-                format!("no space: {pages} pages wanted, {dirty} buffered, {available} free"),
-            ));
+    /// Cleans first, up to [`CLEAN_ZONES_PER_OPERATION_MAX`] zones, when
+    /// that may make the room: a full device says ENOSPC, it never spins.
+    pub(crate) fn reserve_space(&mut self, pages: u64) -> Result<()> {
+        let mut cleaned = 0;
+        loop {
+            let dirty = (self.dirty_blocks.len() + self.nodes.dirty_count() + self.pending.len()) as u64;
+            let available = self.volume.allocatable_pages()
+                + self.volume.head_free_pages(flintfs_format::ZoneRole::HotData)
+                + self.volume.head_free_pages(flintfs_format::ZoneRole::Node);
+            let margin = OPERATION_NODE_PAGES_MAX + self.map_pages.len() as u64;
+            if dirty + pages + margin <= available {
+                return Ok(());
+            }
+            if cleaned >= CLEAN_ZONES_PER_OPERATION_MAX || self.clean(1)? == 0 {
+                return Err(Error::new(
+                    errno::ENOSPC,
+                    format!("no space: {pages} pages wanted, {dirty} buffered, {available} free"),
+                ));
+            }
+            cleaned += 1;
         }
-        Ok(())
     }
 
     pub(crate) fn mark_checkpointed(&mut self) {

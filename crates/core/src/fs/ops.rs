@@ -6,7 +6,7 @@
 use flintfs_flash::FlashDevice;
 use flintfs_format::{
     inline_bytes_max, name_hash, validate_name, xattr_bytes_max, DirectoryContent, Entry, FileContent, FileType, Inode,
-    Node, Pointer, Target, FIRST_DYNAMIC_ZONE, INDEX_ROOTS, NAME_BYTES_MAX, SLOT_NONE, XATTR_NAME_BYTES_MAX,
+    Node, Pointer, Target, FIRST_DYNAMIC_ZONE, NAME_BYTES_MAX, SLOT_NONE, XATTR_NAME_BYTES_MAX,
 };
 
 use super::directory::name_text;
@@ -1009,22 +1009,31 @@ impl<D: FlashDevice> Fs<D> {
         })
     }
 
+    /// Space as users can have it: the dynamic zones less what the layout
+    /// always keeps back (the cleaner's reserve, a partly filled zone per
+    /// log head, the free zones below which operations clean first), so a
+    /// device filled to what this reports still cleans and never stalls.
     pub fn statfs(&mut self) -> Result<StatFs> {
         let geometry = self.volume.device().geometry();
         let reports = self.volume.device().report_zones();
-        let dynamic: Vec<_> = reports.iter().filter(|report| report.zone >= FIRST_DYNAMIC_ZONE).collect();
-        let blocks: u64 = dynamic.iter().map(|report| u64::from(report.capacity_pages)).sum();
+        let dynamic: u64 = reports
+            .iter()
+            .filter(|report| report.zone >= FIRST_DYNAMIC_ZONE)
+            .map(|report| u64::from(report.capacity_pages))
+            .sum();
+        let kept_back_zones =
+            u64::from(RESERVE_ZONES) + crate::volume::LOG_HEAD_ROLES.len() as u64 + super::CLEAN_LOW_WATER_ZONES as u64;
+        let blocks = dynamic.saturating_sub(kept_back_zones * geometry.zone_pages());
         let used_bytes: u64 = self.volume.checkpoint.zones.iter().map(|usage| usage.valid_bytes).sum();
         let used = used_bytes.div_ceil(self.block_bytes()) + self.dirty_blocks.len() as u64;
-        let reserve = u64::from(RESERVE_ZONES) * geometry.zone_pages() + INDEX_ROOTS as u64;
         let free = blocks.saturating_sub(used);
         Ok(StatFs {
             block_size: self.page_size as u32,
             blocks,
             blocks_free: free,
-            blocks_available: free.saturating_sub(reserve),
-            files: u64::from(u32::MAX),
-            files_free: u64::from(u32::MAX - self.slot_count),
+            blocks_available: free,
+            files: u64::from(crate::volume::slots_max(&geometry)),
+            files_free: u64::from(crate::volume::slots_max(&geometry).saturating_sub(self.slot_count)),
             name_max: NAME_BYTES_MAX as u32,
         })
     }

@@ -1,0 +1,376 @@
+//! The cleaner. It picks a victim zone by cost-benefit (Rosenblum and
+//! Ousterhout's LFS: free space gained times age, over the cost of reading
+//! the zone and writing what is live), reads every page, and decides
+//! liveness from each page's own inverted index against the current tree:
+//! a data block or chunk is live when its file's index points at it, a node
+//! when what locates it (the map, an entry, a parent index page) does. Live
+//! data moves to the cold data head (hot and cold apart); live nodes are
+//! marked dirty and move through the ordinary write-back. A checkpoint then
+//! records the moves; only then is the zone, which nothing references any
+//! more, released, declared and reset.
+//!
+//! The segment usage table is the safety net: a zone is released only
+//! when its valid bytes reach zero, and the checker holds those counts to
+//! what the tree references. A liveness mistake can leave a zone
+//! uncleaned, never free a page still in use.
+//!
+//! Static wear levelling: when the spread of erase counts passes
+//! [`WEAR_SPREAD_MAX`], the least worn zone holding data is cleaned
+//! whatever its score, so its cold data moves and the zone goes back into
+//! allocation, which takes the least worn free zone first.
+
+use std::collections::BTreeMap;
+
+use flintfs_flash::{FlashDevice, PageAddress, ZoneState};
+use flintfs_format::{
+    decode_inode_pack, is_inode_pack, parse_packed, ChunkHeader, ChunkKind, Compression, InvertedIndex, Node,
+    PackedPage, PageKind, Pointer, ZoneRole, CHUNK_HEADER_BYTES, CHUNK_UNIT_BYTES, FIRST_DYNAMIC_ZONE,
+};
+
+use super::nodes::{MapEntry, NodeKey};
+use super::{Fs, Location};
+use crate::allocator::PageMeta;
+use crate::error::{errno, Result};
+
+/// Free zones below which operations clean first (in the foreground).
+pub const CLEAN_LOW_WATER_ZONES: usize = 3;
+/// Free zones below which an idle file system cleans (in the background).
+pub const CLEAN_IDLE_WATER_ZONES: usize = 6;
+/// Zones one operation cleans at most before it gives up with ENOSPC: the
+/// bound on a foreground stall.
+pub const CLEAN_ZONES_PER_OPERATION_MAX: usize = 4;
+/// Spread of erase counts (most worn zone minus least worn) past which
+/// static wear levelling moves cold data.
+pub const WEAR_SPREAD_MAX: u32 = 16;
+/// A victim fuller than this (valid bytes per thousand of capacity) gains
+/// too little to be worth cleaning.
+const VICTIM_FULLNESS_MAX_PER_MILLE: u64 = 970;
+
+/// What the cleaner has done since mount.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CleanerCounters {
+    pub zones_cleaned: u64,
+    pub zones_for_wear: u64,
+    pub pages_read: u64,
+    pub data_pages_moved: u64,
+    pub chunks_moved: u64,
+    pub nodes_moved: u64,
+    /// Bytes the cleaner wrote (data it moved); with what the host wrote,
+    /// the cleaner's write amplification.
+    pub bytes_moved: u64,
+    /// Victims still holding referenced bytes after cleaning: a liveness
+    /// decision the accounting disagreed with. Never chosen again this
+    /// mount; always zero unless something is wrong.
+    pub zones_stuck: u64,
+}
+
+impl<D: FlashDevice> Fs<D> {
+    /// Free zones allocation can still hand out (the cleaner's reserve
+    /// apart).
+    pub fn free_zones(&self) -> usize {
+        self.volume.allocatable_zone_count()
+    }
+
+    /// The zone the cleaner would take next, and whether for wear.
+    fn choose_victim(&self) -> Option<(u32, bool)> {
+        let reports = self.volume.device().report_zones();
+        let checkpoint = &self.volume.checkpoint;
+        let page_size = self.page_size as u64;
+        let candidates: Vec<_> = reports
+            .iter()
+            .filter(|report| {
+                let usage = &checkpoint.zones[report.zone as usize];
+                report.zone >= FIRST_DYNAMIC_ZONE
+                    && matches!(usage.role, ZoneRole::HotData | ZoneRole::ColdData | ZoneRole::Node)
+                    && !checkpoint.heads.iter().any(|head| head.zone == report.zone)
+                    && matches!(report.state, ZoneState::Full | ZoneState::Closed | ZoneState::Open)
+                    && report.capacity_pages > 0
+                    && usage.valid_bytes > 0
+                    && !self.cleaner_stuck.contains(&report.zone)
+            })
+            .collect();
+        // Wear first: the least worn zone holding data, when the spread is
+        // past its bound.
+        let most_worn = reports.iter().map(|report| report.erase_count_max).max().unwrap_or(0);
+        if let Some(coldest) = candidates.iter().min_by_key(|report| (report.erase_count_max, report.zone)) {
+            if most_worn.saturating_sub(coldest.erase_count_max) > WEAR_SPREAD_MAX {
+                return Some((coldest.zone, true));
+            }
+        }
+        let sequence_now = checkpoint.sequence_next;
+        candidates
+            .iter()
+            .filter_map(|report| {
+                let usage = &checkpoint.zones[report.zone as usize];
+                let capacity = u64::from(report.capacity_pages) * page_size;
+                if usage.valid_bytes * 1000 > capacity * VICTIM_FULLNESS_MAX_PER_MILLE {
+                    return None;
+                }
+                // Cost-benefit: (1 - u) * age / (1 + u), with u in
+                // thousandths to stay in integers.
+                let used = (usage.valid_bytes * 1000 / capacity.max(1)).min(1000);
+                let age = sequence_now.saturating_sub(usage.last_sequence) + 1;
+                let score = u128::from(1000 - used) * u128::from(age) / u128::from(1000 + used);
+                Some((score, std::cmp::Reverse(report.zone)))
+            })
+            .max()
+            .map(|(_, std::cmp::Reverse(zone))| (zone, false))
+    }
+
+    /// Cleans up to `zones` zones; returns how many it cleaned. Ends with
+    /// a checkpoint, after which the cleaned zones are free.
+    pub fn clean(&mut self, zones: usize) -> Result<usize> {
+        let reserve = self.volume.reserve_allowed;
+        self.volume.reserve_allowed = true;
+        let result = self.clean_zones(zones);
+        self.volume.reserve_allowed = reserve;
+        result
+    }
+
+    fn clean_zones(&mut self, zones: usize) -> Result<usize> {
+        let mut cleaned = Vec::new();
+        for _ in 0..zones {
+            let Some((victim, for_wear)) = self.choose_victim() else { break };
+            self.move_live(victim)?;
+            cleaned.push(victim);
+            self.cleaner.zones_cleaned += 1;
+            if for_wear {
+                self.cleaner.zones_for_wear += 1;
+            }
+        }
+        if cleaned.is_empty() {
+            return Ok(0);
+        }
+        // The moves become durable, and the victims, which nothing
+        // references any more, are released by this checkpoint.
+        self.changed = true;
+        self.checkpoint()?;
+        for zone in &cleaned {
+            if self.volume.checkpoint.zones[*zone as usize].valid_bytes > 0 {
+                self.cleaner.zones_stuck += 1;
+                self.cleaner_stuck.insert(*zone);
+            }
+        }
+        Ok(cleaned.len())
+    }
+
+    /// Cleans in the background: a zone when free zones run low or the
+    /// wear spread is past its bound. Returns whether it did anything.
+    pub fn idle(&mut self) -> Result<bool> {
+        let wear = self.choose_victim().is_some_and(|(_, for_wear)| for_wear);
+        if self.free_zones() >= CLEAN_IDLE_WATER_ZONES && !wear {
+            return Ok(false);
+        }
+        Ok(self.clean(1)? > 0)
+    }
+
+    /// Foreground cleaning before an operation, when free zones are low.
+    pub(crate) fn clean_if_low(&mut self) -> Result<()> {
+        if self.free_zones() < CLEAN_LOW_WATER_ZONES {
+            self.clean(1)?;
+        }
+        Ok(())
+    }
+
+    /// Moves everything live out of `zone`.
+    fn move_live(&mut self, zone: u32) -> Result<()> {
+        let write_pointer = self.volume.device().report_zone(zone)?.write_pointer;
+        let mut packer = PackedPage::new(self.page_size);
+        let mut packed: Vec<super::data::PackedChunk> = Vec::new();
+        for page in 0..write_pointer {
+            let address = PageAddress::new(zone, page);
+            self.cleaner.pages_read += 1;
+            // A page that does not verify is garbage or already lost: if
+            // something references it, the checker says so; moving it
+            // would not help.
+            let Ok((header, data)) = self.volume.read_page(address) else { continue };
+            let here = Pointer::page_at(zone, page);
+            match header.kind {
+                PageKind::DataBlock => {
+                    let InvertedIndex { ino, offset, version } = header.inverted;
+                    let block = offset / self.block_bytes();
+                    if self.block_is_live(ino, version, block, here)? {
+                        self.move_block(ino, block, here, header.length, version, data)?;
+                    }
+                }
+                PageKind::PackedData => {
+                    let Ok(chunks) = parse_packed(&data, header.length, header.count) else { continue };
+                    for (index, (chunk, range)) in chunks.into_iter().enumerate() {
+                        let block = chunk.offset / self.block_bytes();
+                        let units = (CHUNK_HEADER_BYTES + range.len()).div_ceil(CHUNK_UNIT_BYTES as usize) as u32;
+                        let pointer = Pointer::new(zone, page, index as u32 + 1, units);
+                        if chunk.kind != ChunkKind::FileData
+                            || !self.block_is_live(chunk.ino, chunk.version, block, pointer)?
+                        {
+                            continue;
+                        }
+                        let header = ChunkHeader { compression: chunk.compression, ..chunk };
+                        let payload = &data[range];
+                        if packer.count() == Pointer::CHUNKS_MAX || !packer.push(&header, payload) {
+                            let full = std::mem::replace(&mut packer, PackedPage::new(self.page_size));
+                            self.program_packed(full, &mut packed, ZoneRole::ColdData)?;
+                            assert!(packer.push(&header, payload), "a chunk that fit a page fits an empty one");
+                        }
+                        let mut buffer = vec![0u8; self.page_size];
+                        if chunk.compression == Compression::None {
+                            buffer[..payload.len()].copy_from_slice(payload);
+                        }
+                        packed.push(super::data::PackedChunk { ino: chunk.ino, block, units, buffer });
+                        self.cleaner.chunks_moved += 1;
+                        self.cleaner.bytes_moved += u64::from(units) * u64::from(CHUNK_UNIT_BYTES);
+                    }
+                }
+                PageKind::Node => self.keep_live_nodes(zone, page, &data)?,
+                _ => {}
+            }
+        }
+        if packer.count() > 0 {
+            self.program_packed(packer, &mut packed, ZoneRole::ColdData)?;
+        }
+        Ok(())
+    }
+
+    /// Whether block `block` of `ino` (of version `version`) is at `here`.
+    fn block_is_live(&mut self, ino: u64, version: u64, block: u64, here: Pointer) -> Result<bool> {
+        let key = match self.file_key(ino) {
+            Ok(key) => key,
+            Err(error) if error.errno == errno::ENOENT || error.errno == errno::ENOTDIR => return Ok(false),
+            Err(error) => return Err(error),
+        };
+        match self.node(key)? {
+            Node::File { inode, .. } if inode.ino == ino && version >= inode.born => {}
+            _ => return Ok(false),
+        }
+        Ok(self.block_pointer(ino, block)? == here)
+    }
+
+    /// Moves a live data block to the cold data head.
+    fn move_block(
+        &mut self,
+        ino: u64,
+        block: u64,
+        here: Pointer,
+        length: u32,
+        version: u64,
+        data: Vec<u8>,
+    ) -> Result<()> {
+        let meta = PageMeta {
+            kind: PageKind::DataBlock,
+            end_of_record: false,
+            inverted: InvertedIndex { ino, offset: block * self.block_bytes(), version },
+            length,
+            count: 0,
+        };
+        let address = self.volume.append(ZoneRole::ColdData, meta, &data)?;
+        self.volume.account(address.zone, self.page_size as i64);
+        let old = self.set_block_pointer(ino, block, Pointer::page_at(address.zone, address.page))?;
+        debug_assert_eq!(old, here, "a live block is where its index says");
+        self.release(old);
+        self.cleaner.data_pages_moved += 1;
+        self.cleaner.bytes_moved += self.page_size as u64;
+        Ok(())
+    }
+
+    /// Marks every live node of a node page dirty, so write-back moves it.
+    fn keep_live_nodes(&mut self, zone: u32, page: u32, data: &[u8]) -> Result<()> {
+        let here = Pointer::page_at(zone, page);
+        if is_inode_pack(data) {
+            let Ok(records) = decode_inode_pack(data) else { return Ok(()) };
+            for (index, record) in records.iter().enumerate() {
+                let Node::File { inode, .. } = record else { continue };
+                let units = flintfs_format::inode_record_bytes(record).div_ceil(CHUNK_UNIT_BYTES as usize) as u32;
+                let pointer = Pointer::new(zone, page, index as u32 + 1, units);
+                let key = match self.file_key(inode.ino) {
+                    Ok(key) => key,
+                    Err(error) if error.errno == errno::ENOENT || error.errno == errno::ENOTDIR => continue,
+                    Err(error) => return Err(error),
+                };
+                let home = match key {
+                    NodeKey::File(ino) => match self.known.get(&ino).map(|known| known.location) {
+                        Some(Location::Physical { home }) => home,
+                        _ => continue,
+                    },
+                    _ => self.home_of(key)?,
+                };
+                if home == pointer {
+                    self.keep(key)?;
+                }
+            }
+            return Ok(());
+        }
+        let Ok(node) = Node::decode(data) else { return Ok(()) };
+        let key = match &node {
+            Node::Map { number, .. } => NodeKey::Map(*number as u32),
+            Node::Directory { slot, .. } | Node::Bucket { slot, .. } | Node::Table { slot, .. } => NodeKey::Slot(*slot),
+            Node::File { slot, .. } => NodeKey::Slot(*slot),
+            Node::Index { ino, level, number, version, .. } => {
+                match self.file_key(*ino).and_then(|key| self.node(key)) {
+                    Ok(Node::File { inode, .. }) if inode.ino == *ino && *version >= inode.born => {}
+                    _ => return Ok(()),
+                }
+                NodeKey::Index { level: *level, ino: *ino, number: *number }
+            }
+        };
+        if self.home_of(key)? == here {
+            self.keep(key)?;
+        }
+        Ok(())
+    }
+
+    /// Where a node's current copy is, from memory or what locates it.
+    fn home_of(&mut self, key: NodeKey) -> Result<Pointer> {
+        if let Some(cached) = self.nodes.peek(key).or_else(|| self.pending.get(&key)) {
+            return Ok(cached.home);
+        }
+        Ok(match key {
+            NodeKey::Map(page) => self.map_pages.get(page as usize).copied().unwrap_or(Pointer::NULL),
+            NodeKey::Slot(slot) if slot < self.slot_count => match MapEntry::decode(self.map_get(slot)?) {
+                MapEntry::Home(home) => home,
+                _ => Pointer::NULL,
+            },
+            NodeKey::Index { .. } | NodeKey::File(_) => match self.ensure(key) {
+                Ok(()) => self.nodes.peek(key).map_or(Pointer::NULL, |cached| cached.home),
+                Err(_) => Pointer::NULL,
+            },
+            _ => Pointer::NULL,
+        })
+    }
+
+    /// Marks a live node dirty: the next write-back moves it.
+    fn keep(&mut self, key: NodeKey) -> Result<()> {
+        self.ensure(key)?;
+        self.nodes.mark_dirty(key);
+        self.changed = true;
+        self.cleaner.nodes_moved += 1;
+        Ok(())
+    }
+
+    /// The cleaner's counters.
+    pub fn cleaner_counters(&self) -> &CleanerCounters {
+        &self.cleaner
+    }
+
+    /// Erase counts of the dynamic zones: the most and the mean.
+    pub fn wear(&self) -> (u32, f64) {
+        let counts: Vec<u32> = self
+            .volume
+            .device()
+            .report_zones()
+            .iter()
+            .filter(|report| report.zone >= FIRST_DYNAMIC_ZONE)
+            .map(|report| report.erase_count_max)
+            .collect();
+        let most = counts.iter().copied().max().unwrap_or(0);
+        let mean = counts.iter().map(|&count| f64::from(count)).sum::<f64>() / counts.len().max(1) as f64;
+        (most, mean)
+    }
+
+    /// Valid bytes per zone role, for reports.
+    pub fn usage_by_role(&self) -> BTreeMap<String, u64> {
+        let mut usage = BTreeMap::new();
+        for zone in &self.volume.checkpoint.zones {
+            *usage.entry(format!("{:?}", zone.role)).or_insert(0) += zone.valid_bytes;
+        }
+        usage
+    }
+}
