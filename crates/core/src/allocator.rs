@@ -234,7 +234,9 @@ impl<D: FlashDevice> Volume<D> {
     /// rather than panic, and the checker reports any disagreement with
     /// what the tree references.
     pub fn account(&mut self, zone: u32, bytes: i64) {
-        let usage = &mut self.checkpoint.zones[zone as usize];
+        // A pointer from a damaged page may name a zone past the device;
+        // it references nothing there to count.
+        let Some(usage) = self.checkpoint.zones.get_mut(zone as usize) else { return };
         usage.valid_bytes = if bytes >= 0 {
             usage.valid_bytes.saturating_add(bytes as u64)
         } else {
@@ -242,9 +244,12 @@ impl<D: FlashDevice> Volume<D> {
         };
     }
 
-    /// Declares the next unindexed list: up to k allocatable zones.
-    pub(crate) fn declare_unindexed(&self, checkpoint: &mut flintfs_format::Checkpoint) {
+    /// Declares the next unindexed list: up to k allocatable zones, never
+    /// the cleaner's reserve (whatever the current operation may use).
+    pub(crate) fn declare_unindexed(&mut self, checkpoint: &mut flintfs_format::Checkpoint) {
         let k = self.superblock.unindexed_segments as usize;
+        let allowed = std::mem::replace(&mut self.reserve_allowed, false);
         checkpoint.unindexed = self.allocatable_zones(checkpoint).into_iter().take(k).collect();
+        self.reserve_allowed = allowed;
     }
 }

@@ -129,6 +129,7 @@ fn checkpoint_pages(geometry: &flintfs_flash::Geometry, unindexed: u32) -> u64 {
         unindexed as usize,
         LOG_HEAD_ROLES.len(),
         map_pages as usize,
+        flintfs_format::orphans_max(geometry.page_size_bytes as usize),
     );
     checkpoint_record_page_count(payload, geometry.page_size_bytes) as u64
 }

@@ -113,3 +113,48 @@ fn a_big_directory_splits_into_buckets() {
     let (mut fs, _) = Fs::mount(flash, FsOptions::default(), Box::new(ManualClock::new(0))).unwrap();
     assert_clean(&mut fs);
 }
+
+#[test]
+fn an_unlinked_open_file_lives_until_forgotten_and_a_crash_does_not_leak_it() {
+    let (flash, clock) = fresh();
+    let (mut fs, _) = Fs::mount(flash, FsOptions::default(), Box::new(clock.clone())).unwrap();
+    let file = fs.create(1, b"tmp", 0o644, 0, 0).unwrap();
+    fs.write(file.ino, 0, &[7; 10_000]).unwrap();
+    fs.unlink(1, b"tmp").unwrap();
+    assert_eq!(fs.lookup(1, b"tmp").unwrap_err().errno, errno::ENOENT);
+    assert_eq!(fs.read(file.ino, 0, 20_000).unwrap(), vec![7; 10_000], "still readable while held");
+    fs.write(file.ino, 10_000, &[8; 100]).unwrap();
+    assert_clean(&mut fs);
+    fs.sync().unwrap();
+    // A crash while it is held: the checkpoint listed it; mount frees it.
+    let flash = fs.into_device();
+    let (mut fs, _) = Fs::mount(flash, FsOptions::default(), Box::new(clock.clone())).unwrap();
+    assert_clean(&mut fs);
+    assert_eq!(fs.getattr(file.ino).unwrap_err().errno, errno::ENOENT);
+    // Forgetting the last reference frees it.
+    let again = fs.create(1, b"tmp2", 0o644, 0, 0).unwrap();
+    fs.write(again.ino, 0, &[1; 5000]).unwrap();
+    fs.unlink(1, b"tmp2").unwrap();
+    fs.forget(again.ino, 1).unwrap();
+    assert_eq!(fs.getattr(again.ino).unwrap_err().errno, errno::ENOENT);
+    assert_clean(&mut fs);
+}
+
+#[test]
+fn a_removed_directory_keeps_its_number_while_held() {
+    let (flash, clock) = fresh();
+    let (mut fs, _) = Fs::mount(flash, FsOptions::default(), Box::new(clock)).unwrap();
+    let directory = fs.mkdir(1, b"d", 0o755, 0, 0).unwrap();
+    let held = fs.lookup(1, b"d").unwrap();
+    assert_eq!(held.ino, directory.ino);
+    fs.rmdir(1, b"d").unwrap();
+    assert_eq!(fs.getattr(directory.ino).unwrap_err().errno, errno::ENOENT);
+    let file = fs.create(1, b"f", 0o644, 0, 0).unwrap();
+    assert_ne!(file.ino, directory.ino, "a held number is not handed out again");
+    assert_clean(&mut fs);
+    fs.forget(directory.ino, 1).unwrap();
+    assert_clean(&mut fs);
+    let flash = fs.unmount().unwrap();
+    let (mut fs, _) = Fs::mount(flash, FsOptions::default(), Box::new(ManualClock::new(0))).unwrap();
+    assert_clean(&mut fs);
+}

@@ -12,6 +12,13 @@ use crate::DecodeError;
 pub const CHECKPOINT_FIXED_BYTES: usize = 64;
 /// Bytes of one zone usage entry.
 pub const ZONE_USAGE_BYTES: usize = 24;
+/// Most orphans a checkpoint lists (files unlinked while open,
+/// directories removed while held): half a page of inode numbers, so the
+/// list grows the record by at most one page. More than that are not
+/// listed, and a crash leaks them until fsck.
+pub const fn orphans_max(page_size_bytes: usize) -> usize {
+    page_size_bytes / 16
+}
 /// Bytes of one log head entry.
 pub const LOG_HEAD_BYTES: usize = 12;
 /// Most log heads a checkpoint records: one per log-head role.
@@ -118,12 +125,21 @@ pub struct TreeRoots {
     pub version_next: u64,
     /// Where each map page is; null for a page never written.
     pub map_pages: Vec<crate::Pointer>,
+    /// Inode numbers of files unlinked while open and directories removed
+    /// while held, when the checkpoint was taken: mount frees them.
+    pub orphans: Vec<u64>,
 }
 
 impl Default for TreeRoots {
     /// No slots yet: what mkfs starts from before it makes the root.
     fn default() -> TreeRoots {
-        TreeRoots { slot_count: 0, free_slot_head: crate::SLOT_NONE, version_next: 1, map_pages: Vec::new() }
+        TreeRoots {
+            slot_count: 0,
+            free_slot_head: crate::SLOT_NONE,
+            version_next: 1,
+            map_pages: Vec::new(),
+            orphans: Vec::new(),
+        }
     }
 }
 
@@ -137,6 +153,7 @@ impl Checkpoint {
             self.unindexed.len(),
             self.heads.len(),
             self.tree.map_pages.len(),
+            self.tree.orphans.len(),
         ));
         writer
             .u64(self.number)
@@ -149,7 +166,8 @@ impl Checkpoint {
             .u32(self.tree.free_slot_head)
             .u32(self.tree.map_pages.len() as u32)
             .u64(self.tree.version_next)
-            .zeros(CHECKPOINT_FIXED_BYTES - 56);
+            .u32(self.tree.orphans.len() as u32)
+            .zeros(CHECKPOINT_FIXED_BYTES - 60);
         for usage in &self.zones {
             writer
                 .u8(usage.role.to_byte())
@@ -167,6 +185,9 @@ impl Checkpoint {
         for page in &self.tree.map_pages {
             writer.u64(page.0);
         }
+        for orphan in &self.tree.orphans {
+            writer.u64(*orphan);
+        }
         let bytes = writer.finish();
         debug_assert_eq!(Checkpoint::decode(&bytes).as_ref(), Ok(self));
         bytes
@@ -174,12 +195,13 @@ impl Checkpoint {
 
     /// Bytes of the encoded payload for these counts: what [`Checkpoint::encode`]
     /// writes and [`Checkpoint::decode`] requires.
-    pub fn encoded_bytes(zones: usize, unindexed: usize, heads: usize, map_pages: usize) -> usize {
+    pub fn encoded_bytes(zones: usize, unindexed: usize, heads: usize, map_pages: usize, orphans: usize) -> usize {
         CHECKPOINT_FIXED_BYTES
             .saturating_add(zones.saturating_mul(ZONE_USAGE_BYTES))
             .saturating_add(unindexed.saturating_mul(4))
             .saturating_add(heads.saturating_mul(LOG_HEAD_BYTES))
             .saturating_add(map_pages.saturating_mul(8))
+            .saturating_add(orphans.saturating_mul(8))
     }
 
     pub fn decode(bytes: &[u8]) -> Result<Checkpoint, DecodeError> {
@@ -194,13 +216,14 @@ impl Checkpoint {
         let free_slot_head = reader.u32()?;
         let map_page_count = reader.u32()? as usize;
         let version_next = reader.u64()?;
-        reader.zeros(CHECKPOINT_FIXED_BYTES - 56)?;
-        let expected =
-            Checkpoint::encoded_bytes(zone_count, unindexed_count, head_count, map_page_count) - CHECKPOINT_FIXED_BYTES;
+        let orphan_count = reader.u32()? as usize;
+        reader.zeros(CHECKPOINT_FIXED_BYTES - 60)?;
+        let expected = Checkpoint::encoded_bytes(zone_count, unindexed_count, head_count, map_page_count, orphan_count)
+            - CHECKPOINT_FIXED_BYTES;
         if bytes.len() - CHECKPOINT_FIXED_BYTES != expected {
             return Err(reader.error(format!(
-                "{zone_count} zones, {unindexed_count} unindexed segments, {head_count} heads and {map_page_count} map \
-                 pages need {expected} bytes, {} follow",
+                "{zone_count} zones, {unindexed_count} unindexed segments, {head_count} heads, {map_page_count} map \
+                 pages and {orphan_count} orphans need {expected} bytes, {} follow",
                 bytes.len() - CHECKPOINT_FIXED_BYTES
             )));
         }
@@ -233,7 +256,11 @@ impl Checkpoint {
         for _ in 0..map_page_count {
             map_pages.push(crate::Pointer(reader.u64()?));
         }
-        let tree = TreeRoots { slot_count, free_slot_head, version_next, map_pages };
+        let mut orphans = Vec::with_capacity(orphan_count.min(bytes.len() / 8));
+        for _ in 0..orphan_count {
+            orphans.push(reader.u64()?);
+        }
+        let tree = TreeRoots { slot_count, free_slot_head, version_next, map_pages, orphans };
         let checkpoint = Checkpoint { number, sequence_next, ino_next, zones, unindexed, heads, tree };
         checkpoint.validate().map_err(|reason| reader.error(reason))?;
         Ok(checkpoint)
@@ -277,6 +304,13 @@ impl Checkpoint {
         }
         if tree.free_slot_head != crate::SLOT_NONE && tree.free_slot_head >= tree.slot_count {
             return Err(format!("free slot {} is past the {} slots", tree.free_slot_head, tree.slot_count));
+        }
+        if tree.orphans.iter().any(|&ino| ino == 0 || ino > u64::from(tree.slot_count)) {
+            return Err("an orphan past the slots".into());
+        }
+        // The page size is not known here; 64 KiB pages bound it.
+        if tree.orphans.len() > orphans_max(64 * 1024) {
+            return Err(format!("{} orphans, more than any page size allows", tree.orphans.len()));
         }
         for page in &tree.map_pages {
             if !page.is_null()

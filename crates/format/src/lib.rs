@@ -20,8 +20,8 @@ mod record;
 mod superblock;
 
 pub use checkpoint::{
-    Checkpoint, LogHead, TreeRoots, ZoneRole, ZoneUsage, CHECKPOINT_FIXED_BYTES, LOG_HEADS_MAX, LOG_HEAD_BYTES,
-    ZONE_USAGE_BYTES,
+    orphans_max, Checkpoint, LogHead, TreeRoots, ZoneRole, ZoneUsage, CHECKPOINT_FIXED_BYTES, LOG_HEADS_MAX,
+    LOG_HEAD_BYTES, ZONE_USAGE_BYTES,
 };
 pub use chunk::{
     parse_packed, ChunkHeader, ChunkKind, Compression, PackedPage, CHUNK_HEADER_BYTES, CHUNK_LOGICAL_BYTES_MAX,

@@ -383,11 +383,11 @@ impl Model {
             return Ok(());
         }
         if let Some(target) = target {
-            if target == source {
-                return Ok(());
-            }
             if no_replace {
                 return Err(errno::EEXIST);
+            }
+            if target == source {
+                return Ok(());
             }
             match (self.is_directory(source), self.is_directory(target)) {
                 (true, false) => return Err(errno::ENOTDIR),

@@ -174,9 +174,18 @@ impl<D: FlashDevice> Fs<D> {
             self.check_file(walk, ino, count, target, &slot_home);
         }
         // Orphans: unlinked, still held, still counted.
-        let orphans: Vec<(u64, Location)> =
-            self.known.iter().filter(|(_, known)| known.orphan).map(|(&ino, known)| (ino, known.location)).collect();
-        for (ino, location) in orphans {
+        let orphans: Vec<(u64, Location, bool)> = self
+            .known
+            .iter()
+            .filter(|(_, known)| known.orphan)
+            .map(|(&ino, known)| (ino, known.location, known.directory))
+            .collect();
+        for (ino, location, directory) in orphans {
+            if directory {
+                // A removed directory still held: only its slot is kept.
+                walk.slots.insert((ino - 1) as u32, "removed directory");
+                continue;
+            }
             let target = match location {
                 Location::Physical { home } => Target::Physical(home),
                 Location::Slot(slot) => Target::Slot(slot),

@@ -18,9 +18,9 @@ impl<D: FlashDevice> Fs<D> {
         if !self.changed && self.dirty_blocks.is_empty() && self.pending.is_empty() && self.nodes.dirty_count() == 0 {
             return Ok(());
         }
-        self.volume.reserve_allowed = true;
+        let allowed = std::mem::replace(&mut self.volume.reserve_allowed, true);
         let result = self.checkpoint_now();
-        self.volume.reserve_allowed = false;
+        self.volume.reserve_allowed = allowed;
         result
     }
 
@@ -41,6 +41,13 @@ impl<D: FlashDevice> Fs<D> {
             free_slot_head: self.free_slot_head,
             version_next: self.version_next,
             map_pages: self.map_pages.clone(),
+            orphans: self
+                .known
+                .iter()
+                .filter(|(_, known)| known.orphan)
+                .map(|(&ino, _)| ino)
+                .take(flintfs_format::orphans_max(self.page_size))
+                .collect(),
         };
         self.volume.write_checkpoint()?;
         self.counters.checkpoints += 1;

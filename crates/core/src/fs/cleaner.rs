@@ -231,7 +231,12 @@ impl<D: FlashDevice> Fs<D> {
     }
 
     /// Whether block `block` of `ino` (of version `version`) is at `here`.
+    /// A block buffered in memory counts as not live here: the checkpoint
+    /// that ends the cleaning writes the buffer, which replaces it.
     fn block_is_live(&mut self, ino: u64, version: u64, block: u64, here: Pointer) -> Result<bool> {
+        if self.dirty_blocks.contains_key(&(ino, block)) {
+            return Ok(false);
+        }
         let key = match self.file_key(ino) {
             Ok(key) => key,
             Err(error) if error.errno == errno::ENOENT || error.errno == errno::ENOTDIR => return Ok(false),

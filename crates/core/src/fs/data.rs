@@ -279,7 +279,8 @@ impl<D: FlashDevice> Fs<D> {
             return Ok(data[offset as usize..end as usize].to_vec());
         }
         let block_bytes = self.block_bytes();
-        let mut out = Vec::with_capacity((end - offset) as usize);
+        // The size comes from flash: no allocation is sized from it alone.
+        let mut out = Vec::with_capacity(((end - offset) as usize).min(1 << 20));
         let mut position = offset;
         while position < end {
             let block = position / block_bytes;
@@ -327,7 +328,8 @@ impl<D: FlashDevice> Fs<D> {
                 });
             }
             let _ = inline;
-            self.reserve_space(end.div_ceil(block_bytes) + 1)?;
+            let touched = end.div_ceil(block_bytes) - offset / block_bytes;
+            self.reserve_space(touched + 2 + touched / self.index_fanout())?;
             self.inline_to_blocks(ino)?;
         } else {
             let new_blocks = end.div_ceil(block_bytes) - offset / block_bytes;
@@ -390,68 +392,31 @@ impl<D: FlashDevice> Fs<D> {
     }
 
     /// Writes buffered blocks out to the data log: all of them, or those of
-    /// one file.
+    /// one file. Whatever fails to reach the device stays buffered; nothing
+    /// buffered is dropped on an error.
     pub(crate) fn flush_data(&mut self, only: Option<u64>) -> Result<()> {
         let keys: Vec<(u64, u64)> = match only {
             Some(ino) => self.dirty_blocks.range((ino, 0)..=(ino, u64::MAX)).map(|(key, _)| *key).collect(),
             None => self.dirty_blocks.keys().copied().collect(),
         };
-        let page_size = self.page_size;
-        let block_bytes = self.block_bytes();
-        let mut packer = PackedPage::new(page_size);
+        let mut packer = PackedPage::new(self.page_size);
         // Chunks in the page being packed, with their buffers: kept until
-        // the page is programmed, so a failure loses nothing.
+        // the page is programmed.
         let mut packed: Vec<PackedChunk> = Vec::new();
+        let mut result = Ok(());
         for (ino, block) in keys {
-            let Some(mut buffer) = self.dirty_blocks.remove(&(ino, block)) else { continue };
-            let file_key = self.file_key(ino)?;
-            let Node::File { inode, .. } = self.node(file_key)? else { unreachable!() };
-            let start = block * block_bytes;
-            if start >= inode.size {
-                continue;
+            let Some(buffer) = self.dirty_blocks.remove(&(ino, block)) else { continue };
+            if let Err((error, buffer)) = self.flush_block(ino, block, buffer, &mut packer, &mut packed) {
+                self.dirty_blocks.insert((ino, block), buffer);
+                result = Err(error);
+                break;
             }
-            let valid = (inode.size - start).min(block_bytes) as usize;
-            buffer[valid..].fill(0);
-            if CHUNK_HEADER_BYTES + valid <= page_size / 2 {
-                let header = ChunkHeader {
-                    kind: ChunkKind::FileData,
-                    compression: Compression::None,
-                    stored_length: valid as u32,
-                    ino,
-                    offset: start,
-                    logical_length: valid as u32,
-                    version: inode.current,
-                };
-                if packer.count() == flintfs_format::Pointer::CHUNKS_MAX || !packer.push(&header, &buffer[..valid]) {
-                    let full = std::mem::replace(&mut packer, PackedPage::new(page_size));
-                    if let Err(error) = self.program_packed(full, &mut packed, ZoneRole::HotData) {
-                        self.dirty_blocks.insert((ino, block), buffer);
-                        return Err(error);
-                    }
-                    assert!(packer.push(&header, &buffer[..valid]), "a small chunk fits an empty page");
-                }
-                let units = (CHUNK_HEADER_BYTES + valid).div_ceil(CHUNK_UNIT_BYTES as usize) as u32;
-                packed.push(PackedChunk { ino, block, units, buffer });
-                continue;
+        }
+        if result.is_err() {
+            for chunk in packed.drain(..) {
+                self.dirty_blocks.insert((chunk.ino, chunk.block), chunk.buffer);
             }
-            let meta = PageMeta {
-                kind: PageKind::DataBlock,
-                end_of_record: false,
-                inverted: InvertedIndex { ino, offset: start, version: inode.current },
-                length: valid as u32,
-                count: 0,
-            };
-            let address = match self.volume.append(ZoneRole::HotData, meta, &buffer) {
-                Ok(address) => address,
-                Err(error) => {
-                    self.dirty_blocks.insert((ino, block), buffer);
-                    return Err(error);
-                }
-            };
-            self.counters.data_pages_written += 1;
-            self.volume.account(address.zone, page_size as i64);
-            let old = self.set_block_pointer(ino, block, Pointer::page_at(address.zone, address.page))?;
-            self.release(old);
+            return result;
         }
         if packer.count() > 0 {
             self.program_packed(packer, &mut packed, ZoneRole::HotData)?;
@@ -459,8 +424,81 @@ impl<D: FlashDevice> Fs<D> {
         Ok(())
     }
 
+    /// Writes one buffered block: a data block page, or a chunk added to
+    /// `packer`. On an error the buffer comes back.
+    fn flush_block(
+        &mut self,
+        ino: u64,
+        block: u64,
+        mut buffer: Vec<u8>,
+        packer: &mut PackedPage,
+        packed: &mut Vec<PackedChunk>,
+    ) -> std::result::Result<(), (Error, Vec<u8>)> {
+        let page_size = self.page_size;
+        let block_bytes = self.block_bytes();
+        let inode = match self.file_key(ino).and_then(|key| self.node(key)) {
+            Ok(Node::File { inode, .. }) => inode,
+            Ok(_) => return Err((Error::corrupt(format!("inode {ino} with buffered data is not a file")), buffer)),
+            Err(error) => return Err((error, buffer)),
+        };
+        let start = block * block_bytes;
+        if start >= inode.size {
+            // Cut off by a truncate since it was buffered.
+            return Ok(());
+        }
+        let valid = (inode.size - start).min(block_bytes) as usize;
+        buffer[valid..].fill(0);
+        if CHUNK_HEADER_BYTES + valid <= page_size / 2 {
+            let header = ChunkHeader {
+                kind: ChunkKind::FileData,
+                compression: Compression::None,
+                stored_length: valid as u32,
+                ino,
+                offset: start,
+                logical_length: valid as u32,
+                version: inode.current,
+            };
+            if packer.count() == Pointer::CHUNKS_MAX || !packer.push(&header, &buffer[..valid]) {
+                let full = std::mem::replace(packer, PackedPage::new(page_size));
+                if let Err(error) = self.program_packed(full, packed, ZoneRole::HotData) {
+                    return Err((error, buffer));
+                }
+                assert!(packer.push(&header, &buffer[..valid]), "a small chunk fits an empty page");
+            }
+            let units = (CHUNK_HEADER_BYTES + valid).div_ceil(CHUNK_UNIT_BYTES as usize) as u32;
+            packed.push(PackedChunk { ino, block, units, buffer });
+            return Ok(());
+        }
+        let meta = PageMeta {
+            kind: PageKind::DataBlock,
+            end_of_record: false,
+            inverted: InvertedIndex { ino, offset: start, version: inode.current },
+            length: valid as u32,
+            count: 0,
+        };
+        let address = match self.volume.append(ZoneRole::HotData, meta, &buffer) {
+            Ok(address) => address,
+            Err(error) => return Err((error, buffer)),
+        };
+        self.counters.data_pages_written += 1;
+        let home = Pointer::page_at(address.zone, address.page);
+        self.volume.account(address.zone, page_size as i64);
+        match self.set_block_pointer(ino, block, home) {
+            Ok(old) => {
+                self.release(old);
+                Ok(())
+            }
+            Err(error) => {
+                // The page is written but nothing points at it.
+                self.release(home);
+                Err((error, buffer))
+            }
+        }
+    }
+
     /// Programs a page of packed chunks and points each file at its chunk.
-    /// If the page cannot be programmed, the chunks go back to the buffer.
+    /// A chunk that cannot be pointed at, and every one after it, goes back
+    /// to the buffer (its copy on the page stops counting).
     pub(crate) fn program_packed(
         &mut self,
         packer: PackedPage,
@@ -480,14 +518,25 @@ impl<D: FlashDevice> Fs<D> {
             }
         };
         self.counters.data_pages_written += 1;
-        for (index, PackedChunk { ino, block, units, .. }) in chunks.drain(..).enumerate() {
-            let pointer = Pointer::new(address.zone, address.page, index as u32 + 1, units);
+        let mut result = Ok(());
+        for (index, chunk) in chunks.drain(..).enumerate() {
+            if result.is_err() {
+                self.dirty_blocks.insert((chunk.ino, chunk.block), chunk.buffer);
+                continue;
+            }
+            let pointer = Pointer::new(address.zone, address.page, index as u32 + 1, chunk.units);
             self.counters.chunks_written += 1;
-            self.volume.account(address.zone, i64::from(units) * i64::from(CHUNK_UNIT_BYTES));
-            let old = self.set_block_pointer(ino, block, pointer)?;
-            self.release(old);
+            self.volume.account(address.zone, i64::from(chunk.units) * i64::from(CHUNK_UNIT_BYTES));
+            match self.set_block_pointer(chunk.ino, chunk.block, pointer) {
+                Ok(old) => self.release(old),
+                Err(error) => {
+                    self.release(pointer);
+                    self.dirty_blocks.insert((chunk.ino, chunk.block), chunk.buffer);
+                    result = Err(error);
+                }
+            }
         }
-        Ok(())
+        result
     }
 }
 

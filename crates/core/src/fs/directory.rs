@@ -56,8 +56,6 @@ impl<D: FlashDevice> Fs<D> {
                     return Err(Error::new(errno::ENOENT, format!("directory {ino} does not exist")))
                 }
             }
-        } else if self.known.contains_key(&ino) {
-            return Err(Error::new(errno::ENOTDIR, format!("inode {ino} is not a directory")));
         }
         let node = self.node(key)?;
         match &node {
@@ -143,8 +141,12 @@ impl<D: FlashDevice> Fs<D> {
         let capacity = self.table_page_capacity();
         let mut index = range.start;
         while index < range.end {
-            let page = slots[index / capacity];
+            let page = *slots.get(index / capacity).ok_or_else(|| Error::corrupt("table index past the table"))?;
             let end = range.end.min((index / capacity + 1) * capacity);
+            match self.node(NodeKey::Slot(page))? {
+                Node::Table { slots, .. } if slots.len() > (end - 1) % capacity => {}
+                _ => return Err(Error::corrupt(format!("{directory:?}: slot {page} is not a whole table page"))),
+            }
             self.modify(NodeKey::Slot(page), |node| {
                 let Node::Table { slots, .. } = node else { unreachable!("table slots hold tables") };
                 slots[index % capacity..(end - 1) % capacity + 1].iter_mut().for_each(|slot| *slot = bucket);
@@ -368,7 +370,7 @@ impl<D: FlashDevice> Fs<D> {
         };
         self.modify(key, |node| {
             let Node::Directory { entry_count, .. } = node else { unreachable!() };
-            *entry_count -= 1;
+            *entry_count = entry_count.saturating_sub(1);
         })?;
         Ok(removed)
     }
@@ -472,7 +474,9 @@ impl<D: FlashDevice> Fs<D> {
         let mut index = 0;
         while index < size {
             let head = self.table_get(key, index)?;
-            let Node::Bucket { local_depth, .. } = self.node(NodeKey::Slot(head))? else { unreachable!() };
+            let Node::Bucket { local_depth, .. } = self.node(NodeKey::Slot(head))? else {
+                return Err(Error::corrupt(format!("directory {ino}: table slot {head} is not a bucket")));
+            };
             buckets.extend(self.chain_from(head)?);
             index += 1usize << global_depth.saturating_sub(local_depth);
         }

@@ -169,8 +169,11 @@ pub(crate) struct Known {
     pub location: Location,
     /// References the caller holds.
     pub lookups: u64,
-    /// Unlinked while referenced: it lives until the last reference goes.
+    /// Unlinked (or, for a directory, removed) while referenced: its slot,
+    /// and a file's data, live until the last reference goes, and the
+    /// checkpoint lists it so a crash does not leak it.
     pub orphan: bool,
+    pub directory: bool,
 }
 
 /// What the engine has done since mount, for tests and `stat`.
@@ -247,6 +250,13 @@ impl<D: FlashDevice> Fs<D> {
         if root.file_type != flintfs_format::FileType::Directory {
             return Err(Error::corrupt("the root is not a directory"));
         }
+        // Files unlinked while open and directories removed while held, when
+        // the last checkpoint was taken: nobody holds them now.
+        let orphans = fs.volume.checkpoint.tree.orphans.clone();
+        for ino in orphans {
+            fs.adopt_orphan(ino)?;
+            fs.delete_orphan(ino)?;
+        }
         let mut report = report;
         report.pages_read += fs.volume.device().counters().pages_read - pages_before;
         Ok((fs, report))
@@ -304,8 +314,7 @@ impl<D: FlashDevice> Fs<D> {
     pub fn shut_down(&mut self) -> Result<()> {
         let orphans: Vec<u64> = self.known.iter().filter(|(_, known)| known.orphan).map(|(&ino, _)| ino).collect();
         for ino in orphans {
-            self.delete_file(ino)?;
-            self.known.remove(&ino);
+            self.delete_orphan(ino)?;
         }
         self.checkpoint()
     }

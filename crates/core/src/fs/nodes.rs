@@ -245,6 +245,9 @@ impl<D: FlashDevice> Fs<D> {
         }
         let slot = (ino - 1) as u32;
         if let Some(known) = self.known.get(&ino) {
+            if known.orphan && known.directory {
+                return Err(Error::new(errno::ENOENT, format!("directory {ino} has been removed")));
+            }
             return Ok(match known.location {
                 Location::Physical { .. } => NodeKey::File(ino),
                 Location::Slot(slot) => NodeKey::Slot(slot),
@@ -270,7 +273,7 @@ impl<D: FlashDevice> Fs<D> {
                         return Err(Error::corrupt(format!("inode {ino}'s entry names slot {found}")));
                     }
                 };
-                self.known.insert(ino, super::Known { location, lookups: 0, orphan: false });
+                self.known.insert(ino, super::Known { location, lookups: 0, orphan: false, directory: false });
                 self.file_key(ino)
             }
         }
@@ -389,126 +392,39 @@ impl<D: FlashDevice> Fs<D> {
         self.free_slot(slot)
     }
 
-    /// Programs a node page at the node head; returns where it went. The
-    /// old copy stops counting.
-    fn program_node(&mut self, node: &Node, old_home: Pointer) -> Result<Pointer> {
+    /// Programs a node page at the node head and counts it; returns where
+    /// it went. The old copy is the caller's to release, once whatever
+    /// points at the node points at the new one.
+    fn program_node(&mut self, node: &Node) -> Result<Pointer> {
         let (data, used) = node.encode(self.page_size);
         let address = self.volume.append(ZoneRole::Node, PageMeta::new(PageKind::Node, used), &data)?;
         let home = Pointer::page_at(address.zone, address.page);
         self.volume.account(address.zone, self.page_size as i64);
-        self.release(old_home);
         self.counters.node_pages_written += 1;
         Ok(home)
     }
 
-    /// Writes file inodes packed into as few node pages as they need, and
-    /// updates what points at each: the map for a file found by slot, the
-    /// entry for one found physically (unless `skip_entries`, for files
-    /// whose entries the caller patches itself). The nodes must already be
-    /// out of the cache and the pending list. Returns each one's new home.
-    pub(crate) fn write_files(&mut self, files: Vec<(NodeKey, Cached)>, skip_entries: bool) -> Result<Vec<Pointer>> {
-        let page_size = self.page_size;
-        let room = page_size - flintfs_format::NODE_HEADER_BYTES;
-        let mut homes = Vec::with_capacity(files.len());
-        let mut start = 0;
-        while start < files.len() {
-            // As many records as fit one page, in order.
-            let mut end = start;
-            let mut bytes = 0;
-            while end < files.len()
-                && end - start < Pointer::CHUNKS_MAX as usize
-                && bytes + flintfs_format::inode_record_bytes(&files[end].1.node) <= room
-            {
-                bytes += flintfs_format::inode_record_bytes(&files[end].1.node);
-                end += 1;
-            }
-            assert!(end > start, "one inode record always fits a page");
-            let nodes: Vec<Node> = files[start..end].iter().map(|(_, cached)| cached.node.clone()).collect();
-            let (data, used, units) = flintfs_format::encode_inode_pack(&nodes, page_size);
-            let address = match self.volume.append(ZoneRole::Node, PageMeta::new(PageKind::Node, used), &data) {
-                Ok(address) => address,
-                Err(error) => {
-                    for (key, cached) in files.into_iter().skip(start) {
-                        self.pending.insert(key, cached);
-                    }
-                    return Err(error);
-                }
-            };
-            self.counters.node_pages_written += 1;
-            for (index, units) in units.into_iter().enumerate() {
-                let home = Pointer::new(address.zone, address.page, index as u32 + 1, units);
-                self.volume.account(address.zone, self.pointer_bytes(home) as i64);
-                homes.push(home);
-            }
-            start = end;
-        }
-        for ((key, cached), &home) in files.into_iter().zip(&homes) {
-            self.release(cached.home);
-            let Node::File { inode, .. } = &cached.node else { unreachable!("only files are packed") };
-            let (ino, parent, hash) = (inode.ino, inode.parent, inode.name_hash);
-            self.cache_insert(key, Cached { node: cached.node, home }, Dirty::CLEAN);
-            match key {
-                NodeKey::Slot(slot) => self.map_set(slot, home.0)?,
-                NodeKey::File(_) => {
-                    let orphan = self.known.get(&ino).is_some_and(|known| known.orphan);
-                    if let Some(known) = self.known.get_mut(&ino) {
-                        known.location = Location::Physical { home };
-                    }
-                    if !orphan && !skip_entries {
-                        self.directory_set_target(parent, hash, ino, Target::Physical(home))?;
-                    }
-                }
-                _ => unreachable!("files are found by slot or by inode"),
-            }
-        }
-        Ok(homes)
-    }
-
-    /// Writes a node back and updates what points at it. The node must
-    /// already be out of the cache and the pending list.
-    pub(crate) fn write_back(&mut self, key: NodeKey, cached: Cached) -> Result<()> {
-        if matches!(cached.node, Node::File { .. }) {
-            return self.write_files(vec![(key, cached)], false).map(|_| ());
-        }
-        let mut node = cached.node;
-        // Entries of files never written point nowhere yet: write those
-        // files first and point the entries at them.
-        let mut unwritten: Vec<u64> = Vec::new();
-        match &node {
-            Node::Directory { content: DirectoryContent::Inline(entries), .. } | Node::Bucket { entries, .. } => {
-                unwritten.extend(
-                    entries
-                        .iter()
-                        .filter(|entry| entry.target == Target::Physical(Pointer::NULL))
-                        .map(|entry| entry.ino),
-                );
-            }
-            _ => {}
-        }
-        if !unwritten.is_empty() {
-            let mut files = Vec::with_capacity(unwritten.len());
-            for &ino in &unwritten {
-                let file = self
-                    .take(NodeKey::File(ino))
-                    .ok_or_else(|| Error::corrupt(format!("entry for inode {ino} points at an inode never written")))?;
-                files.push((NodeKey::File(ino), file));
-            }
-            let homes = self.write_files(files, true)?;
-            if let Node::Directory { content: DirectoryContent::Inline(entries), .. } | Node::Bucket { entries, .. } =
-                &mut node
-            {
-                for (ino, home) in unwritten.into_iter().zip(homes) {
-                    for entry in entries.iter_mut().filter(|entry| entry.ino == ino) {
-                        entry.target = Target::Physical(home);
-                    }
-                }
-            }
-        }
-        let home = self.program_node(&node, cached.home)?;
+    /// Points what locates `key` at `home`: the map for a slot, the entry
+    /// for a file found physically (unless `skip_entry`), the parent for an
+    /// index page, the roots for a map page.
+    fn point_at(&mut self, key: NodeKey, node: &Node, home: Pointer, skip_entry: bool) -> Result<()> {
         match key {
-            NodeKey::Map(page) => self.map_pages[page as usize] = home,
-            NodeKey::Slot(slot) => self.map_set(slot, home.0)?,
-            NodeKey::File(_) => unreachable!("files are packed"),
+            NodeKey::Map(page) => {
+                self.map_pages[page as usize] = home;
+                Ok(())
+            }
+            NodeKey::Slot(slot) => self.map_set(slot, home.0),
+            NodeKey::File(ino) => {
+                let Node::File { inode, .. } = node else { unreachable!("file keys hold files") };
+                let orphan = self.known.get(&ino).is_some_and(|known| known.orphan);
+                if !orphan && !skip_entry {
+                    self.directory_set_target(inode.parent, inode.name_hash, ino, Target::Physical(home))?;
+                }
+                if let Some(known) = self.known.get_mut(&ino) {
+                    known.location = Location::Physical { home };
+                }
+                Ok(())
+            }
             NodeKey::Index { level, ino, number } => {
                 let file_key = self.file_key(ino)?;
                 let Node::File { content: FileContent::Index { height, .. }, .. } = self.node(file_key)? else {
@@ -518,22 +434,176 @@ impl<D: FlashDevice> Fs<D> {
                     self.modify(file_key, |file| {
                         let Node::File { content: FileContent::Index { roots, .. }, .. } = file else { unreachable!() };
                         roots[number as usize] = home;
-                    })?;
+                    })
                 } else if level + 1 < height {
                     let fanout = self.index_fanout();
                     let parent = NodeKey::Index { level: level + 1, ino, number: number / fanout };
                     self.modify(parent, |parent| {
                         let Node::Index { pointers, .. } = parent else { unreachable!("index keys hold index nodes") };
                         pointers[(number % fanout) as usize] = home;
-                    })?;
+                    })
                 } else {
-                    return Err(Error::corrupt(format!("index page at level {level} of a tree {height} high")));
+                    Err(Error::corrupt(format!("index page at level {level} of a tree {height} high")))
                 }
             }
         }
-        // Stays cached, clean, at its new home.
-        self.cache_insert(key, Cached { node, home }, Dirty::CLEAN);
+    }
+
+    /// After a node was programmed at `home`: points what locates it there,
+    /// then releases its old copy and keeps it cached, clean. If the
+    /// pointer cannot be updated, the new copy is released instead and the
+    /// node goes back to the pending list at its old home, so the counts
+    /// and the tree never disagree.
+    fn settle(&mut self, key: NodeKey, cached: Cached, home: Pointer, skip_entry: bool) -> Result<()> {
+        if let Err(error) = self.point_at(key, &cached.node, home, skip_entry) {
+            self.release(home);
+            self.pending.insert(key, cached);
+            return Err(error);
+        }
+        self.release(cached.home);
+        self.cache_insert(key, Cached { node: cached.node, home }, Dirty::CLEAN);
         Ok(())
+    }
+
+    /// Writes file inodes packed into as few node pages as they need, a
+    /// page at a time, settling each file before the next page. The nodes
+    /// must already be out of the cache and the pending list; on an error,
+    /// every file not yet settled is pending again. Returns each settled
+    /// file's new home.
+    pub(crate) fn write_files(&mut self, files: Vec<(NodeKey, Cached)>, skip_entries: bool) -> Result<Vec<Pointer>> {
+        let page_size = self.page_size;
+        let room = page_size - flintfs_format::NODE_HEADER_BYTES;
+        let mut homes = Vec::with_capacity(files.len());
+        let mut remaining = files.into_iter().peekable();
+        while remaining.peek().is_some() {
+            // As many records as fit one page, in order.
+            let mut batch = Vec::new();
+            let mut bytes = 0;
+            while let Some((_, cached)) = remaining.peek() {
+                let record = flintfs_format::inode_record_bytes(&cached.node);
+                if batch.len() == Pointer::CHUNKS_MAX as usize || (!batch.is_empty() && bytes + record > room) {
+                    break;
+                }
+                bytes += record;
+                batch.push(remaining.next().expect("peeked"));
+            }
+            let nodes: Vec<Node> = batch.iter().map(|(_, cached)| cached.node.clone()).collect();
+            let (data, used, units) = flintfs_format::encode_inode_pack(&nodes, page_size);
+            let address = match self.volume.append(ZoneRole::Node, PageMeta::new(PageKind::Node, used), &data) {
+                Ok(address) => address,
+                Err(error) => {
+                    self.pending.extend(batch);
+                    self.pending.extend(remaining);
+                    return Err(error);
+                }
+            };
+            self.counters.node_pages_written += 1;
+            let mut failure = None;
+            for (index, ((key, cached), units)) in batch.into_iter().zip(units).enumerate() {
+                let home = Pointer::new(address.zone, address.page, index as u32 + 1, units);
+                self.volume.account(address.zone, self.pointer_bytes(home) as i64);
+                if failure.is_some() {
+                    // Nothing points at this copy: it stops counting, and the
+                    // node waits at its old home.
+                    self.release(home);
+                    self.pending.insert(key, cached);
+                    continue;
+                }
+                let Node::File { inode, .. } = &cached.node else { unreachable!("only files are packed") };
+                let ino = inode.ino;
+                match self.settle(key, cached, home, skip_entries) {
+                    Ok(()) => {
+                        homes.push(home);
+                        // A file nobody holds and with nothing left in memory
+                        // is found again through its locator: the table
+                        // stays as small as what the caller holds.
+                        // (Not while a caller patches entries from it.)
+                        if !skip_entries
+                            && self.known.get(&ino).is_some_and(|known| known.lookups == 0 && !known.orphan)
+                            && !self.file_has_state(ino)
+                        {
+                            self.known.remove(&ino);
+                        }
+                    }
+                    Err(error) => failure = Some(error),
+                }
+            }
+            if let Some(error) = failure {
+                self.pending.extend(remaining);
+                return Err(error);
+            }
+        }
+        Ok(homes)
+    }
+
+    /// Writes a node back and updates what points at it. The node must
+    /// already be out of the cache and the pending list; on an error it is
+    /// pending again (with whatever part of the work did land).
+    pub(crate) fn write_back(&mut self, key: NodeKey, cached: Cached) -> Result<()> {
+        if matches!(cached.node, Node::File { .. }) {
+            return self.write_files(vec![(key, cached)], false).map(|_| ());
+        }
+        let mut cached = cached;
+        // Entries of files never written point nowhere yet: write those
+        // files first and point the entries at them.
+        let unwritten: Vec<u64> = match &cached.node {
+            Node::Directory { content: DirectoryContent::Inline(entries), .. } | Node::Bucket { entries, .. } => {
+                entries
+                    .iter()
+                    .filter(|entry| entry.target == Target::Physical(Pointer::NULL))
+                    .map(|entry| entry.ino)
+                    .collect()
+            }
+            _ => Vec::new(),
+        };
+        if !unwritten.is_empty() {
+            let files: Vec<(NodeKey, Cached)> = unwritten
+                .iter()
+                .filter_map(|&ino| self.take(NodeKey::File(ino)).map(|file| (NodeKey::File(ino), file)))
+                .collect();
+            let written = self.write_files(files, true);
+            // Every file that has a home now, whether or not all were
+            // written, is pointed at, so a retry never meets a file that is
+            // written but not named.
+            for &ino in &unwritten {
+                let home = match self.known.get(&ino).map(|known| known.location) {
+                    Some(Location::Physical { home }) if !home.is_null() => home,
+                    _ => self.nodes.peek(NodeKey::File(ino)).map_or(Pointer::NULL, |file| file.home),
+                };
+                if home.is_null() {
+                    continue;
+                }
+                if let Node::Directory { content: DirectoryContent::Inline(entries), .. }
+                | Node::Bucket { entries, .. } = &mut cached.node
+                {
+                    for entry in entries.iter_mut().filter(|entry| entry.ino == ino) {
+                        entry.target = Target::Physical(home);
+                    }
+                }
+            }
+            if let Err(error) = written {
+                self.pending.insert(key, cached);
+                return Err(error);
+            }
+            let still_null = match &cached.node {
+                Node::Directory { content: DirectoryContent::Inline(entries), .. } | Node::Bucket { entries, .. } => {
+                    entries.iter().find(|entry| entry.target == Target::Physical(Pointer::NULL)).map(|entry| entry.ino)
+                }
+                _ => None,
+            };
+            if let Some(ino) = still_null {
+                self.pending.insert(key, cached);
+                return Err(Error::corrupt(format!("the entry for inode {ino} names an inode never written")));
+            }
+        }
+        let home = match self.program_node(&cached.node) {
+            Ok(home) => home,
+            Err(error) => {
+                self.pending.insert(key, cached);
+                return Err(error);
+            }
+        };
+        self.settle(key, cached, home, false)
     }
 
     /// Writes back everything pushed out of the cache: index pages first,
@@ -586,16 +656,10 @@ impl<D: FlashDevice> Fs<D> {
         }
     }
 
-    /// Writes a node taken out of memory back; on failure it goes back to
-    /// the pending list, so nothing is lost.
+    /// Writes a node taken out of memory back; on failure it is pending
+    /// again (`write_back` sees to that), so nothing is lost.
     fn write_back_or_keep(&mut self, key: NodeKey, cached: Cached) -> Result<()> {
-        if let Err(error) = self.write_back(key, cached.clone()) {
-            if !self.in_memory(key) {
-                self.pending.insert(key, cached);
-            }
-            return Err(error);
-        }
-        Ok(())
+        self.write_back(key, cached)
     }
 }
 

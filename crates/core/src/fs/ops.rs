@@ -100,6 +100,8 @@ const COOKIE_DOT: u64 = 1;
 const COOKIE_DOT_DOT: u64 = 2;
 /// Entry cookies are the name hash plus this.
 const COOKIE_BASE: u64 = 3;
+/// Longest symlink target (PATH_MAX).
+pub const SYMLINK_BYTES_MAX: u64 = 4096;
 /// `fallocate` mode bit: do not change the size.
 pub const FALLOC_FL_KEEP_SIZE: u32 = 1;
 
@@ -218,16 +220,44 @@ impl<D: FlashDevice> Fs<D> {
         Ok(attributes)
     }
 
-    /// Holds one more reference to a file found through `target`.
+    /// Holds one more reference to a file or directory found through
+    /// `target`: its number stays its own until the reference goes.
     fn remember(&mut self, ino: u64, target: Target, file_type: FileType) {
-        if file_type == FileType::Directory {
-            return;
-        }
         let location = match target {
             Target::Physical(home) => Location::Physical { home },
             Target::Slot(slot) => Location::Slot(slot),
         };
-        self.known.entry(ino).or_insert(Known { location, lookups: 0, orphan: false }).lookups += 1;
+        let directory = file_type == FileType::Directory;
+        self.known.entry(ino).or_insert(Known { location, lookups: 0, orphan: false, directory }).lookups += 1;
+    }
+
+    /// Registers a listed orphan found at mount (its inode, if a file, is
+    /// in the map).
+    pub(crate) fn adopt_orphan(&mut self, ino: u64) -> Result<()> {
+        if ino == 0 || ino > u64::from(self.slot_count) {
+            return Err(Error::corrupt(format!("orphan {ino} is past the slots")));
+        }
+        let slot = (ino - 1) as u32;
+        let directory = match MapEntry::decode(self.map_get(slot)?) {
+            MapEntry::Home(_) => false,
+            MapEntry::Unwritten => true,
+            other => return Err(Error::corrupt(format!("orphan {ino} has map entry {other:?}"))),
+        };
+        self.known.insert(ino, Known { location: Location::Slot(slot), lookups: 0, orphan: true, directory });
+        Ok(())
+    }
+
+    /// Frees an orphan nobody holds any more.
+    pub(crate) fn delete_orphan(&mut self, ino: u64) -> Result<()> {
+        let directory = self.known.get(&ino).is_some_and(|known| known.directory);
+        if directory {
+            self.free_slot((ino - 1) as u32)?;
+        } else {
+            self.delete_file(ino)?;
+        }
+        self.known.remove(&ino);
+        self.changed = true;
+        Ok(())
     }
 
     /// Finds `name` in directory `parent` and holds a reference to it.
@@ -248,8 +278,9 @@ impl<D: FlashDevice> Fs<D> {
         let entry = self
             .directory_lookup(parent, name)?
             .ok_or_else(|| Error::new(errno::ENOENT, format!("no {:?} in directory {parent}", name_text(name))))?;
+        let attributes = self.getattr(entry.ino)?;
         self.remember(entry.ino, entry.target, entry.file_type);
-        self.getattr(entry.ino)
+        Ok(attributes)
     }
 
     /// Drops `count` references to a file. A file unlinked while held goes
@@ -261,8 +292,7 @@ impl<D: FlashDevice> Fs<D> {
             return Ok(());
         }
         if known.orphan {
-            self.mutate(0, |fs| fs.delete_file(ino))?;
-            self.known.remove(&ino);
+            self.mutate(0, |fs| fs.delete_orphan(ino))?;
         } else if !self.file_has_state(ino) {
             self.known.remove(&ino);
         }
@@ -322,7 +352,12 @@ impl<D: FlashDevice> Fs<D> {
                 fs.insert_new(NodeKey::File(inode.ino), node);
                 fs.known.insert(
                     inode.ino,
-                    Known { location: Location::Physical { home: Pointer::NULL }, lookups: 1, orphan: false },
+                    Known {
+                        location: Location::Physical { home: Pointer::NULL },
+                        lookups: 1,
+                        orphan: false,
+                        directory: false,
+                    },
                 );
                 (NodeKey::File(inode.ino), Target::Physical(Pointer::NULL))
             };
@@ -364,7 +399,7 @@ impl<D: FlashDevice> Fs<D> {
     }
 
     pub fn symlink(&mut self, parent: u64, name: &[u8], target: &[u8], uid: u32, gid: u32) -> Result<Attributes> {
-        if target.is_empty() || target.len() > 4096 || target.contains(&0) {
+        if target.is_empty() || target.len() as u64 > SYMLINK_BYTES_MAX || target.contains(&0) {
             return Err(Error::invalid("a symlink target must be 1 to 4096 bytes without NUL"));
         }
         let new = NewInode { file_type: FileType::Symlink, permissions: 0o777, uid, gid, rdev: 0 };
@@ -377,6 +412,9 @@ impl<D: FlashDevice> Fs<D> {
         let inode = self.inode(ino)?;
         if inode.file_type() != Some(FileType::Symlink) {
             return Err(Error::invalid(format!("inode {ino} is not a symlink")));
+        }
+        if inode.size == 0 || inode.size > SYMLINK_BYTES_MAX {
+            return Err(Error::corrupt(format!("symlink {ino} has a target of {} bytes", inode.size)));
         }
         let target = self.file_read(ino, 0, inode.size)?;
         self.drain()?;
@@ -402,9 +440,9 @@ impl<D: FlashDevice> Fs<D> {
                 return Err(Error::new(errno::ENOENT, format!("inode {ino} has been unlinked")));
             }
             fs.reserve_space(2)?;
-            let slot = match fs.known.get(&ino).map(|known| known.location) {
-                Some(Location::Slot(slot)) => slot,
-                _ => fs.move_to_map(ino)?,
+            let slot = match fs.file_key(ino)? {
+                NodeKey::Slot(slot) => slot,
+                _ => fs.move_to_map(ino, true)?,
             };
             let now = fs.now();
             let file_type = inode.file_type().expect("typed");
@@ -430,7 +468,7 @@ impl<D: FlashDevice> Fs<D> {
     }
 
     /// Moves a physically located file into the map; returns its slot.
-    fn move_to_map(&mut self, ino: u64) -> Result<u32> {
+    fn move_to_map(&mut self, ino: u64, entry_remains: bool) -> Result<u32> {
         self.ensure(NodeKey::File(ino))?;
         let slot = (ino - 1) as u32;
         let mut cached = self.take(NodeKey::File(ino)).expect("ensured");
@@ -444,7 +482,9 @@ impl<D: FlashDevice> Fs<D> {
         self.known.get_mut(&ino).expect("known").location = Location::Slot(slot);
         // Written when the node is: until then the node is in memory.
         self.map_set(slot, 0)?;
-        self.directory_set_target(parent, hash, ino, Target::Slot(slot))?;
+        if entry_remains {
+            self.directory_set_target(parent, hash, ino, Target::Slot(slot))?;
+        }
         Ok(slot)
     }
 
@@ -498,6 +538,12 @@ impl<D: FlashDevice> Fs<D> {
             return Ok(());
         }
         if self.known[&ino].lookups > 0 {
+            // Kept for whoever holds it; moved to the map, so the
+            // checkpoint's orphan list can find it after a crash.
+            if matches!(self.known[&ino].location, Location::Physical { .. }) {
+                // Its entry is gone already.
+                self.move_to_map(ino, false)?;
+            }
             self.known.get_mut(&ino).expect("known").orphan = true;
             return Ok(());
         }
@@ -547,7 +593,7 @@ impl<D: FlashDevice> Fs<D> {
             fs.remove_directory(entry.ino)?;
             let now = fs.now();
             fs.change_inode(parent, |directory| {
-                directory.nlink -= 1;
+                directory.nlink = directory.nlink.saturating_sub(1);
                 directory.mtime_ns = now;
                 directory.ctime_ns = now;
             })
@@ -556,10 +602,23 @@ impl<D: FlashDevice> Fs<D> {
         result
     }
 
-    /// Frees an empty directory whose entry is already gone.
+    /// Frees an empty directory whose entry is already gone. While the
+    /// caller holds it, its number (slot) stays taken.
     fn remove_directory(&mut self, ino: u64) -> Result<()> {
         self.directory_release_buckets(ino)?;
-        self.discard_slot((ino - 1) as u32)
+        let slot = (ino - 1) as u32;
+        if self.known.get(&ino).is_some_and(|known| known.lookups > 0) {
+            let home = match MapEntry::decode(self.map_get(slot)?) {
+                MapEntry::Home(home) if !self.in_memory(NodeKey::Slot(slot)) => home,
+                _ => Pointer::NULL,
+            };
+            self.discard(NodeKey::Slot(slot), home);
+            self.map_set(slot, 0)?;
+            self.known.get_mut(&ino).expect("known").orphan = true;
+            return Ok(());
+        }
+        self.known.remove(&ino);
+        self.discard_slot(slot)
     }
 
     /// Whether directory `ino` is `ancestor` or below it.
@@ -627,11 +686,11 @@ impl<D: FlashDevice> Fs<D> {
                 return Ok(());
             }
             if let Some(target) = &target {
-                if target.ino == source.ino {
-                    return Ok(());
-                }
                 if flags.no_replace {
                     return Err(Error::new(errno::EEXIST, format!("{:?} exists", name_text(new_name))));
+                }
+                if target.ino == source.ino {
+                    return Ok(());
                 }
                 match (source.file_type == FileType::Directory, target.file_type == FileType::Directory) {
                     (true, false) => {
@@ -658,7 +717,7 @@ impl<D: FlashDevice> Fs<D> {
                 fs.directory_remove(new_parent, new_name)?;
                 if target.file_type == FileType::Directory {
                     fs.remove_directory(target.ino)?;
-                    fs.change_inode(new_parent, |directory| directory.nlink -= 1)?;
+                    fs.change_inode(new_parent, |directory| directory.nlink = directory.nlink.saturating_sub(1))?;
                 } else {
                     fs.drop_link(target.ino, target.target, now)?;
                 }
@@ -692,7 +751,7 @@ impl<D: FlashDevice> Fs<D> {
                 inode.ctime_ns = now;
             })?;
             if directory != from {
-                self.change_inode(from, |inode| inode.nlink -= 1)?;
+                self.change_inode(from, |inode| inode.nlink = inode.nlink.saturating_sub(1))?;
                 self.change_inode(directory, |inode| inode.nlink += 1)?;
             }
         } else {
