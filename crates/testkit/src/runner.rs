@@ -311,7 +311,17 @@ pub fn run_model(setup: &Setup, seed: u64, operations: u64, check_every: u64) ->
         let expected = model.apply(&operation);
         let actual = subject.apply(&operation);
         if actual != expected {
-            return Err(fail(step, format!("{operation:?}: the engine gave {actual:?}, the model {expected:?}")));
+            let fs = subject.fs();
+            let space = format!(
+                "statfs {:?}, free zones {}, cleaner {:?}, usage {:?}",
+                fs.statfs().ok(),
+                fs.free_zones(),
+                fs.cleaner_counters(),
+                fs.usage_by_role()
+            );
+            let shown = format!("{operation:?}");
+            let shown = if shown.len() > 400 { format!("{}...", &shown[..400]) } else { shown };
+            return Err(fail(step, format!("{shown}: the engine gave {actual:?}, the model {expected:?}; {space}")));
         }
         report.operations += 1;
         if matches!(expected, Outcome::Error(_)) {

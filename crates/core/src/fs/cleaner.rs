@@ -71,8 +71,10 @@ impl<D: FlashDevice> Fs<D> {
         self.volume.allocatable_zone_count()
     }
 
-    /// The zone the cleaner would take next, and whether for wear.
-    fn choose_victim(&self) -> Option<(u32, bool)> {
+    /// The zone the cleaner would take next, and whether for wear. Wear
+    /// levelling is left out when cleaning for space (`wear_allowed`
+    /// false): moving a zone of cold data frees nothing net.
+    fn choose_victim(&self, wear_allowed: bool) -> Option<(u32, bool)> {
         let reports = self.volume.device().report_zones();
         let checkpoint = &self.volume.checkpoint;
         let page_size = self.page_size as u64;
@@ -93,7 +95,7 @@ impl<D: FlashDevice> Fs<D> {
         // past its bound.
         let most_worn = reports.iter().map(|report| report.erase_count_max).max().unwrap_or(0);
         if let Some(coldest) = candidates.iter().min_by_key(|report| (report.erase_count_max, report.zone)) {
-            if most_worn.saturating_sub(coldest.erase_count_max) > WEAR_SPREAD_MAX {
+            if wear_allowed && most_worn.saturating_sub(coldest.erase_count_max) > WEAR_SPREAD_MAX {
                 return Some((coldest.zone, true));
             }
         }
@@ -103,7 +105,9 @@ impl<D: FlashDevice> Fs<D> {
             .filter_map(|report| {
                 let usage = &checkpoint.zones[report.zone as usize];
                 let capacity = u64::from(report.capacity_pages) * page_size;
-                if usage.valid_bytes * 1000 > capacity * VICTIM_FULLNESS_MAX_PER_MILLE {
+                if usage.valid_bytes * 1000 > capacity * VICTIM_FULLNESS_MAX_PER_MILLE
+                    || capacity - usage.valid_bytes.min(capacity) < page_size
+                {
                     return None;
                 }
                 // Cost-benefit: (1 - u) * age / (1 + u), with u in
@@ -117,20 +121,24 @@ impl<D: FlashDevice> Fs<D> {
             .map(|(_, std::cmp::Reverse(zone))| (zone, false))
     }
 
-    /// Cleans up to `zones` zones; returns how many it cleaned. Ends with
-    /// a checkpoint, after which the cleaned zones are free.
+    /// Cleans up to `zones` zones for space; returns how many it cleaned.
+    /// Ends with a checkpoint, after which the cleaned zones are free.
     pub fn clean(&mut self, zones: usize) -> Result<usize> {
+        self.clean_with(zones, false)
+    }
+
+    fn clean_with(&mut self, zones: usize, wear_allowed: bool) -> Result<usize> {
         let reserve = self.volume.reserve_allowed;
         self.volume.reserve_allowed = true;
-        let result = self.clean_zones(zones);
+        let result = self.clean_zones(zones, wear_allowed);
         self.volume.reserve_allowed = reserve;
         result
     }
 
-    fn clean_zones(&mut self, zones: usize) -> Result<usize> {
+    fn clean_zones(&mut self, zones: usize, wear_allowed: bool) -> Result<usize> {
         let mut cleaned = Vec::new();
         for _ in 0..zones {
-            let Some((victim, for_wear)) = self.choose_victim() else { break };
+            let Some((victim, for_wear)) = self.choose_victim(wear_allowed) else { break };
             self.move_live(victim)?;
             cleaned.push(victim);
             self.cleaner.zones_cleaned += 1;
@@ -154,20 +162,27 @@ impl<D: FlashDevice> Fs<D> {
         Ok(cleaned.len())
     }
 
-    /// Cleans in the background: a zone when free zones run low or the
-    /// wear spread is past its bound. Returns whether it did anything.
+    /// Cleans in the background: a zone when free zones run low, or, with
+    /// room to spare, a zone of cold data when the wear spread is past its
+    /// bound. Returns whether it did anything.
     pub fn idle(&mut self) -> Result<bool> {
-        let wear = self.choose_victim().is_some_and(|(_, for_wear)| for_wear);
-        if self.free_zones() >= CLEAN_IDLE_WATER_ZONES && !wear {
-            return Ok(false);
+        let free = self.free_zones();
+        if free < CLEAN_IDLE_WATER_ZONES {
+            return Ok(self.clean(1)? > 0);
         }
-        Ok(self.clean(1)? > 0)
+        let wear = self.choose_victim(true).is_some_and(|(_, for_wear)| for_wear);
+        Ok(wear && self.clean_with(1, true)? > 0)
     }
 
-    /// Foreground cleaning before an operation, when free zones are low.
+    /// Foreground cleaning before an operation: a zone for space when free
+    /// zones are low; with room to spare, a zone of cold data when the wear
+    /// spread is past its bound (rare: each one narrows the spread).
     pub(crate) fn clean_if_low(&mut self) -> Result<()> {
-        if self.free_zones() < CLEAN_LOW_WATER_ZONES {
+        let free = self.free_zones();
+        if free < CLEAN_LOW_WATER_ZONES {
             self.clean(1)?;
+        } else if free >= CLEAN_IDLE_WATER_ZONES && self.choose_victim(true).is_some_and(|(_, for_wear)| for_wear) {
+            self.clean_with(1, true)?;
         }
         Ok(())
     }
