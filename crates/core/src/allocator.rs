@@ -9,7 +9,7 @@ use flintfs_flash::{FlashDevice, PageAddress, ZoneState};
 use flintfs_format::{InvertedIndex, LogHead, PageHeader, PageKind, ZoneRole, FIRST_DYNAMIC_ZONE};
 
 use crate::error::{errno, Error, Result};
-use crate::volume::{program, read_verified, Volume, RESERVE_ZONES};
+use crate::volume::{read_verified, Volume, RESERVE_ZONES};
 
 /// What to put in a page besides its data.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -30,6 +30,9 @@ impl PageMeta {
         PageMeta { count, ..self }
     }
 }
+
+/// Times a run is tried in fresh zones after a page of it fails to program.
+pub const PROGRAM_ATTEMPTS: u32 = 4;
 
 impl<D: FlashDevice> Volume<D> {
     /// Programs one page at `role`'s head and returns where it went.
@@ -60,31 +63,47 @@ impl<D: FlashDevice> Volume<D> {
         if u64::from(needed) > geometry.zone_pages() {
             return Err(Error::invalid(format!("{needed} pages cannot fit in one zone of {}", geometry.zone_pages())));
         }
-        let head = self.head_with_room(role, needed)?;
-        let generation = self.checkpoint.zones[head.zone as usize].generation;
-        let mut addresses = Vec::with_capacity(pages.len());
-        for (index, (meta, data)) in pages.iter().enumerate() {
-            let address = PageAddress::new(head.zone, head.write_pointer + index as u32);
-            let header = PageHeader {
-                kind: meta.kind,
-                end_of_record: meta.end_of_record,
-                zone_generation: generation,
-                sequence: self.checkpoint.sequence_next,
-                zone: address.zone,
-                page: address.page,
-                inverted: meta.inverted,
-                length: meta.length,
-                count: meta.count,
-            };
-            // The sequence is spent whether or not the program succeeds: a
-            // page that reached the medium must never share it.
-            self.checkpoint.sequence_next += 1;
-            self.set_head_write_pointer(role, address.page + 1);
-            program(&mut self.device, address, &header, data)?;
-            self.checkpoint.zones[head.zone as usize].last_sequence = header.sequence;
-            addresses.push(address);
+        // A page that fails to program retires its block (the device grows
+        // a bad block); the run starts again in a fresh zone, a bounded
+        // number of times.
+        let mut attempt = 0;
+        'run: loop {
+            attempt += 1;
+            let head = self.head_with_room(role, needed)?;
+            let generation = self.checkpoint.zones[head.zone as usize].generation;
+            let mut addresses = Vec::with_capacity(pages.len());
+            for (index, (meta, data)) in pages.iter().enumerate() {
+                let address = PageAddress::new(head.zone, head.write_pointer + index as u32);
+                let header = PageHeader {
+                    kind: meta.kind,
+                    end_of_record: meta.end_of_record,
+                    zone_generation: generation,
+                    sequence: self.checkpoint.sequence_next,
+                    zone: address.zone,
+                    page: address.page,
+                    inverted: meta.inverted,
+                    length: meta.length,
+                    count: meta.count,
+                };
+                // The sequence is spent whether or not the program succeeds:
+                // a page that reached the medium must never share it.
+                self.checkpoint.sequence_next += 1;
+                self.set_head_write_pointer(role, address.page + 1);
+                let mut oob = vec![0u8; geometry.oob_size_bytes as usize];
+                oob[..flintfs_format::PAGE_HEADER_BYTES].copy_from_slice(&header.encode(data));
+                match self.device.program_page(address, data, &oob) {
+                    Ok(()) => {}
+                    Err(flintfs_flash::DeviceError::ProgramFailed { .. }) if attempt < PROGRAM_ATTEMPTS => {
+                        self.program_failures += 1;
+                        continue 'run;
+                    }
+                    Err(error) => return Err(error.into()),
+                }
+                self.checkpoint.zones[head.zone as usize].last_sequence = header.sequence;
+                addresses.push(address);
+            }
+            return Ok(addresses);
         }
-        Ok(addresses)
     }
 
     /// Reads a page this volume wrote and checks it: kind, address and the

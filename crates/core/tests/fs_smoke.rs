@@ -158,3 +158,43 @@ fn a_removed_directory_keeps_its_number_while_held() {
     let (mut fs, _) = Fs::mount(flash, FsOptions::default(), Box::new(ManualClock::new(0))).unwrap();
     assert_clean(&mut fs);
 }
+
+#[test]
+fn bad_blocks_and_failing_programs_are_worked_around() {
+    let clock = ManualClock::new(1_700_000_000_000_000_000);
+    let faults = FaultConfig {
+        factory_bad_block_fraction: 0.05,
+        endurance_cycles: 40,
+        program_failure_probability_at_endurance: 0.5,
+        failure_growth_exponent: 1.0,
+        ..FaultConfig::none(11)
+    };
+    let flash = MemoryFlash::memory(geometry(), DeviceOptions { faults, ..DeviceOptions::default() }).unwrap();
+    let flash = Fs::format(flash, &MkfsOptions::new([7; 16], 0), Box::new(clock.clone())).unwrap();
+    let (mut fs, _) = Fs::mount(flash, FsOptions::default(), Box::new(clock.clone())).unwrap();
+    let mut expected = std::collections::BTreeMap::new();
+    for round in 0..30u32 {
+        for index in 0..20u32 {
+            let name = format!("f{index}");
+            let data: Vec<u8> = (0..(index as usize + 1) * 3000).map(|i| (i as u32 ^ round) as u8).collect();
+            let ino = match fs.lookup(1, name.as_bytes()) {
+                Ok(attributes) => attributes.ino,
+                Err(_) => fs.create(1, name.as_bytes(), 0o644, 0, 0).unwrap().ino,
+            };
+            fs.setattr(ino, &SetAttributes { size: Some(0), ..SetAttributes::default() }).unwrap();
+            fs.write(ino, 0, &data).unwrap();
+            fs.forget(ino, 1).unwrap();
+            expected.insert(name, data);
+        }
+        fs.sync().unwrap();
+    }
+    assert_clean(&mut fs);
+    let flash = fs.unmount().unwrap();
+    assert!(flash.lifetime_counters().program_failures_injected > 0, "the fault model failed some programs");
+    let (mut fs, _) = Fs::mount(flash, FsOptions::default(), Box::new(clock)).unwrap();
+    for (name, data) in &expected {
+        let attributes = fs.lookup(1, name.as_bytes()).unwrap();
+        assert_eq!(&fs.read(attributes.ino, 0, 1 << 20).unwrap(), data, "{name}");
+    }
+    assert_clean(&mut fs);
+}
