@@ -69,7 +69,24 @@ fn main() {
     let file = fs.create(1, b"after-mount", 0o644, 0, 0).expect("create after mount");
     fs.write(file.ino, 0, &[1; 4096]).expect("write after mount");
     let first_write_pages = fs.device().counters().pages_read - pages_before;
+    // Names looked up cold (right after mount): page reads per lookup, for
+    // directories of `per_directory` entries.
+    let mut lookup_pages = Vec::new();
+    for sample in 0..10u64 {
+        let index = (sample * 7_919_993 + 12_345) % files.max(1);
+        let before = fs.device().counters().pages_read;
+        let directory = fs.lookup(1, format!("d{}", index / per_directory).as_bytes()).expect("directory");
+        let after_directory = fs.device().counters().pages_read;
+        let file = fs.lookup(directory.ino, format!("file-{index:08}").as_bytes()).expect("lookup");
+        let after = fs.device().counters().pages_read;
+        fs.forget(file.ino, 1).expect("forget");
+        fs.forget(directory.ino, 1).expect("forget");
+        lookup_pages.push((after_directory - before, after - after_directory));
+    }
     println!("created {files} files in {create_seconds:.1} s");
+    println!(
+        "cold lookups of 10 names in directories of {per_directory} entries, page reads (directory, then name): {lookup_pages:?}"
+    );
     println!(
         "clean mount: {mount_pages} pages read ({} by the volume's own count), {mount_ms:.2} ms host time",
         report.pages_read
