@@ -148,7 +148,8 @@ impl Subject {
             }
             Operation::Mkdir { directory, name } => {
                 let parent = self.resolve_directory(directory)?;
-                self.fs().mkdir(parent, name, 0o755, 0, 0).map_err(code)?;
+                let attributes = self.fs().mkdir(parent, name, 0o755, 0, 0).map_err(code)?;
+                self.fs().forget(attributes.ino, 1).map_err(code)?;
             }
             Operation::Write { path, offset, length, fill } => {
                 let ino = self.resolve(path)?;

@@ -93,7 +93,16 @@ impl<D: FlashDevice> Fs<D> {
             .collect();
         // Wear first: the least worn zone holding data, when the spread is
         // past its bound.
-        let most_worn = reports.iter().map(|report| report.erase_count_max).max().unwrap_or(0);
+        // Only zones allocation hands out: the checkpoint and superblock
+        // zones wear on their own schedule, and levelling cannot help them.
+        let most_worn = reports
+            .iter()
+            .filter(|report| {
+                report.zone >= FIRST_DYNAMIC_ZONE && report.capacity_pages > 0 && report.state != ZoneState::Offline
+            })
+            .map(|report| report.erase_count_max)
+            .max()
+            .unwrap_or(0);
         if let Some(coldest) = candidates.iter().min_by_key(|report| (report.erase_count_max, report.zone)) {
             if wear_allowed && most_worn.saturating_sub(coldest.erase_count_max) > WEAR_SPREAD_MAX {
                 return Some((coldest.zone, true));
@@ -105,14 +114,18 @@ impl<D: FlashDevice> Fs<D> {
             .filter_map(|report| {
                 let usage = &checkpoint.zones[report.zone as usize];
                 let capacity = u64::from(report.capacity_pages) * page_size;
-                if usage.valid_bytes * 1000 > capacity * VICTIM_FULLNESS_MAX_PER_MILLE
-                    || capacity - usage.valid_bytes.min(capacity) < page_size
+                // The table comes from flash: a count past the zone is
+                // damage, and such a zone is no victim.
+                let valid = usage.valid_bytes;
+                if valid > capacity
+                    || valid.saturating_mul(1000) > capacity.saturating_mul(VICTIM_FULLNESS_MAX_PER_MILLE)
+                    || capacity - valid < page_size
                 {
                     return None;
                 }
                 // Cost-benefit: (1 - u) * age / (1 + u), with u in
                 // thousandths to stay in integers.
-                let used = (usage.valid_bytes * 1000 / capacity.max(1)).min(1000);
+                let used = (valid.saturating_mul(1000) / capacity.max(1)).min(1000);
                 let age = sequence_now.saturating_sub(usage.last_sequence) + 1;
                 let score = u128::from(1000 - used) * u128::from(age) / u128::from(1000 + used);
                 Some((score, std::cmp::Reverse(report.zone)))
@@ -139,7 +152,16 @@ impl<D: FlashDevice> Fs<D> {
         let mut cleaned = Vec::new();
         for _ in 0..zones {
             let Some((victim, for_wear)) = self.choose_victim(wear_allowed) else { break };
-            self.move_live(victim)?;
+            if let Err(error) = self.move_live(victim) {
+                // Never picked again this mount: one bad zone must not stop
+                // every operation that needs cleaning.
+                self.cleaner_stuck.insert(victim);
+                self.cleaner.zones_stuck += 1;
+                if cleaned.is_empty() {
+                    return Err(error);
+                }
+                break;
+            }
             cleaned.push(victim);
             self.cleaner.zones_cleaned += 1;
             if for_wear {
@@ -178,11 +200,14 @@ impl<D: FlashDevice> Fs<D> {
     /// zones are low; with room to spare, a zone of cold data when the wear
     /// spread is past its bound (rare: each one narrows the spread).
     pub(crate) fn clean_if_low(&mut self) -> Result<()> {
+        // Best effort: an operation that cannot be helped by cleaning (an
+        // unlink, say) must not fail because cleaning did. What needs the
+        // space finds out in `reserve_space`.
         let free = self.free_zones();
         if free < CLEAN_LOW_WATER_ZONES {
-            self.clean(1)?;
+            let _ = self.clean(1);
         } else if free >= CLEAN_IDLE_WATER_ZONES && self.choose_victim(true).is_some_and(|(_, for_wear)| for_wear) {
-            self.clean_with(1, true)?;
+            let _ = self.clean_with(1, true);
         }
         Ok(())
     }
@@ -213,6 +238,15 @@ impl<D: FlashDevice> Fs<D> {
                     for (index, (chunk, range)) in chunks.into_iter().enumerate() {
                         let block = chunk.offset / self.block_bytes();
                         let units = (CHUNK_HEADER_BYTES + range.len()).div_ceil(CHUNK_UNIT_BYTES as usize) as u32;
+                        // A chunk no pointer can name is referenced by
+                        // nothing; a compressed one is not written by this
+                        // version and is left (its zone stays uncleaned).
+                        if index + 1 > Pointer::CHUNKS_MAX as usize
+                            || units > Pointer::CHUNK_UNITS_MAX
+                            || chunk.compression != Compression::None
+                        {
+                            continue;
+                        }
                         let pointer = Pointer::new(zone, page, index as u32 + 1, units);
                         if chunk.kind != ChunkKind::FileData
                             || !self.block_is_live(chunk.ino, chunk.version, block, pointer)?
@@ -227,9 +261,7 @@ impl<D: FlashDevice> Fs<D> {
                             assert!(packer.push(&header, payload), "a chunk that fit a page fits an empty one");
                         }
                         let mut buffer = vec![0u8; self.page_size];
-                        if chunk.compression == Compression::None {
-                            buffer[..payload.len()].copy_from_slice(payload);
-                        }
+                        buffer[..payload.len()].copy_from_slice(payload);
                         packed.push(super::data::PackedChunk { ino: chunk.ino, block, units, buffer });
                         self.cleaner.chunks_moved += 1;
                         self.cleaner.bytes_moved += u64::from(units) * u64::from(CHUNK_UNIT_BYTES);
@@ -282,8 +314,15 @@ impl<D: FlashDevice> Fs<D> {
             count: 0,
         };
         let address = self.volume.append(ZoneRole::ColdData, meta, &data)?;
+        let new = Pointer::page_at(address.zone, address.page);
         self.volume.account(address.zone, self.page_size as i64);
-        let old = self.set_block_pointer(ino, block, Pointer::page_at(address.zone, address.page))?;
+        let old = match self.set_block_pointer(ino, block, new) {
+            Ok(old) => old,
+            Err(error) => {
+                self.release(new);
+                return Err(error);
+            }
+        };
         debug_assert_eq!(old, here, "a live block is where its index says");
         self.release(old);
         self.cleaner.data_pages_moved += 1;

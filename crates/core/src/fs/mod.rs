@@ -254,8 +254,9 @@ impl<D: FlashDevice> Fs<D> {
         // the last checkpoint was taken: nobody holds them now.
         let orphans = fs.volume.checkpoint.tree.orphans.clone();
         for ino in orphans {
-            fs.adopt_orphan(ino)?;
-            fs.delete_orphan(ino)?;
+            if fs.adopt_orphan(ino)? {
+                fs.delete_orphan(ino)?;
+            }
         }
         let mut report = report;
         report.pages_read += fs.volume.device().counters().pages_read - pages_before;

@@ -220,31 +220,55 @@ impl<D: FlashDevice> Fs<D> {
         Ok(attributes)
     }
 
-    /// Holds one more reference to a file or directory found through
-    /// `target`: its number stays its own until the reference goes.
-    fn remember(&mut self, ino: u64, target: Target, file_type: FileType) {
-        let location = match target {
-            Target::Physical(home) => Location::Physical { home },
-            Target::Slot(slot) => Location::Slot(slot),
-        };
-        let directory = file_type == FileType::Directory;
-        self.known.entry(ino).or_insert(Known { location, lookups: 0, orphan: false, directory }).lookups += 1;
+    /// Holds one more reference to a file or directory: its number stays
+    /// its own until the reference goes. Where it is comes from the state
+    /// now (its locator, its slot), never from an entry read earlier: a
+    /// write-back in between may have moved it.
+    fn remember(&mut self, ino: u64) -> Result<()> {
+        self.remember_count(ino, 1)
+    }
+
+    /// Registers `ino` in the table (with `add` more references).
+    fn remember_count(&mut self, ino: u64, add: u64) -> Result<()> {
+        if !self.known.contains_key(&ino) {
+            let key = self.file_key(ino)?;
+            if !self.known.contains_key(&ino) {
+                let NodeKey::Slot(slot) = key else {
+                    return Err(Error::corrupt(format!("inode {ino} is found physically but not remembered")));
+                };
+                let directory = matches!(self.node(key)?, Node::Directory { .. });
+                self.known.insert(ino, Known { location: Location::Slot(slot), lookups: 0, orphan: false, directory });
+            }
+        }
+        self.known.get_mut(&ino).expect("remembered").lookups += add;
+        Ok(())
     }
 
     /// Registers a listed orphan found at mount (its inode, if a file, is
-    /// in the map).
-    pub(crate) fn adopt_orphan(&mut self, ino: u64) -> Result<()> {
+    /// in the map); false for an entry that is not an orphan (a repeat, or
+    /// damage), which is left alone.
+    pub(crate) fn adopt_orphan(&mut self, ino: u64) -> Result<bool> {
         if ino == 0 || ino > u64::from(self.slot_count) {
             return Err(Error::corrupt(format!("orphan {ino} is past the slots")));
         }
         let slot = (ino - 1) as u32;
+        if self.known.contains_key(&ino) {
+            return Ok(false);
+        }
         let directory = match MapEntry::decode(self.map_get(slot)?) {
-            MapEntry::Home(_) => false,
+            // Only an unlinked file in the map is an orphan file: the list
+            // comes from flash, and a live node must never be freed for it.
+            MapEntry::Home(_) => match self.node(NodeKey::Slot(slot)) {
+                Ok(Node::File { inode, slot: found, .. }) if found == slot && inode.ino == ino && inode.nlink == 0 => {
+                    false
+                }
+                _ => return Ok(false),
+            },
             MapEntry::Unwritten => true,
-            other => return Err(Error::corrupt(format!("orphan {ino} has map entry {other:?}"))),
+            _ => return Ok(false),
         };
         self.known.insert(ino, Known { location: Location::Slot(slot), lookups: 0, orphan: true, directory });
-        Ok(())
+        Ok(true)
     }
 
     /// Frees an orphan nobody holds any more.
@@ -266,11 +290,13 @@ impl<D: FlashDevice> Fs<D> {
         if directory.file_type() != Some(FileType::Directory) {
             return Err(Error::new(errno::ENOTDIR, format!("inode {parent} is not a directory")));
         }
-        if name == b"." {
-            return self.getattr(parent);
-        }
-        if name == b".." {
-            return self.getattr(directory.parent);
+        // FUSE counts a reference for every entry a lookup returns, "."
+        // and ".." too.
+        if name == b"." || name == b".." {
+            let ino = if name == b"." { parent } else { directory.parent };
+            let attributes = self.getattr(ino)?;
+            self.remember(ino)?;
+            return Ok(attributes);
         }
         if name.len() > NAME_BYTES_MAX {
             return Err(Error::new(errno::ENAMETOOLONG, format!("a name of {} bytes", name.len())));
@@ -279,7 +305,7 @@ impl<D: FlashDevice> Fs<D> {
             .directory_lookup(parent, name)?
             .ok_or_else(|| Error::new(errno::ENOENT, format!("no {:?} in directory {parent}", name_text(name))))?;
         let attributes = self.getattr(entry.ino)?;
-        self.remember(entry.ino, entry.target, entry.file_type);
+        self.remember(entry.ino)?;
         Ok(attributes)
     }
 
@@ -299,7 +325,10 @@ impl<D: FlashDevice> Fs<D> {
         Ok(())
     }
 
-    fn make_inode(&mut self, parent: u64, name: &[u8], new: NewInode) -> Result<Attributes> {
+    /// Makes an inode named `name` in `parent`, with `content` (a
+    /// symlink's target) written in the same operation, so no checkpoint
+    /// can fall between the two.
+    fn make_inode(&mut self, parent: u64, name: &[u8], new: NewInode, content: &[u8]) -> Result<Attributes> {
         let NewInode { file_type, permissions, uid, gid, rdev } = new;
         check_name(name)?;
         self.mutate(0, |fs| {
@@ -310,7 +339,8 @@ impl<D: FlashDevice> Fs<D> {
             if fs.directory_lookup(parent, name)?.is_some() {
                 return Err(Error::new(errno::EEXIST, format!("{:?} exists in directory {parent}", name_text(name))));
             }
-            fs.reserve_space(2)?;
+            // Nothing read above is used below but the parent's number.
+            fs.reserve_space(2 + content.len().div_ceil(fs.page_size) as u64)?;
             let now = fs.now();
             let version = fs.take_version();
             fs.volume.count_inode_created();
@@ -342,6 +372,10 @@ impl<D: FlashDevice> Fs<D> {
                     content: DirectoryContent::Inline(Vec::new()),
                 };
                 fs.insert_new(NodeKey::Slot(slot), node);
+                fs.known.insert(
+                    inode.ino,
+                    Known { location: Location::Slot(slot), lookups: 1, orphan: false, directory: true },
+                );
                 (NodeKey::Slot(slot), Target::Slot(slot))
             } else {
                 let slot = fs.allocate_slot()?;
@@ -375,17 +409,21 @@ impl<D: FlashDevice> Fs<D> {
                     directory.nlink += 1;
                 }
             })?;
+            if !content.is_empty() {
+                fs.file_write(inode.ino, 0, content)?;
+                return fs.getattr(inode.ino);
+            }
             Ok(fs.attributes_of(&inode))
         })
     }
 
     /// Creates a regular file and holds a reference to it.
     pub fn create(&mut self, parent: u64, name: &[u8], permissions: u32, uid: u32, gid: u32) -> Result<Attributes> {
-        self.make_inode(parent, name, NewInode { file_type: FileType::Regular, permissions, uid, gid, rdev: 0 })
+        self.make_inode(parent, name, NewInode { file_type: FileType::Regular, permissions, uid, gid, rdev: 0 }, &[])
     }
 
     pub fn mkdir(&mut self, parent: u64, name: &[u8], permissions: u32, uid: u32, gid: u32) -> Result<Attributes> {
-        self.make_inode(parent, name, NewInode { file_type: FileType::Directory, permissions, uid, gid, rdev: 0 })
+        self.make_inode(parent, name, NewInode { file_type: FileType::Directory, permissions, uid, gid, rdev: 0 }, &[])
     }
 
     /// Makes a special file (a FIFO, a device, a socket) or a regular one,
@@ -395,7 +433,7 @@ impl<D: FlashDevice> Fs<D> {
         if file_type == FileType::Directory || file_type == FileType::Symlink {
             return Err(Error::invalid("mknod makes neither directories nor symlinks"));
         }
-        self.make_inode(parent, name, NewInode { file_type, permissions: mode, uid, gid, rdev })
+        self.make_inode(parent, name, NewInode { file_type, permissions: mode, uid, gid, rdev }, &[])
     }
 
     pub fn symlink(&mut self, parent: u64, name: &[u8], target: &[u8], uid: u32, gid: u32) -> Result<Attributes> {
@@ -403,9 +441,7 @@ impl<D: FlashDevice> Fs<D> {
             return Err(Error::invalid("a symlink target must be 1 to 4096 bytes without NUL"));
         }
         let new = NewInode { file_type: FileType::Symlink, permissions: 0o777, uid, gid, rdev: 0 };
-        let attributes = self.make_inode(parent, name, new)?;
-        self.mutate(target.len().div_ceil(self.page_size) as u64, |fs| fs.file_write(attributes.ino, 0, target))?;
-        self.getattr(attributes.ino)
+        self.make_inode(parent, name, new, target)
     }
 
     pub fn readlink(&mut self, ino: u64) -> Result<Vec<u8>> {
@@ -426,6 +462,7 @@ impl<D: FlashDevice> Fs<D> {
     pub fn link(&mut self, ino: u64, new_parent: u64, new_name: &[u8]) -> Result<Attributes> {
         check_name(new_name)?;
         self.mutate(0, |fs| {
+            fs.reserve_space(2)?;
             let inode = fs.inode(ino)?;
             if inode.file_type() == Some(FileType::Directory) {
                 return Err(Error::new(errno::EPERM, "directories cannot be hard-linked"));
@@ -439,7 +476,6 @@ impl<D: FlashDevice> Fs<D> {
             if inode.nlink == 0 {
                 return Err(Error::new(errno::ENOENT, format!("inode {ino} has been unlinked")));
             }
-            fs.reserve_space(2)?;
             let slot = match fs.file_key(ino)? {
                 NodeKey::Slot(slot) => slot,
                 _ => fs.move_to_map(ino, true)?,
@@ -462,7 +498,7 @@ impl<D: FlashDevice> Fs<D> {
                 directory.mtime_ns = now;
                 directory.ctime_ns = now;
             })?;
-            fs.known.get_mut(&ino).expect("known").lookups += 1;
+            fs.remember(ino)?;
             fs.getattr(ino)
         })
     }
@@ -498,6 +534,8 @@ impl<D: FlashDevice> Fs<D> {
             if entry.file_type == FileType::Directory {
                 return Err(Error::new(errno::EISDIR, format!("{:?} is a directory", name_text(name))));
             }
+            // Found through its entry: remembered before the entry goes.
+            fs.remember_count(entry.ino, 0)?;
             fs.directory_remove(parent, name)?;
             let now = fs.now();
             fs.change_inode(parent, |directory| {
@@ -522,10 +560,8 @@ impl<D: FlashDevice> Fs<D> {
     /// One link of a file is gone: deletes it if that was the last and
     /// nobody holds it, or keeps it as an orphan until they let go.
     fn drop_link(&mut self, ino: u64, target: Target, now: i64) -> Result<()> {
-        if !self.known.contains_key(&ino) {
-            self.remember(ino, target, FileType::Regular);
-            self.known.get_mut(&ino).expect("remembered").lookups = 0;
-        }
+        let _ = target;
+        self.remember_count(ino, 0)?;
         let nlink = self.change_inode(ino, |inode| {
             inode.nlink = inode.nlink.saturating_sub(1);
             inode.ctime_ns = now;
@@ -656,6 +692,9 @@ impl<D: FlashDevice> Fs<D> {
             })?;
         }
         self.mutate(0, |fs| {
+            // Room first: making it may clean and checkpoint, which moves
+            // inodes; nothing read before may be used after.
+            fs.reserve_space(4)?;
             let source = fs.entry(parent, name)?;
             if fs.inode(new_parent)?.file_type() != Some(FileType::Directory) {
                 return Err(Error::new(errno::ENOTDIR, format!("inode {new_parent} is not a directory")));
@@ -674,7 +713,8 @@ impl<D: FlashDevice> Fs<D> {
                 if (parent, name) == (new_parent, new_name) {
                     return Ok(());
                 }
-                fs.reserve_space(4)?;
+                fs.remember_moved(&source)?;
+                fs.remember_moved(&target)?;
                 fs.directory_remove(parent, name)?;
                 fs.directory_remove(new_parent, new_name)?;
                 fs.place(new_parent, new_name, &source, parent)?;
@@ -711,8 +751,11 @@ impl<D: FlashDevice> Fs<D> {
                     (false, false) => {}
                 }
             }
-            fs.reserve_space(4)?;
             let now = fs.now();
+            fs.remember_moved(&source)?;
+            if let Some(target) = &target {
+                fs.remember_moved(target)?;
+            }
             if let Some(target) = target {
                 fs.directory_remove(new_parent, new_name)?;
                 if target.file_type == FileType::Directory {
@@ -728,6 +771,15 @@ impl<D: FlashDevice> Fs<D> {
         })
     }
 
+    /// Remembers a file whose entry is about to go (it is found through
+    /// that entry until then).
+    fn remember_moved(&mut self, entry: &Entry) -> Result<()> {
+        if entry.file_type != FileType::Directory {
+            self.remember_count(entry.ino, 0)?;
+        }
+        Ok(())
+    }
+
     /// Enters `entry` (taken out of `from`) as `name` in `directory`, and
     /// updates what the move changes: a directory's parent and the link
     /// counts, a physically located file's parent and name hash.
@@ -735,12 +787,12 @@ impl<D: FlashDevice> Fs<D> {
         let hash = name_hash(self.hash_seed, name);
         let mut target = entry.target;
         if entry.file_type != FileType::Directory {
-            if let Some(Known { location, .. }) = self.known.get(&entry.ino) {
-                target = match *location {
-                    Location::Physical { home } => Target::Physical(home),
-                    Location::Slot(slot) => Target::Slot(slot),
-                };
-            }
+            // Where the file is now, not what the entry said when read.
+            self.remember_count(entry.ino, 0)?;
+            target = match self.known[&entry.ino].location {
+                Location::Physical { home } => Target::Physical(home),
+                Location::Slot(slot) => Target::Slot(slot),
+            };
         }
         let moved = Entry { hash, ino: entry.ino, target, file_type: entry.file_type, name: name.to_vec() };
         self.directory_insert(directory, moved)?;
@@ -755,10 +807,6 @@ impl<D: FlashDevice> Fs<D> {
                 self.change_inode(directory, |inode| inode.nlink += 1)?;
             }
         } else {
-            if !self.known.contains_key(&entry.ino) {
-                self.remember(entry.ino, target, entry.file_type);
-                self.known.get_mut(&entry.ino).expect("remembered").lookups = 0;
-            }
             let physical = matches!(self.known[&entry.ino].location, Location::Physical { .. });
             if physical {
                 self.map_set((entry.ino - 1) as u32, MapEntry::locator(directory, hash))?;
@@ -993,13 +1041,10 @@ impl<D: FlashDevice> Fs<D> {
         let listed = self.readdir(ino, cookie, count)?;
         let mut out = Vec::with_capacity(listed.len());
         for entry in listed {
-            if entry.name != b"." && entry.name != b".." && entry.file_type != FileType::Directory {
-                let found = self.directory_lookup(ino, &entry.name)?;
-                if let Some(found) = found {
-                    self.remember(found.ino, found.target, found.file_type);
-                }
-            }
             let attributes = self.getattr(entry.ino)?;
+            if entry.name != b"." && entry.name != b".." {
+                self.remember(entry.ino)?;
+            }
             out.push((entry, attributes));
         }
         Ok(out)
@@ -1083,7 +1128,8 @@ impl<D: FlashDevice> Fs<D> {
         let kept_back_zones =
             u64::from(RESERVE_ZONES) + crate::volume::LOG_HEAD_ROLES.len() as u64 + super::CLEAN_LOW_WATER_ZONES as u64;
         let blocks = dynamic.saturating_sub(kept_back_zones * geometry.zone_pages());
-        let used_bytes: u64 = self.volume.checkpoint.zones.iter().map(|usage| usage.valid_bytes).sum();
+        let used_bytes: u64 =
+            self.volume.checkpoint.zones.iter().fold(0u64, |sum, usage| sum.saturating_add(usage.valid_bytes));
         let used = used_bytes.div_ceil(self.block_bytes()) + self.dirty_blocks.len() as u64;
         let free = blocks.saturating_sub(used);
         Ok(StatFs {
