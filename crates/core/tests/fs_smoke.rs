@@ -2,7 +2,7 @@
 //! remount.
 
 use flintfs_core::{errno, Fs, FsOptions, ManualClock, MkfsOptions, RenameFlags, SetAttributes, XattrFlags};
-use flintfs_flash::{DeviceOptions, FaultConfig, Geometry, MemoryFlash};
+use flintfs_flash::{DeviceOptions, FaultConfig, FlashDevice, Geometry, MemoryFlash};
 
 fn geometry() -> Geometry {
     Geometry {
@@ -197,4 +197,36 @@ fn bad_blocks_and_failing_programs_are_worked_around() {
         assert_eq!(&fs.read(attributes.ino, 0, 1 << 20).unwrap(), data, "{name}");
     }
     assert_clean(&mut fs);
+}
+
+/// Pages programmed by one 4 KiB write at `offset` into a file that
+/// already spans it, made durable by sync.
+fn write_cost(fs: &mut Fs<MemoryFlash>, ino: u64, offset: u64) -> u64 {
+    fs.sync().unwrap();
+    let before = fs.device().counters().pages_programmed;
+    fs.write(ino, offset, &[0x5a; 4096]).unwrap();
+    fs.sync().unwrap();
+    fs.device().counters().pages_programmed - before
+}
+
+#[test]
+fn a_write_costs_the_same_wherever_it_lands() {
+    let (flash, clock) = fresh();
+    let (mut fs, _) = Fs::mount(flash, FsOptions::default(), Box::new(clock)).unwrap();
+    let file = fs.create(1, b"big", 0o644, 0, 0).unwrap();
+    // Sparse: 12 MiB long (past the inode's roots, so index pages hold its
+    // pointers), written at a few places.
+    fs.setattr(file.ino, &SetAttributes { size: Some(12 << 20), ..SetAttributes::default() }).unwrap();
+    for offset in [0u64, 5 << 20, 11 << 20] {
+        fs.write(file.ino, offset, &[1; 4096]).unwrap();
+    }
+    let costs: Vec<u64> =
+        [0u64, 4096, 6 << 20, (12 << 20) - 4096].iter().map(|&offset| write_cost(&mut fs, file.ino, offset)).collect();
+    eprintln!("pages programmed per 4 KiB write and sync, by offset: {costs:?}");
+    let cheapest = *costs.iter().min().unwrap();
+    let dearest = *costs.iter().max().unwrap();
+    // The data page, the index pages on its path (the tree's height), the
+    // inode record and the checkpoint: never the rest of the file.
+    assert!(dearest <= cheapest + 2, "{costs:?}");
+    assert!(dearest <= 12, "{costs:?}");
 }
