@@ -58,9 +58,10 @@ pub const READ_CACHE_BYTES_DEFAULT: usize = 4 << 20;
 /// Default time between timed checkpoints.
 pub const CHECKPOINT_INTERVAL_NS_DEFAULT: u64 = 30_000_000_000;
 /// Node pages one operation can dirty besides its data, at most (a rename
-/// touching two directories with splits, say): the margin the checkpoint
-/// trigger keeps.
-pub const OPERATION_NODE_PAGES_MAX: u64 = 64;
+/// touching two directories, each splitting a bucket and doubling a table
+/// page, two inodes, the map pages of their slots): the margin the space
+/// check and the checkpoint trigger keep.
+pub const OPERATION_NODE_PAGES_MAX: u64 = 16;
 /// Smallest cache bound, in pages: what one operation touches at once.
 /// (Nothing holds a cached node across another fetch, so a smaller cache
 /// would still be correct; it would only thrash.)
@@ -411,13 +412,21 @@ impl<D: FlashDevice> Fs<D> {
             if dirty + pages + margin <= available {
                 return Ok(());
             }
-            if cleaned >= CLEAN_ZONES_PER_OPERATION_MAX || self.clean(1)? == 0 {
+            // The zones this operation may still clean, in one go: one
+            // checkpoint for all of them, whose own pages would otherwise eat
+            // what small zones give back.
+            let more = if cleaned < CLEAN_ZONES_PER_OPERATION_MAX {
+                self.clean(CLEAN_ZONES_PER_OPERATION_MAX - cleaned).unwrap_or(0)
+            } else {
+                0
+            };
+            if more == 0 {
                 return Err(Error::new(
                     errno::ENOSPC,
                     format!("no space: {pages} pages wanted, {dirty} buffered, {available} free"),
                 ));
             }
-            cleaned += 1;
+            cleaned += more;
         }
     }
 
