@@ -35,6 +35,9 @@ enum Object {
 pub struct Model {
     objects: BTreeMap<Id, Object>,
     next: Id,
+    /// The bound on one inode's xattrs, as the engine encodes them (name
+    /// length, value length, name, value): past it, ENOSPC.
+    xattr_bytes_max: usize,
 }
 
 /// What a whole tree looks like, for comparing the model with the engine:
@@ -105,7 +108,12 @@ impl Model {
     pub fn new() -> Model {
         let mut objects = BTreeMap::new();
         objects.insert(ROOT, Object::Directory { entries: BTreeMap::new(), parent: ROOT, xattrs: BTreeMap::new() });
-        Model { objects, next: 1 }
+        Model { objects, next: 1, xattr_bytes_max: usize::MAX }
+    }
+
+    /// A model of a file system with pages of `page_size_bytes`.
+    pub fn for_page_size(page_size_bytes: usize) -> Model {
+        Model { xattr_bytes_max: flintfs_format::xattr_bytes_max(page_size_bytes), ..Model::new() }
     }
 
     fn resolve(&self, path: &[Vec<u8>]) -> Result<Id, i32> {
@@ -306,7 +314,15 @@ impl Model {
                 Ok(())
             }
             Operation::SetXattr { path, name, value } => {
-                self.xattrs_mut(path)?.insert(name.clone(), value.clone());
+                let bound = self.xattr_bytes_max;
+                let xattrs = self.xattrs_mut(path)?;
+                let mut after = xattrs.clone();
+                after.insert(name.clone(), value.clone());
+                let bytes: usize = after.iter().map(|(name, value)| 3 + name.len() + value.len()).sum();
+                if bytes > bound {
+                    return Err(errno::ENOSPC);
+                }
+                *xattrs = after;
                 Ok(())
             }
             Operation::RemoveXattr { path, name } => {

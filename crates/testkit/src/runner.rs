@@ -303,7 +303,7 @@ pub fn run_model(setup: &Setup, seed: u64, operations: u64, check_every: u64) ->
     let fail = |step: u64, what: String| format!("seed {seed}, operation {step}: {what}");
     let (flash, clock) = setup.formatted(seed);
     let mut subject = Subject::mount(flash, clock, setup.options.clone()).map_err(|error| fail(0, error))?;
-    let mut model = Model::new();
+    let mut model = Model::for_page_size(setup.geometry.page_size_bytes as usize);
     let mut generator = Generator::new(seed, u64::from(setup.geometry.page_size_bytes) * 6);
     let mut report = RunReport::default();
     for step in 0..operations {
@@ -403,7 +403,7 @@ pub fn run_power_cut(setup: &Setup, seed: u64, operations: u64, cut_at: u64) -> 
         .device_mut()
         .schedule_power_cut(start + cut_at, seed)
         .map_err(|error| fail(error.to_string()))?;
-    let mut model = Model::new();
+    let mut model = Model::for_page_size(setup.geometry.page_size_bytes as usize);
     let mut durable = model.clone();
     let mut in_flight: Vec<Model> = Vec::new();
     let mut generator = Generator::new(seed, u64::from(setup.geometry.page_size_bytes) * 6);
