@@ -788,25 +788,9 @@ impl Node {
     /// Decodes a node page's data (the whole page).
     pub fn decode(page: &[u8]) -> Result<Node, DecodeError> {
         let page_size_bytes = page.len();
-        let mut reader = Reader::new("node", page);
-        if page_size_bytes < NODE_PAGE_BYTES_MIN {
-            return Err(
-                reader.error(format!("a {page_size_bytes}-byte page; node pages are at least {NODE_PAGE_BYTES_MIN}"))
-            );
-        }
-        let kind = reader.u8()?;
-        reader.zeros(3)?;
-        let body = reader.u32()? as usize;
-        let owner = reader.u64()?;
-        let position = reader.u64()?;
-        let version = reader.u64()?;
-        if body > page_size_bytes.saturating_sub(NODE_HEADER_BYTES) {
-            return Err(reader.error(format!("a body of {body} bytes is past the page")));
-        }
-        if page[NODE_HEADER_BYTES + body..].iter().any(|&byte| byte != 0) {
-            return Err(reader.error("bytes after the node are not zero"));
-        }
-        let mut reader = Reader::new("node", &page[NODE_HEADER_BYTES..NODE_HEADER_BYTES + body]);
+        let RawNodeHeader { kind, owner, position, version, body } = RawNodeHeader::decode("node", page)?;
+        let mut reader = Reader::new("node", body);
+        let body = body.len();
         let slot_of = |reader: &Reader, position: u64| {
             u32::try_from(position)
                 .ok()
@@ -965,6 +949,42 @@ fn decode_file_body(reader: &mut Reader, slot: u32, page_size_bytes: usize) -> R
     Ok(Node::File { slot, inode, content })
 }
 
+/// The node header every node page starts with, checked for what every
+/// kind shares: the page is big enough, the reserved bytes and everything
+/// after the body are zero.
+struct RawNodeHeader<'a> {
+    kind: u8,
+    owner: u64,
+    position: u64,
+    version: u64,
+    body: &'a [u8],
+}
+
+impl<'a> RawNodeHeader<'a> {
+    fn decode(structure: &'static str, page: &'a [u8]) -> Result<RawNodeHeader<'a>, DecodeError> {
+        let page_size_bytes = page.len();
+        let mut reader = Reader::new(structure, page);
+        if page_size_bytes < NODE_PAGE_BYTES_MIN {
+            return Err(
+                reader.error(format!("a {page_size_bytes}-byte page; node pages are at least {NODE_PAGE_BYTES_MIN}"))
+            );
+        }
+        let kind = reader.u8()?;
+        reader.zeros(3)?;
+        let body = reader.u32()? as usize;
+        let owner = reader.u64()?;
+        let position = reader.u64()?;
+        let version = reader.u64()?;
+        if body > page_size_bytes - NODE_HEADER_BYTES {
+            return Err(reader.error(format!("a body of {body} bytes is past the page")));
+        }
+        if page[NODE_HEADER_BYTES + body..].iter().any(|&byte| byte != 0) {
+            return Err(reader.error("bytes after the body are not zero"));
+        }
+        Ok(RawNodeHeader { kind, owner, position, version, body: &page[NODE_HEADER_BYTES..NODE_HEADER_BYTES + body] })
+    }
+}
+
 /// Bytes of an inode record's header in an inode pack.
 pub const INODE_RECORD_HEADER_BYTES: usize = 8;
 /// Node kind of an inode pack page.
@@ -1006,29 +1026,15 @@ pub fn encode_inode_pack(files: &[Node], page_size_bytes: usize) -> (Vec<u8>, u3
 /// Decodes an inode pack page (the whole page).
 pub fn decode_inode_pack(page: &[u8]) -> Result<Vec<Node>, DecodeError> {
     let page_size_bytes = page.len();
-    let mut reader = Reader::new("inode pack", page);
-    if page_size_bytes < NODE_PAGE_BYTES_MIN {
-        return Err(
-            reader.error(format!("a {page_size_bytes}-byte page; node pages are at least {NODE_PAGE_BYTES_MIN}"))
-        );
-    }
-    let kind = reader.u8()?;
-    reader.zeros(3)?;
-    let body = reader.u32()? as usize;
-    reader.zeros(8)?;
-    let count = reader.u64()?;
-    reader.zeros(8)?;
+    let RawNodeHeader { kind, owner, position: count, version, body } = RawNodeHeader::decode("inode pack", page)?;
+    let mut reader = Reader::new("inode pack", body);
     if kind != INODE_PACK_KIND {
         return Err(reader.error(format!("node kind {kind}, not an inode pack")));
     }
-    if body > page_size_bytes.saturating_sub(NODE_HEADER_BYTES) || count == 0 || count > u64::from(Pointer::CHUNKS_MAX)
-    {
-        return Err(reader.error(format!("{count} records in {body} bytes")));
+    if owner != 0 || version != 0 || count == 0 || count > u64::from(Pointer::CHUNKS_MAX) {
+        return Err(reader.error(format!("{count} records, owner {owner}, version {version}")));
     }
-    if page[NODE_HEADER_BYTES + body..].iter().any(|&byte| byte != 0) {
-        return Err(reader.error("bytes after the records are not zero"));
-    }
-    let mut reader = Reader::new("inode pack", &page[NODE_HEADER_BYTES..NODE_HEADER_BYTES + body]);
+    let body = body.len();
     let mut files = Vec::with_capacity(count as usize);
     for _ in 0..count {
         let length = reader.u32()? as usize;

@@ -27,8 +27,8 @@ use flintfs_format::{
     PackedPage, PageKind, Pointer, ZoneRole, CHUNK_HEADER_BYTES, CHUNK_UNIT_BYTES, FIRST_DYNAMIC_ZONE,
 };
 
-use super::nodes::{MapEntry, NodeKey};
-use super::{Fs, Location};
+use super::nodes::NodeKey;
+use super::Fs;
 use crate::allocator::PageMeta;
 use crate::error::{errno, Result};
 
@@ -344,14 +344,7 @@ impl<D: FlashDevice> Fs<D> {
                     Err(error) if error.errno == errno::ENOENT || error.errno == errno::ENOTDIR => continue,
                     Err(error) => return Err(error),
                 };
-                let home = match key {
-                    NodeKey::File(ino) => match self.known.get(&ino).map(|known| known.location) {
-                        Some(Location::Physical { home }) => home,
-                        _ => continue,
-                    },
-                    _ => self.home_of(key)?,
-                };
-                if home == pointer {
+                if self.home_of(key)? == pointer {
                     self.keep(key)?;
                 }
             }
@@ -381,18 +374,9 @@ impl<D: FlashDevice> Fs<D> {
         if let Some(cached) = self.nodes.peek(key).or_else(|| self.pending.get(&key)) {
             return Ok(cached.home);
         }
-        Ok(match key {
-            NodeKey::Map(page) => self.map_pages.get(page as usize).copied().unwrap_or(Pointer::NULL),
-            NodeKey::Slot(slot) if slot < self.slot_count => match MapEntry::decode(self.map_get(slot)?) {
-                MapEntry::Home(home) => home,
-                _ => Pointer::NULL,
-            },
-            NodeKey::Index { .. } | NodeKey::File(_) => match self.ensure(key) {
-                Ok(()) => self.nodes.peek(key).map_or(Pointer::NULL, |cached| cached.home),
-                Err(_) => Pointer::NULL,
-            },
-            _ => Pointer::NULL,
-        })
+        // Whatever cannot be located (a locator, a free slot, a file gone)
+        // locates nothing here.
+        Ok(self.locate(key).unwrap_or(Pointer::NULL))
     }
 
     /// Marks a live node dirty: the next write-back moves it.

@@ -315,7 +315,7 @@ impl<D: FlashDevice> Fs<D> {
             .ok_or_else(|| Error::new(errno::EFBIG, "a write past the largest file the device can hold"))?;
         let Node::File { inode, content, .. } = self.node(file_key)? else { unreachable!() };
         let block_bytes = self.block_bytes();
-        if let FileContent::Inline(inline) = &content {
+        if let FileContent::Inline(_) = &content {
             if end as usize <= inline_bytes_max(self.page_size) {
                 self.reserve_space(0)?;
                 return self.modify(file_key, |node| {
@@ -327,7 +327,6 @@ impl<D: FlashDevice> Fs<D> {
                     inode.size = inline.len() as u64;
                 });
             }
-            let _ = inline;
             let touched = end.div_ceil(block_bytes) - offset / block_bytes;
             self.reserve_space(touched + 2 + touched / self.index_fanout())?;
             self.inline_to_blocks(ino)?;

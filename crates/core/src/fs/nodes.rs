@@ -184,7 +184,7 @@ impl<D: FlashDevice> Fs<D> {
     }
 
     /// Where a node's current copy is on flash (null if never written).
-    fn locate(&mut self, key: NodeKey) -> Result<Pointer> {
+    pub(crate) fn locate(&mut self, key: NodeKey) -> Result<Pointer> {
         match key {
             NodeKey::Map(page) => self
                 .map_pages
@@ -617,7 +617,7 @@ impl<D: FlashDevice> Fs<D> {
             if let Some((&key, _)) = self.pending.first_key_value() {
                 if matches!(key, NodeKey::Index { .. }) {
                     let cached = self.pending.remove(&key).expect("present");
-                    self.write_back_or_keep(key, cached)?;
+                    self.write_back(key, cached)?;
                     continue;
                 }
             }
@@ -650,16 +650,10 @@ impl<D: FlashDevice> Fs<D> {
                 continue;
             }
             match self.pending.pop_first() {
-                Some((key, cached)) => self.write_back_or_keep(key, cached)?,
+                Some((key, cached)) => self.write_back(key, cached)?,
                 None => return Ok(()),
             }
         }
-    }
-
-    /// Writes a node taken out of memory back; on failure it is pending
-    /// again (`write_back` sees to that), so nothing is lost.
-    fn write_back_or_keep(&mut self, key: NodeKey, cached: Cached) -> Result<()> {
-        self.write_back(key, cached)
     }
 }
 

@@ -129,17 +129,16 @@ impl<D: FlashDevice> Fs<D> {
         if result.is_ok() {
             self.changed = true;
         }
-        let settled = self.drain().and_then(|()| {
+        // Whatever fails here stays pending or buffered for the next
+        // operation or checkpoint, which reports it.
+        let _ = self.drain().and_then(|()| {
             if self.dirty_blocks.len() * self.page_size > self.options.data_buffer_bytes {
                 self.flush_data(None)?;
                 self.drain()?;
             }
             Ok(())
         });
-        match (result, settled) {
-            (Err(error), _) => Err(error),
-            (Ok(value), _) => Ok(value),
-        }
+        result
     }
 
     /// Makes the root directory (format only).
@@ -542,7 +541,7 @@ impl<D: FlashDevice> Fs<D> {
                 directory.mtime_ns = now;
                 directory.ctime_ns = now;
             })?;
-            fs.drop_link(entry.ino, entry.target, now)
+            fs.drop_link(entry.ino, now)
         });
         self.volume.reserve_allowed = false;
         result
@@ -559,8 +558,7 @@ impl<D: FlashDevice> Fs<D> {
 
     /// One link of a file is gone: deletes it if that was the last and
     /// nobody holds it, or keeps it as an orphan until they let go.
-    fn drop_link(&mut self, ino: u64, target: Target, now: i64) -> Result<()> {
-        let _ = target;
+    fn drop_link(&mut self, ino: u64, now: i64) -> Result<()> {
         self.remember_count(ino, 0)?;
         let nlink = self.change_inode(ino, |inode| {
             inode.nlink = inode.nlink.saturating_sub(1);
@@ -762,7 +760,7 @@ impl<D: FlashDevice> Fs<D> {
                     fs.remove_directory(target.ino)?;
                     fs.change_inode(new_parent, |directory| directory.nlink = directory.nlink.saturating_sub(1))?;
                 } else {
-                    fs.drop_link(target.ino, target.target, now)?;
+                    fs.drop_link(target.ino, now)?;
                 }
             }
             fs.directory_remove(parent, name)?;
