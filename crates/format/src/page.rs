@@ -9,7 +9,7 @@ use crate::codec::{Reader, Writer};
 use crate::{DecodeError, FORMAT_VERSION};
 
 /// Bytes of the page header at the start of the OOB. The rest of the OOB is
-/// zero in format version 1. The core asserts at compile time that the
+/// zero in this format version. The core asserts at compile time that the
 /// device's smallest spare area holds it.
 pub const PAGE_HEADER_BYTES: usize = 64;
 /// Offset of the CRC within the header.

@@ -11,7 +11,7 @@ pub const SUPERBLOCK_MAGIC: [u8; 8] = *b"FLINTFS\0";
 pub const SUPERBLOCK_BYTES: usize = 128;
 const SUPERBLOCK_CRC: usize = SUPERBLOCK_BYTES - 4;
 
-/// Zones with fixed roles in format version 1: two superblock copies, two
+/// Zones with fixed roles in this format version: two superblock copies, two
 /// alternating checkpoint zones; every zone from [`FIRST_DYNAMIC_ZONE`] on
 /// is allocated to a log head as needed.
 pub const SUPERBLOCK_ZONES: [u32; 2] = [0, 1];
@@ -126,7 +126,9 @@ impl Superblock {
         let expected_layout =
             [SUPERBLOCK_ZONES[0], SUPERBLOCK_ZONES[1], CHECKPOINT_ZONES[0], CHECKPOINT_ZONES[1], FIRST_DYNAMIC_ZONE];
         if layout != expected_layout {
-            return Err(reader.error(format!("zone layout {layout:?} is not version 1's {expected_layout:?}")));
+            return Err(
+                reader.error(format!("zone layout {layout:?} is not version {FORMAT_VERSION}'s {expected_layout:?}"))
+            );
         }
         let superblock = Superblock {
             shape,

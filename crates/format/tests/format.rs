@@ -273,9 +273,15 @@ fn superblock_round_trips_and_refuses_foreign_or_other_versions() {
     foreign[0] = b'X';
     assert!(Superblock::decode(&foreign).unwrap_err().reason.contains("not a flintfs file system"));
     let mut newer = bytes;
-    newer[8] = 2;
+    newer[8] = 3;
     let message = Superblock::decode(&newer).unwrap_err().to_string();
-    assert!(message.contains("version 2") && message.contains("reads version 1"), "{message}");
+    assert!(message.contains("version 3") && message.contains("reads version 2"), "{message}");
+    // Version 1 (before the namespace) kept zeros where version 2 keeps the
+    // tree roots: its images are refused by name, not misread.
+    let mut older = bytes;
+    older[8] = 1;
+    let message = Superblock::decode(&older).unwrap_err().to_string();
+    assert!(message.contains("version 1") && message.contains("reads version 2"), "{message}");
     for offset in 10..bytes.len() {
         let mut damaged = bytes;
         damaged[offset] ^= 0x10;
