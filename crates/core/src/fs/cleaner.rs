@@ -184,10 +184,16 @@ impl<D: FlashDevice> Fs<D> {
         Ok(cleaned.len())
     }
 
-    /// Cleans in the background: a zone when free zones run low, or, with
-    /// room to spare, a zone of cold data when the wear spread is past its
-    /// bound. Returns whether it did anything.
+    /// Background work while nothing else runs: the timer's checkpoint if
+    /// one is due (so buffered work does not wait for the next operation),
+    /// else cleaning, a zone when free zones run low or, with room to
+    /// spare, a zone of cold data when the wear spread is past its bound.
+    /// Returns whether it did anything.
     pub fn idle(&mut self) -> Result<bool> {
+        if self.checkpoint_due() {
+            self.checkpoint()?;
+            return Ok(true);
+        }
         let free = self.free_zones();
         if free < CLEAN_IDLE_WATER_ZONES {
             return Ok(self.clean(1)? > 0);

@@ -371,9 +371,7 @@ impl<D: FlashDevice> Fs<D> {
     /// a timed checkpoint, or one because the declared unindexed zones
     /// could not take what is buffered plus what this operation may write.
     pub(crate) fn begin(&mut self, data_pages: u64) -> Result<()> {
-        let now = self.now();
-        let interval = i64::try_from(self.options.checkpoint_interval_ns).unwrap_or(i64::MAX);
-        if self.changed && now.saturating_sub(self.last_checkpoint_ns) >= interval {
+        if self.checkpoint_due() {
             return self.checkpoint();
         }
         self.clean_if_low()?;
@@ -381,6 +379,12 @@ impl<D: FlashDevice> Fs<D> {
             self.checkpoint()?;
         }
         Ok(())
+    }
+
+    /// Something changed and the timer's interval has passed.
+    pub(crate) fn checkpoint_due(&self) -> bool {
+        let interval = i64::try_from(self.options.checkpoint_interval_ns).unwrap_or(i64::MAX);
+        self.changed && self.now().saturating_sub(self.last_checkpoint_ns) >= interval
     }
 
     /// Whether the zones left in the declared list may not hold what is

@@ -1,0 +1,439 @@
+//! `mount`, the mount daemon, and the commands that talk to a live mount
+//! (`stat`, `powercut`) over its control socket.
+//!
+//! A background `mount` starts this same binary in the foreground with
+//! `--notify`, waits for its "ready" line (or its error), and returns. The
+//! daemon holds the image's lock for as long as it runs, so a second mount
+//! of the same image is refused, and a mount right after `umount` waits
+//! (up to [`IMAGE_WAIT`]) for the old daemon to finish its checkpoint.
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{ExitCode, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use clap::Args;
+use flintfs_core::FsOptions;
+use flintfs_flash::{Counters, FlashDevice, ImageFlash};
+use flintfs_fuse::{FlintFuse, Shared};
+
+use crate::image::{mount_fs, open_image, parse_size, IMAGE_WAIT};
+use crate::{fail, runtime_directory, Failure, Outcome};
+
+/// How often the daemon looks for idle time, and how long without a
+/// request counts as idle.
+const IDLE_PERIOD: Duration = Duration::from_millis(500);
+/// How long `powercut` waits for the daemon to be gone.
+const DAEMON_EXIT_WAIT: Duration = Duration::from_secs(30);
+const READY_LINE: &str = "ready";
+
+#[derive(Args)]
+pub struct MountArguments {
+    pub image: PathBuf,
+    pub mountpoint: PathBuf,
+    /// Stay in the foreground.
+    #[arg(short = 'f', long)]
+    pub foreground: bool,
+    /// Options: node_cache=SIZE, data_buffer=SIZE, read_cache=SIZE,
+    /// checkpoint_interval=SECONDS, allow_other.
+    #[arg(short = 'o', value_delimiter = ',')]
+    pub options: Vec<String>,
+    /// (internal) Print a ready line on stdout once mounted.
+    #[arg(long, hide = true)]
+    pub notify: bool,
+}
+
+/// What `-o` chose.
+struct MountOptions {
+    fs: FsOptions,
+    allow_other: bool,
+}
+
+fn parse_options(options: &[String]) -> Outcome<MountOptions> {
+    let mut parsed = MountOptions { fs: FsOptions::default(), allow_other: false };
+    for option in options.iter().filter(|option| !option.is_empty()) {
+        let (name, value) = match option.split_once('=') {
+            Some((name, value)) => (name, Some(value)),
+            None => (option.as_str(), None),
+        };
+        let size = |value: Option<&str>| -> Outcome<usize> {
+            let value = value.ok_or_else(|| Failure(format!("option {name} needs a size: {name}=SIZE")))?;
+            let bytes = parse_size(value).map_err(|reason| Failure(format!("option {name}: {reason}")))?;
+            usize::try_from(bytes).map_err(|_| Failure(format!("option {name}: {value} is too large")))
+        };
+        match name {
+            "node_cache" => parsed.fs.node_cache_bytes = size(value)?,
+            "data_buffer" => parsed.fs.data_buffer_bytes = size(value)?,
+            "read_cache" => parsed.fs.read_cache_bytes = size(value)?,
+            "checkpoint_interval" => {
+                let seconds: u64 = value
+                    .and_then(|value| value.parse().ok())
+                    .ok_or_else(|| Failure("option checkpoint_interval needs whole seconds".to_string()))?;
+                parsed.fs.checkpoint_interval_ns = seconds.saturating_mul(1_000_000_000);
+            }
+            "allow_other" if value.is_none() => parsed.allow_other = true,
+            _ => fail!(
+                "unknown mount option {option:?} (known: node_cache=SIZE, data_buffer=SIZE, read_cache=SIZE, \
+                 checkpoint_interval=SECONDS, allow_other)"
+            ),
+        }
+    }
+    Ok(parsed)
+}
+
+/// Mount points the kernel has, with their file system types.
+fn mounts() -> Vec<(PathBuf, String)> {
+    let Ok(table) = std::fs::read_to_string("/proc/self/mountinfo") else { return Vec::new() };
+    table
+        .lines()
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split(' ').collect();
+            let separator = fields.iter().position(|field| *field == "-")?;
+            let mount_point = unescape_mount_path(fields.get(4)?);
+            let kind = fields.get(separator + 1)?;
+            let source = fields.get(separator + 2)?;
+            Some((PathBuf::from(mount_point), format!("{kind} {source}")))
+        })
+        .collect()
+}
+
+/// mountinfo writes space, tab, newline and backslash as `\ooo` escapes.
+fn unescape_mount_path(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut index = 0;
+    while index < bytes.len() {
+        let escape = bytes.get(index + 1..index + 4).filter(|_| bytes[index] == b'\\');
+        match escape.and_then(|digits| u8::from_str_radix(std::str::from_utf8(digits).ok()?, 8).ok()) {
+            Some(value) => {
+                out.push(value);
+                index += 4;
+            }
+            None => {
+                out.push(bytes[index]);
+                index += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+fn is_flintfs_mount(path: &Path) -> bool {
+    // The kernel's FUSE mount has no subtype without fusermount's help; the
+    // source names flintfs instead.
+    mounts().iter().any(|(mount_point, kind)| {
+        mount_point == path && (kind.starts_with("fuse flintfs:") || kind.starts_with("fuse.flintfs "))
+    })
+}
+
+/// The control socket of the mount at `mountpoint` (canonical path).
+fn socket_path(mountpoint: &Path) -> PathBuf {
+    // FNV-1a of the path: a short, fixed-length name for any path.
+    let hash = mountpoint
+        .as_os_str()
+        .as_encoded_bytes()
+        .iter()
+        .fold(0xcbf2_9ce4_8422_2325u64, |hash, &byte| (hash ^ u64::from(byte)).wrapping_mul(0x100_0000_01b3));
+    runtime_directory().join(format!("{hash:016x}.sock"))
+}
+
+/// A live flintfs mount's control socket, or a clear refusal.
+fn connect(mountpoint: &Path) -> Outcome<UnixStream> {
+    let canonical = std::fs::canonicalize(mountpoint).map_err(|error| format!("{}: {error}", mountpoint.display()))?;
+    if !is_flintfs_mount(&canonical) {
+        fail!("{}: not a flintfs mount", mountpoint.display());
+    }
+    UnixStream::connect(socket_path(&canonical))
+        .map_err(|error| Failure(format!("{}: its daemon does not answer: {error}", mountpoint.display())))
+}
+
+/// Sends one command line and reads the one-line answer.
+fn ask(mountpoint: &Path, command: &str) -> Outcome<String> {
+    let mut stream = connect(mountpoint)?;
+    writeln!(stream, "{command}")?;
+    let mut answer = String::new();
+    BufReader::new(stream).read_line(&mut answer)?;
+    let answer = answer.trim_end().to_string();
+    if let Some(reason) = answer.strip_prefix("error ") {
+        fail!("{}: {reason}", mountpoint.display());
+    }
+    Ok(answer)
+}
+
+pub fn mount(arguments: MountArguments) -> Outcome<ExitCode> {
+    // Refuse what can be refused before starting anything.
+    parse_options(&arguments.options)?;
+    check_mountpoint(&arguments.mountpoint)?;
+    if arguments.foreground {
+        return run_daemon(arguments);
+    }
+    let executable = std::env::current_exe()?;
+    let mut command = std::process::Command::new(executable);
+    command.arg("mount").arg(&arguments.image).arg(&arguments.mountpoint).arg("-f").arg("--notify");
+    if !arguments.options.is_empty() {
+        command.arg("-o").arg(arguments.options.join(","));
+    }
+    // Its own process group, so a terminal's ^C to the shell that ran
+    // `mount` does not stop the file system.
+    command.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).process_group(0);
+    let mut child = command.spawn().map_err(|error| format!("starting the mount daemon: {error}"))?;
+    let mut line = String::new();
+    let stdout = child.stdout.take().expect("piped");
+    BufReader::new(stdout).read_line(&mut line)?;
+    if line.trim_end() == READY_LINE {
+        return Ok(ExitCode::SUCCESS);
+    }
+    let output = child.wait_with_output()?;
+    let message = String::from_utf8_lossy(&output.stderr);
+    let message = message.trim().trim_start_matches("flintfs: ");
+    fail!("{}", if message.is_empty() { "the mount daemon stopped before mounting" } else { message })
+}
+
+fn check_mountpoint(mountpoint: &Path) -> Outcome {
+    let metadata = std::fs::metadata(mountpoint).map_err(|error| format!("{}: {error}", mountpoint.display()))?;
+    if !metadata.is_dir() {
+        fail!("{}: the mount point is not a directory", mountpoint.display());
+    }
+    let canonical = std::fs::canonicalize(mountpoint)?;
+    if mounts().iter().any(|(mount_point, _)| *mount_point == canonical) {
+        fail!("{}: already a mount point", mountpoint.display());
+    }
+    if std::fs::read_dir(mountpoint)?.next().is_some() {
+        fail!("{}: the mount point is not empty", mountpoint.display());
+    }
+    Ok(())
+}
+
+/// The daemon: mounts, serves until unmounted or cut, and exits.
+fn run_daemon(arguments: MountArguments) -> Outcome<ExitCode> {
+    let options = parse_options(&arguments.options)?;
+    let canonical = std::fs::canonicalize(&arguments.mountpoint)?;
+    let device = open_image(&arguments.image, IMAGE_WAIT)?;
+    let baseline = device.counters();
+    let (fs, report) = mount_fs(device, options.fs)?;
+    let shared = Shared::new(fs);
+    let (filesystem, unmounted) = FlintFuse::new(shared.clone());
+
+    let directory = runtime_directory();
+    std::fs::create_dir_all(&directory).map_err(|error| format!("{}: {error}", directory.display()))?;
+    let socket = socket_path(&canonical);
+    // A socket left by a daemon that was killed: nobody answers it.
+    if socket.exists() && UnixStream::connect(&socket).is_err() {
+        let _ = std::fs::remove_file(&socket);
+    }
+    let listener = UnixListener::bind(&socket).map_err(|error| format!("{}: {error}", socket.display()))?;
+
+    let image = std::fs::canonicalize(&arguments.image).unwrap_or_else(|_| arguments.image.clone());
+    let name = format!("flintfs:{}", image.display());
+    let session = flintfs_fuse::spawn(filesystem, &canonical, &name, options.allow_other)
+        .map_err(|error| format!("{}: FUSE mount failed: {error}", arguments.mountpoint.display()))?;
+
+    if arguments.notify {
+        println!("{READY_LINE}");
+        detach_output(&directory, &socket)?;
+    }
+    tracing::info!("mounted {} on {} ({} pages read)", name, canonical.display(), report.pages_read);
+
+    let cut = Arc::new(AtomicBool::new(false));
+    let mount_pages_read = report.pages_read;
+    {
+        let (shared, cut) = (shared.clone(), cut.clone());
+        std::thread::Builder::new()
+            .name("flintfs-control".into())
+            .spawn(move || serve_control(listener, shared, cut, baseline, mount_pages_read))?;
+    }
+    {
+        let shared = shared.clone();
+        std::thread::Builder::new().name("flintfs-idle".into()).spawn(move || idle_loop(shared))?;
+    }
+
+    while !session.guard.is_finished() && !cut.load(Ordering::SeqCst) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let ended = if cut.load(Ordering::SeqCst) { session.umount_and_join() } else { session.join() };
+    let _ = std::fs::remove_file(&socket);
+    if let Err(error) = ended {
+        tracing::warn!("the FUSE session ended with: {error}");
+    }
+    if cut.load(Ordering::SeqCst) {
+        tracing::info!("stopped by a power cut: no checkpoint written");
+        return Ok(ExitCode::SUCCESS);
+    }
+    // The session calls destroy (the unmount checkpoint) as it ends; an
+    // engine it did not reach is unmounted here.
+    let outcome = unmounted.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).take();
+    let outcome = match outcome {
+        Some(outcome) => outcome,
+        None => match shared.take() {
+            Some(fs) => fs.unmount(),
+            None => return Ok(ExitCode::SUCCESS),
+        },
+    };
+    match outcome {
+        Ok(device) => {
+            drop(device);
+            tracing::info!("unmounted cleanly");
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(error) => fail!("unmount: {}", error.message),
+    }
+}
+
+/// After "ready", the daemon's output goes to a log beside its socket:
+/// the terminal (or pipe) that started it may be gone.
+fn detach_output(directory: &Path, socket: &Path) -> Outcome {
+    use std::os::fd::AsRawFd;
+    let log = directory.join(socket.with_extension("log").file_name().expect("socket has a name"));
+    let file = std::fs::OpenOptions::new().create(true).append(true).open(&log)?;
+    std::io::stdout().flush()?;
+    // SAFETY: dup2 onto the standard descriptors; `file` stays open while
+    // the call runs and the duplicates outlive it by design.
+    unsafe {
+        libc::dup2(file.as_raw_fd(), 1);
+        libc::dup2(file.as_raw_fd(), 2);
+    }
+    Ok(())
+}
+
+fn counters_json(counters: &Counters, mount_pages_read: Option<u64>) -> serde_json::Value {
+    let mut object = serde_json::Map::new();
+    for (name, value) in counters.fields() {
+        object.insert(name.to_string(), value.into());
+    }
+    if let Some(pages) = mount_pages_read {
+        object.insert("mount_pages_read".into(), pages.into());
+    }
+    serde_json::Value::Object(object)
+}
+
+fn serve_control(
+    listener: UnixListener,
+    shared: Arc<Shared<ImageFlash>>,
+    cut: Arc<AtomicBool>,
+    baseline: Counters,
+    mount_pages_read: u64,
+) {
+    for stream in listener.incoming() {
+        let Ok(mut stream) = stream else { continue };
+        let mut line = String::new();
+        if BufReader::new(&stream).read_line(&mut line).is_err() {
+            continue;
+        }
+        let words: Vec<&str> = line.split_whitespace().collect();
+        let answer = match words.as_slice() {
+            ["stat"] => match shared.with(|fs| fs.device().counters()) {
+                Some(counters) => counters_json(&counters.since(&baseline), Some(mount_pages_read)).to_string(),
+                None => "error the file system is stopping".to_string(),
+            },
+            ["powercut", seed] => match seed.parse::<u64>() {
+                Err(_) => "error the seed is not a number".to_string(),
+                Ok(seed) => match shared.take() {
+                    None => "error the file system is stopping".to_string(),
+                    Some(fs) => {
+                        // No checkpoint: the engine's buffers are lost, and
+                        // the device keeps what its durability model says.
+                        let mut device = fs.into_device();
+                        let result = device.power_cut(seed);
+                        drop(device);
+                        cut.store(true, Ordering::SeqCst);
+                        match result {
+                            Ok(report) => format!("cut {} {:?}", std::process::id(), report).replace('\n', " "),
+                            Err(error) => format!("error the power cut failed: {error}"),
+                        }
+                    }
+                },
+            },
+            _ => format!("error unknown command {:?}", line.trim()),
+        };
+        let _ = writeln!(stream, "{answer}");
+        if cut.load(Ordering::SeqCst) {
+            return;
+        }
+    }
+}
+
+/// Background work when no request has come for a while: the timer's
+/// checkpoint and cleaning.
+fn idle_loop(shared: Arc<Shared<ImageFlash>>) {
+    let mut seen = shared.requests();
+    loop {
+        std::thread::sleep(IDLE_PERIOD);
+        let now = shared.requests();
+        if now != seen {
+            seen = now;
+            continue;
+        }
+        match shared.with(|fs| fs.idle()) {
+            None => return,
+            Some(Err(error)) => tracing::warn!("idle work: {}", error.message),
+            Some(Ok(_)) => {}
+        }
+    }
+}
+
+#[derive(Args)]
+pub struct StatArguments {
+    /// An image file, or the mount point of a live mount.
+    pub target: PathBuf,
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn stat(arguments: StatArguments) -> Outcome<ExitCode> {
+    let value = if std::fs::metadata(&arguments.target).map(|metadata| metadata.is_dir()).unwrap_or(false) {
+        let answer = ask(&arguments.target, "stat")?;
+        serde_json::from_str::<serde_json::Value>(&answer).map_err(|error| format!("the daemon's answer: {error}"))?
+    } else {
+        let device = open_image(&arguments.target, IMAGE_WAIT)?;
+        counters_json(&device.lifetime_counters(), None)
+    };
+    if arguments.json {
+        println!("{value}");
+    } else if let serde_json::Value::Object(fields) = value {
+        for (name, value) in fields {
+            println!("{name:<28} {value}");
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+#[derive(Args)]
+pub struct PowercutArguments {
+    /// The mount point of a live flintfs mount.
+    pub mountpoint: PathBuf,
+    /// Seeds which buffered writes survive.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+}
+
+pub fn powercut(arguments: PowercutArguments) -> Outcome<ExitCode> {
+    let answer = ask(&arguments.mountpoint, &format!("powercut {}", arguments.seed))?;
+    let mut words = answer.split_whitespace();
+    let (Some("cut"), Some(pid)) = (words.next(), words.next().and_then(|pid| pid.parse::<u32>().ok())) else {
+        fail!("unexpected answer from the daemon: {answer}");
+    };
+    // Done when the daemon is gone: the mount point is released and the
+    // image free for the next mount.
+    let start = Instant::now();
+    while process_alive(pid) {
+        if start.elapsed() > DAEMON_EXIT_WAIT {
+            fail!("the daemon (pid {pid}) has not exited after {} s", DAEMON_EXIT_WAIT.as_secs());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    println!("power cut (seed {}): {}", arguments.seed, answer.splitn(3, ' ').nth(2).unwrap_or(""));
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Whether `pid` runs (a zombie nobody reaped has stopped running).
+fn process_alive(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => false,
+        // The state follows the parenthesised command name.
+        Ok(stat) => stat.rsplit_once(')').is_some_and(|(_, rest)| !rest.trim_start().starts_with(['Z', 'X'])),
+    }
+}

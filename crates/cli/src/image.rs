@@ -1,0 +1,252 @@
+//! Image files: sizes, `mkfs`, opening an image another process may still
+//! be letting go of, and `fsck`.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use clap::Args;
+use flintfs_core::{Fs, FsOptions, MkfsOptions};
+use flintfs_flash::{DeviceError, DeviceOptions, Geometry, ImageBackend, ImageFlash};
+
+use crate::{fail, Outcome};
+
+/// How long a command waits for an image that another process (a daemon
+/// still writing its unmount checkpoint, say) holds.
+pub const IMAGE_WAIT: Duration = Duration::from_secs(30);
+const IMAGE_WAIT_STEP: Duration = Duration::from_millis(50);
+
+/// Parses `4096`, `64K`, `64M`, `1G`, `1GiB`, `2T` (binary units).
+pub fn parse_size(text: &str) -> Result<u64, String> {
+    let trimmed = text.trim();
+    let digits_end = trimmed.find(|character: char| !character.is_ascii_digit()).unwrap_or(trimmed.len());
+    let (digits, unit) = trimmed.split_at(digits_end);
+    let number: u64 = digits.parse().map_err(|_| format!("{text:?} is not a size (say 4096, 64M or 1G)"))?;
+    let shift = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 0,
+        "k" | "kb" | "kib" => 10,
+        "m" | "mb" | "mib" => 20,
+        "g" | "gb" | "gib" => 30,
+        "t" | "tb" | "tib" => 40,
+        _ => return Err(format!("{text:?} has an unknown unit {unit:?} (use K, M, G or T)")),
+    };
+    number.checked_mul(1 << shift).ok_or_else(|| format!("{text:?} is too large"))
+}
+
+#[derive(Args)]
+pub struct MkfsArguments {
+    /// The image file to create.
+    pub image: PathBuf,
+    /// Device size (K, M, G, T suffixes): whole zones of it are used.
+    #[arg(long, value_parser = parse_size)]
+    pub size: u64,
+    /// Bytes of data per page (a power of two).
+    #[arg(long, default_value_t = Geometry::default().page_size_bytes)]
+    pub page_size: u32,
+    /// Spare (OOB) bytes per page.
+    #[arg(long, default_value_t = Geometry::default().oob_size_bytes)]
+    pub oob_size: u32,
+    /// Pages per erase block.
+    #[arg(long, default_value_t = Geometry::default().block_pages)]
+    pub block_pages: u32,
+    /// Erase blocks per zone (1 is raw NAND: every block its own zone).
+    #[arg(long, default_value_t = Geometry::default().zone_blocks)]
+    pub zone_blocks: u32,
+    /// Byte-addressable NVM beside the flash.
+    #[arg(long, value_parser = parse_size, default_value = "0")]
+    pub nvm_size: u64,
+    /// Overwrite an existing file, even a flintfs image.
+    #[arg(long)]
+    pub force: bool,
+}
+
+/// The geometry the arguments ask for, checked.
+fn geometry_of(arguments: &MkfsArguments) -> Outcome<Geometry> {
+    let mut geometry = Geometry {
+        page_size_bytes: arguments.page_size,
+        oob_size_bytes: arguments.oob_size,
+        block_pages: arguments.block_pages,
+        zone_blocks: arguments.zone_blocks,
+        nvm_size_bytes: arguments.nvm_size,
+        ..Geometry::default()
+    };
+    let zone_bytes = u64::from(geometry.page_size_bytes)
+        .saturating_mul(u64::from(geometry.block_pages))
+        .saturating_mul(u64::from(geometry.zone_blocks));
+    if zone_bytes == 0 {
+        fail!("pages, blocks and zones must all be non-empty");
+    }
+    geometry.zone_count = u32::try_from(arguments.size / zone_bytes).unwrap_or(u32::MAX);
+    let zones_min = flintfs_core::zones_min(flintfs_core::UNINDEXED_SEGMENTS_DEFAULT);
+    if geometry.zone_count < zones_min {
+        fail!(
+            "a size of {} bytes holds {} zones of {} bytes; flintfs needs at least {} ({} bytes)",
+            arguments.size,
+            geometry.zone_count,
+            zone_bytes,
+            zones_min,
+            u64::from(zones_min) * zone_bytes
+        );
+    }
+    if let Err(error) = geometry.validate() {
+        fail!("bad geometry: {error}");
+    }
+    Ok(geometry)
+}
+
+/// 16 random bytes from the host, for the file system's UUID.
+fn random_uuid() -> Outcome<[u8; 16]> {
+    let mut uuid = [0u8; 16];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut file| file.read_exact(&mut uuid))
+        .map_err(|error| format!("reading /dev/urandom for a UUID: {error}"))?;
+    Ok(uuid)
+}
+
+pub fn now_ns() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|since| since.as_nanos() as u64).unwrap_or(0)
+}
+
+/// Whether `path` starts like a flintfs image.
+fn is_flintfs_image(path: &Path) -> bool {
+    ImageBackend::read_geometry(path).is_ok()
+}
+
+pub fn mkfs(arguments: MkfsArguments) -> Outcome<ExitCode> {
+    let geometry = geometry_of(&arguments)?;
+    let path = &arguments.image;
+    if let Ok(metadata) = std::fs::symlink_metadata(path) {
+        if !metadata.is_file() {
+            fail!("{}: exists and is not a regular file", path.display());
+        }
+        if !arguments.force {
+            if is_flintfs_image(path) {
+                fail!("{}: already holds a flintfs image; --force overwrites it", path.display());
+            }
+            fail!("{}: already exists; --force overwrites it", path.display());
+        }
+        // An image a daemon has mounted is locked: refuse rather than pull
+        // it out from under the mount.
+        if is_flintfs_image(path) {
+            drop(open_image(path, Duration::ZERO)?);
+        }
+        std::fs::remove_file(path).map_err(|error| format!("{}: removing: {error}", path.display()))?;
+    }
+    let device = ImageFlash::create_image(path, geometry, DeviceOptions::default())?;
+    let options = MkfsOptions::new(random_uuid()?, now_ns());
+    let clock = Box::new(flintfs_fuse::SystemClock);
+    let device = Fs::format(device, &options, clock).map_err(|error| format!("mkfs: {}", error.message))?;
+    drop(device);
+    println!(
+        "{}: flintfs format {}, {} zones of {} blocks of {} pages of {} B (+{} B OOB), {} MiB{}",
+        path.display(),
+        flintfs_format::FORMAT_VERSION,
+        geometry.zone_count,
+        geometry.zone_blocks,
+        geometry.block_pages,
+        geometry.page_size_bytes,
+        geometry.oob_size_bytes,
+        geometry.device_size_bytes() >> 20,
+        if geometry.nvm_size_bytes > 0 { format!(", {} B NVM", geometry.nvm_size_bytes) } else { String::new() }
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Opens an image, waiting up to `wait` for another process to let go of
+/// it. Says clearly when the path is missing, not a file, or not flintfs.
+pub fn open_image(path: &Path, wait: Duration) -> Outcome<ImageFlash> {
+    let metadata = std::fs::metadata(path).map_err(|error| format!("{}: {error}", path.display()))?;
+    if !metadata.is_file() {
+        fail!("{}: not an image file", path.display());
+    }
+    let start = Instant::now();
+    loop {
+        match ImageFlash::open_image(path, DeviceOptions::default()) {
+            Ok(device) => return Ok(device),
+            Err(DeviceError::Image { reason, .. }) if reason.contains("in use") && start.elapsed() < wait => {
+                std::thread::sleep(IMAGE_WAIT_STEP);
+            }
+            Err(DeviceError::Image { reason, .. }) if reason.contains("in use") => {
+                fail!("{}: in use by another process (mounted?)", path.display())
+            }
+            Err(error) => fail!("{error}"),
+        }
+    }
+}
+
+/// Mounts the file system on an opened image, wording errors for the user.
+pub fn mount_fs(device: ImageFlash, options: FsOptions) -> Outcome<(Fs<ImageFlash>, flintfs_core::MountReport)> {
+    Fs::mount(device, options, Box::new(flintfs_fuse::SystemClock))
+        .map_err(|error| crate::Failure(format!("mount: {}", error.message)))
+}
+
+#[derive(Args)]
+pub struct FsckArguments {
+    pub image: PathBuf,
+    /// Repair what can be: free what crashed unlinks left, release zones
+    /// nothing references, and write a fresh checkpoint; then check again.
+    #[arg(long)]
+    pub repair: bool,
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn fsck(arguments: FsckArguments) -> Outcome<ExitCode> {
+    let device = open_image(&arguments.image, IMAGE_WAIT)?;
+    let (mut fs, mount) = mount_fs(device, FsOptions::default())?;
+    let mut repaired = false;
+    if arguments.repair {
+        // The checkpoint is what repairs: it records the tree as the mount
+        // found it, with the orphans freed and unreferenced zones released.
+        fs.sync().map_err(|error| format!("repair: {}", error.message))?;
+        repaired = true;
+    }
+    let report = fs.check().map_err(|error| format!("check: {}", error.message))?;
+    // A check alone writes no checkpoint: the image stays as it was found.
+    drop(fs.into_device());
+    let clean = report.is_clean();
+    if arguments.json {
+        let value = serde_json::json!({
+            "clean": clean,
+            "findings": report.findings,
+            "pages_checked": report.pages_checked,
+            "zones_checked": report.zones_checked,
+            "pages_unverified": report.pages_unverified,
+            "checkpoint": mount.checkpoint_number,
+            "mount_pages_read": mount.pages_read,
+            "repaired": repaired,
+        });
+        println!("{value}");
+    } else {
+        for finding in &report.findings {
+            println!("finding: {finding}");
+        }
+        println!(
+            "{}: {} ({} pages in {} zones checked, checkpoint {}{})",
+            arguments.image.display(),
+            if clean { "clean".to_string() } else { format!("{} findings", report.findings.len()) },
+            report.pages_checked,
+            report.zones_checked,
+            mount.checkpoint_number,
+            if repaired { ", repaired" } else { "" }
+        );
+    }
+    Ok(if clean { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_size;
+
+    #[test]
+    fn sizes_parse_with_binary_units() {
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert_eq!(parse_size("64K"), Ok(64 << 10));
+        assert_eq!(parse_size("64M"), Ok(64 << 20));
+        assert_eq!(parse_size("1GiB"), Ok(1 << 30));
+        assert!(parse_size("12Q").is_err());
+        assert!(parse_size("M").is_err());
+        assert!(parse_size("99999999999999T").is_err());
+    }
+}

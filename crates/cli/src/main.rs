@@ -1,0 +1,99 @@
+//! # `flintfs`: the command
+//!
+//! One binary. Every subcommand prints errors to stderr as one line and
+//! exits non-zero; none panics on bad input. The names and JSON fields are
+//! relied on by scripts (issue 5), so they change only with them.
+
+mod daemon;
+mod image;
+mod inspect;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// A failed command: the message, already worded for the user.
+#[derive(Debug)]
+pub struct Failure(pub String);
+
+impl<E: std::fmt::Display> From<E> for Failure {
+    fn from(error: E) -> Failure {
+        Failure(error.to_string())
+    }
+}
+
+pub type Outcome<T = ()> = Result<T, Failure>;
+
+/// Fails with a message built like `format!`.
+#[macro_export]
+macro_rules! fail {
+    ($($argument:tt)*) => { return Err($crate::Failure(format!($($argument)*))) };
+}
+
+#[derive(Parser)]
+#[command(
+    name = "flintfs",
+    version,
+    about = "flintfs: a file system for raw NAND and zoned flash, on an emulated device"
+)]
+struct Command {
+    #[command(subcommand)]
+    action: Action,
+}
+
+#[derive(Subcommand)]
+enum Action {
+    /// Create an image file holding an emulated device, and format it.
+    Mkfs(image::MkfsArguments),
+    /// Mount an image with FUSE (in the background unless -f).
+    Mount(daemon::MountArguments),
+    /// Check an image's consistency (exit 0 when clean).
+    Fsck(image::FsckArguments),
+    /// Decode what is on flash.
+    Inspect(inspect::InspectArguments),
+    /// Device counters: of a live mount since it mounted, or an image's lifetime totals.
+    Stat(daemon::StatArguments),
+    /// Cut the emulated device's power under a live mount.
+    Powercut(daemon::PowercutArguments),
+}
+
+fn main() -> ExitCode {
+    // Die quietly on a closed pipe (`flintfs inspect ... | head`), as
+    // command-line tools do, rather than panic on the failed print.
+    // SAFETY: restoring a signal's default disposition at startup.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+    let command = Command::parse();
+    let filter = tracing_subscriber::EnvFilter::try_from_env("FLINTFS_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    let result = match command.action {
+        Action::Mkfs(arguments) => image::mkfs(arguments),
+        Action::Mount(arguments) => daemon::mount(arguments),
+        Action::Fsck(arguments) => image::fsck(arguments),
+        Action::Inspect(arguments) => inspect::inspect(arguments),
+        Action::Stat(arguments) => daemon::stat(arguments),
+        Action::Powercut(arguments) => daemon::powercut(arguments),
+    };
+    match result {
+        Ok(code) => code,
+        Err(Failure(message)) => {
+            eprintln!("flintfs: {message}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Where live mounts leave their control sockets and logs.
+pub fn runtime_directory() -> PathBuf {
+    if let Some(directory) = std::env::var_os("FLINTFS_RUNTIME_DIR") {
+        return PathBuf::from(directory);
+    }
+    let run = PathBuf::from("/run/flintfs");
+    if std::fs::create_dir_all(&run).is_ok() {
+        return run;
+    }
+    std::env::temp_dir().join(format!("flintfs-{}", unsafe { libc::geteuid() }))
+}

@@ -1,0 +1,597 @@
+//! # flintfs-fuse: the FUSE adapter
+//!
+//! Maps kernel requests onto [`flintfs_core::Fs`] and its errors onto
+//! errnos. It holds no file system logic: every decision is the core's.
+//!
+//! ## Threads
+//! The session runs [`WORKER_THREADS`] workers. The core is one state
+//! machine behind one mutex, so requests are serialised inside the core;
+//! the workers let the kernel keep a request queued while another one is
+//! being answered, and let a slow fsync not stall replies being written.
+//!
+//! ## Kernel caching, and why
+//! - **Attribute and entry timeouts** of [`ATTRIBUTE_TTL`]: every change
+//!   reaches the core through this one mount, and the kernel updates its
+//!   own caches on the replies, so nothing can change behind its back.
+//! - **keep_cache** on open, for the same reason: the page cache of a file
+//!   is never stale.
+//! - **No writeback cache.** With it the kernel would hold written pages
+//!   and send them later, so a write that returned would not yet be in the
+//!   engine. fsync still flushes them first, but `powercut` (which stops
+//!   the engine, not the kernel) would then lose data the model says was
+//!   only volatile in the engine's own buffers. Keeping writes synchronous
+//!   to the engine keeps the durability model in one place.
+
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use flintfs_core::{Attributes, Clock, Error, Fs, RenameFlags as CoreRenameFlags, SetAttributes, XattrFlags};
+use flintfs_flash::FlashDevice;
+use flintfs_format::FileType as CoreFileType;
+use fuser::{
+    AccessFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, KernelConfig,
+    LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus,
+    ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+};
+
+/// How long the kernel may trust attributes and entries it was given.
+pub const ATTRIBUTE_TTL: Duration = Duration::from_secs(1);
+/// Session worker threads.
+pub const WORKER_THREADS: usize = 2;
+/// Entries asked of the core per readdir reply (the reply buffer bounds
+/// what is sent; the rest is asked again from the last cookie).
+pub const READDIR_BATCH_ENTRIES: usize = 128;
+
+const XATTR_CREATE: i32 = 1;
+const XATTR_REPLACE: i32 = 2;
+
+/// Wall-clock time for a real mount. The core reads no clock of its own;
+/// this is the input it is given.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SystemClock;
+
+impl Clock for SystemClock {
+    fn now_ns(&self) -> i64 {
+        let since = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
+        i64::try_from(since.as_nanos()).unwrap_or(i64::MAX)
+    }
+}
+
+/// The mounted engine, shared between the session's workers and the
+/// daemon (which runs idle work and answers `stat` and `powercut`).
+pub struct Shared<D: FlashDevice> {
+    fs: Mutex<Option<Fs<D>>>,
+    requests: AtomicU64,
+}
+
+impl<D: FlashDevice> Shared<D> {
+    pub fn new(fs: Fs<D>) -> Arc<Shared<D>> {
+        Arc::new(Shared { fs: Mutex::new(Some(fs)), requests: AtomicU64::new(0) })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Option<Fs<D>>> {
+        // A worker that panicked left the engine in an unknown state; the
+        // rest of the mount answers EIO rather than trusting it.
+        match self.fs.lock() {
+            Ok(guard) => guard,
+            Err(poisoned) => {
+                let mut guard = poisoned.into_inner();
+                *guard = None;
+                guard
+            }
+        }
+    }
+
+    /// Runs `work` on the engine; `None` once it has been taken away.
+    pub fn with<R>(&self, work: impl FnOnce(&mut Fs<D>) -> R) -> Option<R> {
+        self.lock().as_mut().map(work)
+    }
+
+    /// Requests seen so far (the daemon runs idle work when this stands
+    /// still).
+    pub fn requests(&self) -> u64 {
+        self.requests.load(Ordering::Relaxed)
+    }
+
+    /// Takes the engine away: every later request gets EIO.
+    pub fn take(&self) -> Option<Fs<D>> {
+        self.lock().take()
+    }
+}
+
+/// The FUSE file system: a [`Shared`] engine and the clock for "now".
+pub struct FlintFuse<D: FlashDevice> {
+    shared: Arc<Shared<D>>,
+    clock: SystemClock,
+    /// What unmount did: `Some(Ok)` after a clean checkpoint.
+    unmounted: Arc<Mutex<Option<std::result::Result<D, Error>>>>,
+}
+
+impl<D: FlashDevice + 'static> FlintFuse<D> {
+    /// The adapter, and where the device lands after a clean unmount.
+    #[allow(clippy::type_complexity)]
+    pub fn new(shared: Arc<Shared<D>>) -> (FlintFuse<D>, Arc<Mutex<Option<std::result::Result<D, Error>>>>) {
+        let unmounted = Arc::new(Mutex::new(None));
+        (FlintFuse { shared, clock: SystemClock, unmounted: unmounted.clone() }, unmounted)
+    }
+
+    fn call<R>(&self, work: impl FnOnce(&mut Fs<D>) -> flintfs_core::Result<R>) -> Result<R, Errno> {
+        self.shared.requests.fetch_add(1, Ordering::Relaxed);
+        match self.shared.with(work) {
+            None => Err(Errno::EIO),
+            Some(Ok(value)) => Ok(value),
+            Some(Err(error)) => Err(errno_of(&error)),
+        }
+    }
+}
+
+/// The kernel's errno for a core error.
+pub fn errno_of(error: &Error) -> Errno {
+    if error.errno == flintfs_core::errno::EIO || error.errno == flintfs_core::errno::ENOSPC {
+        tracing::warn!(errno = error.errno, "{}", error.message);
+    } else {
+        tracing::debug!(errno = error.errno, "{}", error.message);
+    }
+    if error.errno > 0 {
+        Errno::from_i32(error.errno)
+    } else {
+        Errno::EIO
+    }
+}
+
+fn time_of(nanoseconds: i64) -> SystemTime {
+    if nanoseconds >= 0 {
+        UNIX_EPOCH + Duration::from_nanos(nanoseconds as u64)
+    } else {
+        UNIX_EPOCH - Duration::from_nanos(nanoseconds.unsigned_abs())
+    }
+}
+
+fn nanoseconds_of(time: SystemTime) -> i64 {
+    match time.duration_since(UNIX_EPOCH) {
+        Ok(after) => i64::try_from(after.as_nanos()).unwrap_or(i64::MAX),
+        Err(before) => -i64::try_from(before.duration().as_nanos()).unwrap_or(i64::MAX),
+    }
+}
+
+fn kind_of(file_type: CoreFileType) -> FileType {
+    match file_type {
+        CoreFileType::Regular => FileType::RegularFile,
+        CoreFileType::Directory => FileType::Directory,
+        CoreFileType::Symlink => FileType::Symlink,
+        CoreFileType::Fifo => FileType::NamedPipe,
+        CoreFileType::CharDevice => FileType::CharDevice,
+        CoreFileType::BlockDevice => FileType::BlockDevice,
+        CoreFileType::Socket => FileType::Socket,
+    }
+}
+
+fn attr_of(attributes: &Attributes) -> FileAttr {
+    FileAttr {
+        ino: INodeNo(attributes.ino),
+        size: attributes.size,
+        blocks: attributes.blocks,
+        atime: time_of(attributes.atime_ns),
+        mtime: time_of(attributes.mtime_ns),
+        ctime: time_of(attributes.ctime_ns),
+        crtime: time_of(attributes.ctime_ns),
+        kind: kind_of(attributes.file_type),
+        perm: (attributes.permissions & 0o7777) as u16,
+        nlink: attributes.nlink,
+        uid: attributes.uid,
+        gid: attributes.gid,
+        rdev: attributes.rdev,
+        blksize: attributes.block_size,
+        flags: 0,
+    }
+}
+
+fn reply_entry(reply: ReplyEntry, result: Result<Attributes, Errno>) {
+    match result {
+        Ok(attributes) => reply.entry(&ATTRIBUTE_TTL, &attr_of(&attributes), Generation(attributes.generation)),
+        Err(errno) => reply.error(errno),
+    }
+}
+
+fn reply_empty(reply: ReplyEmpty, result: Result<(), Errno>) {
+    match result {
+        Ok(()) => reply.ok(),
+        Err(errno) => reply.error(errno),
+    }
+}
+
+/// An xattr reply: the size when asked for it, the bytes when they fit,
+/// ERANGE when they do not.
+fn reply_xattr(reply: ReplyXattr, size: u32, result: Result<Vec<u8>, Errno>) {
+    match result {
+        Ok(bytes) if size == 0 => reply.size(bytes.len() as u32),
+        Ok(bytes) if bytes.len() <= size as usize => reply.data(&bytes),
+        Ok(_) => reply.error(Errno::ERANGE),
+        Err(errno) => reply.error(errno),
+    }
+}
+
+impl<D: FlashDevice + Send + 'static> Filesystem for FlintFuse<D> {
+    fn init(&mut self, _request: &Request, _config: &mut KernelConfig) -> std::io::Result<()> {
+        Ok(())
+    }
+
+    /// Unmount: a checkpoint, then the device is handed back to the daemon.
+    /// After a power cut the engine is gone and nothing is written.
+    fn destroy(&mut self) {
+        if let Some(fs) = self.shared.take() {
+            let result = fs.unmount();
+            if let Err(error) = &result {
+                tracing::error!("unmount failed: {}", error.message);
+            }
+            *self.unmounted.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(result);
+        }
+    }
+
+    fn lookup(&self, _request: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        reply_entry(reply, self.call(|fs| fs.lookup(parent.0, name.as_bytes())));
+    }
+
+    fn forget(&self, _request: &Request, ino: INodeNo, count: u64) {
+        let _ = self.call(|fs| fs.forget(ino.0, count));
+    }
+
+    fn getattr(&self, _request: &Request, ino: INodeNo, _handle: Option<FileHandle>, reply: ReplyAttr) {
+        match self.call(|fs| fs.getattr(ino.0)) {
+            Ok(attributes) => reply.attr(&ATTRIBUTE_TTL, &attr_of(&attributes)),
+            Err(errno) => reply.error(errno),
+        }
+    }
+
+    fn setattr(
+        &self,
+        _request: &Request,
+        ino: INodeNo,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
+        _ctime: Option<SystemTime>,
+        _handle: Option<FileHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<fuser::BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        let now = self.clock.now_ns();
+        let time = |value: Option<TimeOrNow>| {
+            value.map(|value| match value {
+                TimeOrNow::Now => now,
+                TimeOrNow::SpecificTime(time) => nanoseconds_of(time),
+            })
+        };
+        let changes = SetAttributes {
+            permissions: mode.map(|mode| mode & 0o7777),
+            uid,
+            gid,
+            size,
+            atime_ns: time(atime),
+            mtime_ns: time(mtime),
+        };
+        match self.call(|fs| fs.setattr(ino.0, &changes)) {
+            Ok(attributes) => reply.attr(&ATTRIBUTE_TTL, &attr_of(&attributes)),
+            Err(errno) => reply.error(errno),
+        }
+    }
+
+    fn readlink(&self, _request: &Request, ino: INodeNo, reply: ReplyData) {
+        match self.call(|fs| fs.readlink(ino.0)) {
+            Ok(target) => reply.data(&target),
+            Err(errno) => reply.error(errno),
+        }
+    }
+
+    fn mknod(
+        &self,
+        request: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        rdev: u32,
+        reply: ReplyEntry,
+    ) {
+        let mode = mode & !(umask & 0o7777);
+        reply_entry(
+            reply,
+            self.call(|fs| fs.mknod(parent.0, name.as_bytes(), mode, rdev, request.uid(), request.gid())),
+        );
+    }
+
+    fn mkdir(&self, request: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, reply: ReplyEntry) {
+        let permissions = mode & !umask & 0o7777;
+        reply_entry(
+            reply,
+            self.call(|fs| fs.mkdir(parent.0, name.as_bytes(), permissions, request.uid(), request.gid())),
+        );
+    }
+
+    fn unlink(&self, _request: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        reply_empty(reply, self.call(|fs| fs.unlink(parent.0, name.as_bytes())));
+    }
+
+    fn rmdir(&self, _request: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        reply_empty(reply, self.call(|fs| fs.rmdir(parent.0, name.as_bytes())));
+    }
+
+    fn symlink(&self, request: &Request, parent: INodeNo, name: &OsStr, target: &Path, reply: ReplyEntry) {
+        let target = target.as_os_str().as_bytes();
+        reply_entry(reply, self.call(|fs| fs.symlink(parent.0, name.as_bytes(), target, request.uid(), request.gid())));
+    }
+
+    fn rename(
+        &self,
+        _request: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        new_parent: INodeNo,
+        new_name: &OsStr,
+        flags: RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        let known = RenameFlags::RENAME_NOREPLACE | RenameFlags::RENAME_EXCHANGE;
+        if !known.contains(flags) {
+            return reply.error(Errno::EINVAL);
+        }
+        let flags = CoreRenameFlags {
+            no_replace: flags.contains(RenameFlags::RENAME_NOREPLACE),
+            exchange: flags.contains(RenameFlags::RENAME_EXCHANGE),
+        };
+        reply_empty(
+            reply,
+            self.call(|fs| fs.rename(parent.0, name.as_bytes(), new_parent.0, new_name.as_bytes(), flags)),
+        );
+    }
+
+    fn link(&self, _request: &Request, ino: INodeNo, new_parent: INodeNo, new_name: &OsStr, reply: ReplyEntry) {
+        reply_entry(reply, self.call(|fs| fs.link(ino.0, new_parent.0, new_name.as_bytes())));
+    }
+
+    fn open(&self, _request: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        match self.call(|fs| fs.getattr(ino.0)) {
+            Ok(_) => reply.opened(FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE),
+            Err(errno) => reply.error(errno),
+        }
+    }
+
+    fn read(
+        &self,
+        _request: &Request,
+        ino: INodeNo,
+        _handle: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        match self.call(|fs| fs.read(ino.0, offset, u64::from(size))) {
+            Ok(bytes) => reply.data(&bytes),
+            Err(errno) => reply.error(errno),
+        }
+    }
+
+    fn write(
+        &self,
+        _request: &Request,
+        ino: INodeNo,
+        _handle: FileHandle,
+        offset: u64,
+        data: &[u8],
+        _write_flags: WriteFlags,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        match self.call(|fs| fs.write(ino.0, offset, data)) {
+            Ok(written) => reply.written(written as u32),
+            Err(errno) => reply.error(errno),
+        }
+    }
+
+    /// close(2): nothing to do, writes reach the engine as they are made.
+    fn flush(&self, _request: &Request, ino: INodeNo, _handle: FileHandle, _owner: LockOwner, reply: ReplyEmpty) {
+        reply_empty(reply, self.call(|fs| fs.getattr(ino.0).map(|_| ())));
+    }
+
+    fn fsync(&self, _request: &Request, ino: INodeNo, _handle: FileHandle, datasync: bool, reply: ReplyEmpty) {
+        reply_empty(reply, self.call(|fs| fs.fsync(ino.0, datasync)));
+    }
+
+    fn readdir(&self, _request: &Request, ino: INodeNo, _handle: FileHandle, offset: u64, mut reply: ReplyDirectory) {
+        match self.call(|fs| fs.readdir(ino.0, offset, READDIR_BATCH_ENTRIES)) {
+            Ok(entries) => {
+                for entry in entries {
+                    if reply.add(
+                        INodeNo(entry.ino),
+                        entry.offset,
+                        kind_of(entry.file_type),
+                        OsStr::from_bytes(&entry.name),
+                    ) {
+                        break;
+                    }
+                }
+                reply.ok();
+            }
+            Err(errno) => reply.error(errno),
+        }
+    }
+
+    fn readdirplus(
+        &self,
+        _request: &Request,
+        ino: INodeNo,
+        _handle: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectoryPlus,
+    ) {
+        match self.call(|fs| fs.readdir_plus(ino.0, offset, READDIR_BATCH_ENTRIES)) {
+            Ok(entries) => {
+                // The core counted a reference for each entry it listed; the
+                // kernel counts only those that fit in the reply, so give
+                // back the others.
+                let mut unsent = Vec::new();
+                let mut full = false;
+                for (entry, attributes) in entries {
+                    let counted = entry.name != b"." && entry.name != b"..";
+                    full = full
+                        || reply.add(
+                            INodeNo(entry.ino),
+                            entry.offset,
+                            OsStr::from_bytes(&entry.name),
+                            &ATTRIBUTE_TTL,
+                            &attr_of(&attributes),
+                            Generation(attributes.generation),
+                        );
+                    if full && counted {
+                        unsent.push(entry.ino);
+                    }
+                }
+                reply.ok();
+                if !unsent.is_empty() {
+                    let _ = self.call(|fs| unsent.iter().try_for_each(|&ino| fs.forget(ino, 1)));
+                }
+            }
+            Err(errno) => reply.error(errno),
+        }
+    }
+
+    fn fsyncdir(&self, _request: &Request, ino: INodeNo, _handle: FileHandle, datasync: bool, reply: ReplyEmpty) {
+        reply_empty(reply, self.call(|fs| fs.fsync(ino.0, datasync)));
+    }
+
+    fn statfs(&self, _request: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        match self.call(|fs| fs.statfs()) {
+            Ok(statfs) => reply.statfs(
+                statfs.blocks,
+                statfs.blocks_free,
+                statfs.blocks_available,
+                statfs.files,
+                statfs.files_free,
+                statfs.block_size,
+                statfs.name_max,
+                statfs.block_size,
+            ),
+            Err(errno) => reply.error(errno),
+        }
+    }
+
+    fn setxattr(
+        &self,
+        _request: &Request,
+        ino: INodeNo,
+        name: &OsStr,
+        value: &[u8],
+        flags: i32,
+        position: u32,
+        reply: ReplyEmpty,
+    ) {
+        if position != 0 || flags & !(XATTR_CREATE | XATTR_REPLACE) != 0 {
+            return reply.error(Errno::EINVAL);
+        }
+        let flags = XattrFlags { create: flags & XATTR_CREATE != 0, replace: flags & XATTR_REPLACE != 0 };
+        reply_empty(reply, self.call(|fs| fs.setxattr(ino.0, name.as_bytes(), value, flags)));
+    }
+
+    fn getxattr(&self, _request: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        reply_xattr(reply, size, self.call(|fs| fs.getxattr(ino.0, name.as_bytes())));
+    }
+
+    fn listxattr(&self, _request: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        let listed = self.call(|fs| fs.listxattr(ino.0)).map(|names| {
+            names.into_iter().flat_map(|mut name| {
+                name.push(0);
+                name
+            })
+        });
+        reply_xattr(reply, size, listed.map(Iterator::collect));
+    }
+
+    fn removexattr(&self, _request: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        reply_empty(reply, self.call(|fs| fs.removexattr(ino.0, name.as_bytes())));
+    }
+
+    /// Permissions are the kernel's (`default_permissions`); this answers
+    /// whether the file is there.
+    fn access(&self, _request: &Request, ino: INodeNo, _mask: AccessFlags, reply: ReplyEmpty) {
+        reply_empty(reply, self.call(|fs| fs.getattr(ino.0).map(|_| ())));
+    }
+
+    fn create(
+        &self,
+        request: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        _flags: i32,
+        reply: ReplyCreate,
+    ) {
+        let permissions = mode & !umask & 0o7777;
+        match self.call(|fs| fs.create(parent.0, name.as_bytes(), permissions, request.uid(), request.gid())) {
+            Ok(attributes) => reply.created(
+                &ATTRIBUTE_TTL,
+                &attr_of(&attributes),
+                Generation(attributes.generation),
+                FileHandle(0),
+                FopenFlags::FOPEN_KEEP_CACHE,
+            ),
+            Err(errno) => reply.error(errno),
+        }
+    }
+
+    fn fallocate(
+        &self,
+        _request: &Request,
+        ino: INodeNo,
+        _handle: FileHandle,
+        offset: u64,
+        length: u64,
+        mode: i32,
+        reply: ReplyEmpty,
+    ) {
+        let Ok(mode) = u32::try_from(mode) else { return reply.error(Errno::EINVAL) };
+        reply_empty(reply, self.call(|fs| fs.fallocate(ino.0, offset, length, mode)));
+    }
+}
+
+/// The session configuration flintfs mounts with.
+pub fn config(fs_name: &str, allow_other: bool) -> fuser::Config {
+    let mount_options = vec![
+        fuser::MountOption::FSName(fs_name.to_string()),
+        fuser::MountOption::Subtype("flintfs".to_string()),
+        fuser::MountOption::DefaultPermissions,
+    ];
+    // The ACL is how fuser says `allow_other`.
+    let acl = if allow_other { fuser::SessionACL::All } else { fuser::SessionACL::Owner };
+    let mut config = fuser::Config::default();
+    config.mount_options = mount_options;
+    config.acl = acl;
+    config.n_threads = Some(WORKER_THREADS);
+    config
+}
+
+pub use fuser::BackgroundSession;
+
+/// Mounts `filesystem` at `mountpoint` and serves it on worker threads
+/// until it is unmounted.
+pub fn spawn<D: FlashDevice + Send + 'static>(
+    filesystem: FlintFuse<D>,
+    mountpoint: &Path,
+    fs_name: &str,
+    allow_other: bool,
+) -> std::io::Result<BackgroundSession> {
+    fuser::Session::new(filesystem, mountpoint, &config(fs_name, allow_other))?.spawn()
+}
