@@ -223,6 +223,37 @@ impl<D: FlashDevice> Volume<D> {
         self.allocatable_zones(&self.checkpoint).into_iter().filter(|zone| !taken.contains(zone)).count()
     }
 
+    /// The capacity in pages of each zone allocation can hand out (the
+    /// reserve apart, unless allowed), smallest first.
+    pub fn allocatable_capacities(&self) -> Vec<u64> {
+        let taken = &self.checkpoint.unindexed[..self.unindexed_used];
+        let reports = self.device.report_zones();
+        let mut capacities: Vec<u64> = self
+            .allocatable_zones(&self.checkpoint)
+            .into_iter()
+            .filter(|zone| !taken.contains(zone))
+            .map(|zone| u64::from(reports[zone as usize].capacity_pages))
+            .collect();
+        capacities.sort_unstable();
+        capacities
+    }
+
+    /// Zones that hold nothing referenced and are in no head: the next
+    /// checkpoint frees them.
+    pub fn releasable_zones(&self) -> usize {
+        self.checkpoint
+            .zones
+            .iter()
+            .enumerate()
+            .filter(|(zone, usage)| {
+                *zone as u32 >= FIRST_DYNAMIC_ZONE
+                    && matches!(usage.role, ZoneRole::HotData | ZoneRole::ColdData | ZoneRole::Node)
+                    && usage.valid_bytes == 0
+                    && !self.checkpoint.heads.iter().any(|head| head.zone == *zone as u32)
+            })
+            .count()
+    }
+
     /// Zones still to be taken from the declared unindexed list.
     pub fn unindexed_remaining(&self) -> usize {
         self.checkpoint.unindexed.len().saturating_sub(self.unindexed_used)

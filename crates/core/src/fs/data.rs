@@ -315,9 +315,11 @@ impl<D: FlashDevice> Fs<D> {
             .ok_or_else(|| Error::new(errno::EFBIG, "a write past the largest file the device can hold"))?;
         let Node::File { inode, content, .. } = self.node(file_key)? else { unreachable!() };
         let block_bytes = self.block_bytes();
+        let growth =
+            end.div_ceil(block_bytes).saturating_sub(inode.size.div_ceil(block_bytes).max(offset / block_bytes));
         if let FileContent::Inline(_) = &content {
             if end as usize <= inline_bytes_max(self.page_size) {
-                self.reserve_space(0)?;
+                self.reserve_space(0, 0)?;
                 return self.modify(file_key, |node| {
                     let Node::File { inode, content: FileContent::Inline(inline), .. } = node else { unreachable!() };
                     if inline.len() < end as usize {
@@ -328,11 +330,13 @@ impl<D: FlashDevice> Fs<D> {
                 });
             }
             let touched = end.div_ceil(block_bytes) - offset / block_bytes;
-            self.reserve_space(touched + 2 + touched / self.index_fanout())?;
+            self.check_capacity(touched)?;
+            self.reserve_space(touched, 2 + touched / self.index_fanout())?;
             self.inline_to_blocks(ino)?;
         } else {
             let new_blocks = end.div_ceil(block_bytes) - offset / block_bytes;
-            self.reserve_space(new_blocks + new_blocks / self.index_fanout() + 1)?;
+            self.check_capacity(growth)?;
+            self.reserve_space(new_blocks, new_blocks / self.index_fanout() + 1)?;
         }
         let mut position = offset;
         while position < end {

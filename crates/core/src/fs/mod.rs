@@ -401,20 +401,46 @@ impl<D: FlashDevice> Fs<D> {
         zones_needed > self.volume.unindexed_remaining() as u64
     }
 
-    /// Errors with ENOSPC unless `pages` more can be written on top of what
-    /// is buffered, keeping room for the checkpoint that makes it durable.
-    /// Cleans first, up to [`CLEAN_ZONES_PER_OPERATION_MAX`] zones, when
-    /// that may make the room: a full device says ENOSPC, it never spins.
-    pub(crate) fn reserve_space(&mut self, pages: u64) -> Result<()> {
+    /// Errors with ENOSPC unless `data_pages` and `node_pages` more can be
+    /// written on top of what is buffered, keeping room for the checkpoint
+    /// that makes it durable. Data and nodes go to different heads, and a
+    /// head takes whole zones, so each role's need is met zone by zone:
+    /// pages free in one head are no use to the other. Cleans first, up to
+    /// [`CLEAN_ZONES_PER_OPERATION_MAX`] zones, when that may make the
+    /// room: a full device says ENOSPC, it never spins.
+    pub(crate) fn reserve_space(&mut self, data_pages: u64, node_pages: u64) -> Result<()> {
         let mut cleaned = 0;
+        let mut released = false;
         loop {
-            let dirty = (self.dirty_blocks.len() + self.nodes.dirty_count() + self.pending.len()) as u64;
-            let available = self.volume.allocatable_pages()
-                + self.volume.head_free_pages(flintfs_format::ZoneRole::HotData)
-                + self.volume.head_free_pages(flintfs_format::ZoneRole::Node);
+            let dirty_nodes = (self.nodes.dirty_count() + self.pending.len()) as u64;
             let margin = OPERATION_NODE_PAGES_MAX + self.map_pages.len() as u64;
-            if dirty + pages + margin <= available {
+            let data_need = (self.dirty_blocks.len() as u64 + data_pages)
+                .saturating_sub(self.volume.head_free_pages(flintfs_format::ZoneRole::HotData));
+            let node_need = (dirty_nodes + node_pages + margin)
+                .saturating_sub(self.volume.head_free_pages(flintfs_format::ZoneRole::Node));
+            // Smallest zones first: a zone shrunk by bad blocks counts for
+            // what it holds, and the estimate errs towards ENOSPC.
+            let mut capacities = self.volume.allocatable_capacities().into_iter();
+            let mut covered = |need: u64| {
+                let mut remaining = need;
+                while remaining > 0 {
+                    match capacities.next() {
+                        Some(capacity) => remaining = remaining.saturating_sub(capacity),
+                        None => return false,
+                    }
+                }
+                true
+            };
+            if covered(data_need) && covered(node_need) {
                 return Ok(());
+            }
+            // Zones emptied by unlinks and truncates come back at the next
+            // checkpoint, without moving anything.
+            if !released && self.volume.releasable_zones() > 0 {
+                released = true;
+                self.changed = true;
+                self.checkpoint()?;
+                continue;
             }
             // The zones this operation may still clean, in one go: one
             // checkpoint for all of them, whose own pages would otherwise eat
@@ -427,7 +453,12 @@ impl<D: FlashDevice> Fs<D> {
             if more == 0 {
                 return Err(Error::new(
                     errno::ENOSPC,
-                    format!("no space: {pages} pages wanted, {dirty} buffered, {available} free"),
+                    format!(
+                        "no space: {data_pages} data and {node_pages} node pages wanted, {} and {dirty_nodes} \
+                         buffered, {} pages allocatable",
+                        self.dirty_blocks.len(),
+                        self.volume.allocatable_pages()
+                    ),
                 ));
             }
             cleaned += more;

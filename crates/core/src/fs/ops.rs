@@ -339,7 +339,7 @@ impl<D: FlashDevice> Fs<D> {
                 return Err(Error::new(errno::EEXIST, format!("{:?} exists in directory {parent}", name_text(name))));
             }
             // Nothing read above is used below but the parent's number.
-            fs.reserve_space(2 + content.len().div_ceil(fs.page_size) as u64)?;
+            fs.reserve_space(content.len().div_ceil(fs.page_size) as u64, 2)?;
             let now = fs.now();
             let version = fs.take_version();
             fs.volume.count_inode_created();
@@ -461,7 +461,7 @@ impl<D: FlashDevice> Fs<D> {
     pub fn link(&mut self, ino: u64, new_parent: u64, new_name: &[u8]) -> Result<Attributes> {
         check_name(new_name)?;
         self.mutate(0, |fs| {
-            fs.reserve_space(2)?;
+            fs.reserve_space(0, 2)?;
             let inode = fs.inode(ino)?;
             if inode.file_type() == Some(FileType::Directory) {
                 return Err(Error::new(errno::EPERM, "directories cannot be hard-linked"));
@@ -692,7 +692,7 @@ impl<D: FlashDevice> Fs<D> {
         self.mutate(0, |fs| {
             // Room first: making it may clean and checkpoint, which moves
             // inodes; nothing read before may be used after.
-            fs.reserve_space(4)?;
+            fs.reserve_space(0, 4)?;
             let source = fs.entry(parent, name)?;
             if fs.inode(new_parent)?.file_type() != Some(FileType::Directory) {
                 return Err(Error::new(errno::ENOTDIR, format!("inode {new_parent} is not a directory")));
@@ -976,7 +976,8 @@ impl<D: FlashDevice> Fs<D> {
                 .ok_or_else(|| Error::new(errno::EFBIG, "fallocate past the largest offset"))?;
             let block_bytes = fs.block_bytes();
             let new_blocks = end.div_ceil(block_bytes).saturating_sub(inode.size.div_ceil(block_bytes));
-            fs.reserve_space(new_blocks)?;
+            fs.check_capacity(new_blocks)?;
+            fs.reserve_space(new_blocks, new_blocks / fs.index_fanout() + 1)?;
             if mode & FALLOC_FL_KEEP_SIZE == 0 && end > inode.size {
                 fs.truncate(ino, end)?;
                 let now = fs.now();
@@ -1117,6 +1118,26 @@ impl<D: FlashDevice> Fs<D> {
     /// device filled to what this reports still cleans and never stalls.
     pub fn statfs(&mut self) -> Result<StatFs> {
         let geometry = self.volume.device().geometry();
+        let (blocks, used) = self.space_blocks();
+        let free = blocks.saturating_sub(used);
+        Ok(StatFs {
+            block_size: self.page_size as u32,
+            blocks,
+            blocks_free: free,
+            blocks_available: free,
+            files: u64::from(crate::volume::slots_max(&geometry)),
+            files_free: u64::from(crate::volume::slots_max(&geometry).saturating_sub(self.slot_count)),
+            name_max: NAME_BYTES_MAX as u32,
+        })
+    }
+
+    /// The file system's size in blocks, as statfs says, and the blocks in
+    /// use (referenced, or buffered to be written). The size leaves out
+    /// what the cleaner and the log heads keep back, the way F2FS leaves
+    /// out its overprovisioning: space the cleaner needs to work in is
+    /// never promised to files.
+    pub(crate) fn space_blocks(&self) -> (u64, u64) {
+        let geometry = self.volume.device().geometry();
         let reports = self.volume.device().report_zones();
         let dynamic: u64 = reports
             .iter()
@@ -1129,15 +1150,21 @@ impl<D: FlashDevice> Fs<D> {
         let used_bytes: u64 =
             self.volume.checkpoint.zones.iter().fold(0u64, |sum, usage| sum.saturating_add(usage.valid_bytes));
         let used = used_bytes.div_ceil(self.block_bytes()) + self.dirty_blocks.len() as u64;
-        let free = blocks.saturating_sub(used);
-        Ok(StatFs {
-            block_size: self.page_size as u32,
-            blocks,
-            blocks_free: free,
-            blocks_available: free,
-            files: u64::from(crate::volume::slots_max(&geometry)),
-            files_free: u64::from(crate::volume::slots_max(&geometry).saturating_sub(self.slot_count)),
-            name_max: NAME_BYTES_MAX as u32,
-        })
+        (blocks, used)
+    }
+
+    /// ENOSPC when `new_blocks` more blocks of file data would pass the
+    /// size statfs reports. Only growth counts: an overwrite replaces
+    /// blocks already counted, and the physical check
+    /// ([`Fs::reserve_space`]) bounds it.
+    pub(crate) fn check_capacity(&self, new_blocks: u64) -> Result<()> {
+        let (blocks, used) = self.space_blocks();
+        if new_blocks > 0 && used.saturating_add(new_blocks) > blocks {
+            return Err(Error::new(
+                errno::ENOSPC,
+                format!("the file system is full: {used} of {blocks} blocks used, {new_blocks} more wanted"),
+            ));
+        }
+        Ok(())
     }
 }
