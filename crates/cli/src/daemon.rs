@@ -122,6 +122,11 @@ fn unescape_mount_path(text: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
+/// The source a mount shows in the mount table.
+fn fs_name(image: &Path) -> String {
+    format!("flintfs:{}", image.display())
+}
+
 fn is_flintfs_mount(path: &Path) -> bool {
     // The kernel's FUSE mount has no subtype without fusermount's help; the
     // source names flintfs instead.
@@ -212,6 +217,13 @@ fn check_mountpoint(mountpoint: &Path) -> Outcome {
 fn run_daemon(arguments: MountArguments) -> Outcome<ExitCode> {
     let options = parse_options(&arguments.options)?;
     let canonical = std::fs::canonicalize(&arguments.mountpoint)?;
+    // Mounted now: refuse at once. Locked but not mounted is a daemon
+    // finishing its unmount: wait for it (`open_image`).
+    let image = std::fs::canonicalize(&arguments.image).unwrap_or_else(|_| arguments.image.clone());
+    let source = format!("fuse {}", fs_name(&image));
+    if let Some((mount_point, _)) = mounts().into_iter().find(|(_, kind)| *kind == source) {
+        fail!("{}: in use: mounted at {}", arguments.image.display(), mount_point.display());
+    }
     let device = open_image(&arguments.image, IMAGE_WAIT)?;
     let baseline = device.counters();
     let (fs, report) = mount_fs(device, options.fs)?;
@@ -227,8 +239,7 @@ fn run_daemon(arguments: MountArguments) -> Outcome<ExitCode> {
     }
     let listener = UnixListener::bind(&socket).map_err(|error| format!("{}: {error}", socket.display()))?;
 
-    let image = std::fs::canonicalize(&arguments.image).unwrap_or_else(|_| arguments.image.clone());
-    let name = format!("flintfs:{}", image.display());
+    let name = fs_name(&image);
     let session = flintfs_fuse::spawn(filesystem, &canonical, &name, options.allow_other)
         .map_err(|error| format!("{}: FUSE mount failed: {error}", arguments.mountpoint.display()))?;
 
@@ -341,7 +352,15 @@ fn serve_control(
                         drop(device);
                         cut.store(true, Ordering::SeqCst);
                         match result {
-                            Ok(report) => format!("cut {} {:?}", std::process::id(), report).replace('\n', " "),
+                            Ok(report) => format!(
+                                "cut {} {} zones lost buffered pages, {} pages torn, {} paired pages damaged, \
+                                 {} NVM words dropped",
+                                std::process::id(),
+                                report.zones.iter().filter(|zone| zone.durable_after < zone.accepted).count(),
+                                report.torn_pages.len(),
+                                report.paired_page_corruptions.len(),
+                                report.nvm_words_dropped
+                            ),
                             Err(error) => format!("error the power cut failed: {error}"),
                         }
                     }

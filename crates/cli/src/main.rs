@@ -5,6 +5,7 @@
 //! relied on by scripts (issue 5), so they change only with them.
 
 mod daemon;
+mod demo;
 mod image;
 mod inspect;
 
@@ -56,6 +57,8 @@ enum Action {
     Stat(daemon::StatArguments),
     /// Cut the emulated device's power under a live mount.
     Powercut(daemon::PowercutArguments),
+    /// The main job: make an image, mount it, copy a tree, fsync, cut the power, recover, fsck, print figures.
+    Demo(demo::DemoArguments),
 }
 
 fn main() -> ExitCode {
@@ -65,9 +68,21 @@ fn main() -> ExitCode {
     unsafe {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
-    let command = Command::parse();
+    let command = match Command::try_parse() {
+        Ok(command) => command,
+        Err(error) if !error.use_stderr() => error.exit(),
+        Err(error) => {
+            // One line, like every other refusal; `--help` has the rest.
+            let rendered = error.to_string();
+            let first = rendered.lines().next().unwrap_or("bad arguments");
+            eprintln!("flintfs: {}", first.trim_start_matches("error: "));
+            return ExitCode::from(2);
+        }
+    };
     let filter = tracing_subscriber::EnvFilter::try_from_env("FLINTFS_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+        // fuser warns of every request it answers ENOSYS (a tty ioctl on
+        // each open by Python, say): not worth a line each.
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,fuser=error"));
     tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
     let result = match command.action {
         Action::Mkfs(arguments) => image::mkfs(arguments),
@@ -76,6 +91,7 @@ fn main() -> ExitCode {
         Action::Inspect(arguments) => inspect::inspect(arguments),
         Action::Stat(arguments) => daemon::stat(arguments),
         Action::Powercut(arguments) => daemon::powercut(arguments),
+        Action::Demo(arguments) => demo::demo(arguments),
     };
     match result {
         Ok(code) => code,

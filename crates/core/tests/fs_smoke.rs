@@ -230,3 +230,17 @@ fn a_write_costs_the_same_wherever_it_lands() {
     assert!(dearest <= cheapest + 2, "{costs:?}");
     assert!(dearest <= 12, "{costs:?}");
 }
+
+#[test]
+fn posix_acls_are_refused_so_that_callers_fall_back_to_chmod() {
+    let (flash, clock) = fresh();
+    let (mut fs, _) = Fs::mount(flash, FsOptions::default(), Box::new(clock)).unwrap();
+    let file = fs.create(1, b"a", 0o700, 0, 0).unwrap().ino;
+    let acl = [2, 0, 0, 0, 1, 0, 7, 0, 255, 255, 255, 255];
+    let error = fs.setxattr(file, b"system.posix_acl_access", &acl, XattrFlags::default()).unwrap_err();
+    assert_eq!(error.errno, errno::EOPNOTSUPP);
+    assert!(fs.listxattr(file).unwrap().is_empty());
+    fs.setxattr(file, b"user.kept", b"yes", XattrFlags::default()).unwrap();
+    assert_eq!(fs.getxattr(file, b"user.kept").unwrap(), b"yes");
+    assert_clean(&mut fs);
+}

@@ -1056,6 +1056,13 @@ impl<D: FlashDevice> Fs<D> {
         if value.len() > xattr_bytes_max(self.page_size) {
             return Err(Error::new(errno::E2BIG, format!("an xattr value of {} bytes", value.len())));
         }
+        // The system namespace is the kernel's: POSIX ACLs, which flintfs
+        // does not implement. Storing them as plain bytes would let
+        // `cp -a` believe it had set a mode it had not; refused, callers
+        // fall back to chmod, as on ext4 mounted without ACLs.
+        if name.starts_with(b"system.") {
+            return Err(Error::new(errno::EOPNOTSUPP, "system xattrs (POSIX ACLs) are not supported"));
+        }
         self.mutate(0, |fs| {
             let mut xattrs = fs.inode(ino)?.xattrs;
             let position = xattrs.binary_search_by(|(existing, _)| existing.as_slice().cmp(name));

@@ -1,0 +1,240 @@
+//! Every `flintfs` subcommand, called as users call it: the names and JSON
+//! fields other tools rely on, the refusals of bad input (one line on
+//! stderr, a non-zero exit, no panic), and a live FUSE mount through
+//! mount, stat, powercut, recovery, umount and fsck.
+//!
+//! The mount tests need /dev/fuse and the right to mount (root here);
+//! where either is missing they say so and pass without running.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+const FLINTFS: &str = env!("CARGO_BIN_EXE_flintfs");
+
+fn flintfs(arguments: &[&str]) -> Output {
+    Command::new(FLINTFS).args(arguments).env("FLINTFS_LOG", "warn").output().expect("run flintfs")
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// Runs and expects success; returns stdout.
+fn ok(arguments: &[&str]) -> String {
+    let output = flintfs(arguments);
+    assert!(output.status.success(), "flintfs {arguments:?} failed: {}{}", text(&output.stdout), text(&output.stderr));
+    text(&output.stdout)
+}
+
+/// Runs and expects a refusal: non-zero, one line on stderr that contains
+/// `expected`, and no panic.
+fn refused(arguments: &[&str], expected: &str) {
+    let output = flintfs(arguments);
+    let stderr = text(&output.stderr);
+    assert!(!output.status.success(), "flintfs {arguments:?} succeeded: {}", text(&output.stdout));
+    assert!(!stderr.contains("panicked"), "flintfs {arguments:?} panicked: {stderr}");
+    assert!(stderr.contains(expected), "flintfs {arguments:?}: {stderr:?} does not say {expected:?}");
+    assert_eq!(stderr.trim().lines().count(), 1, "more than one line: {stderr:?}");
+}
+
+fn path_text(path: &Path) -> &str {
+    path.to_str().expect("a UTF-8 temporary path")
+}
+
+fn json(output: &str) -> serde_json::Value {
+    serde_json::from_str(output.trim()).unwrap_or_else(|error| panic!("not JSON ({error}): {output}"))
+}
+
+#[test]
+fn mkfs_inspect_fsck_and_stat_on_an_image() {
+    let directory = tempfile::tempdir().expect("temporary directory");
+    let image = directory.path().join("a.img");
+    let image = path_text(&image);
+    let made = ok(&["mkfs", image, "--size", "128M", "--nvm-size", "64K"]);
+    assert!(made.contains("flintfs format"), "{made}");
+    refused(&["mkfs", image, "--size", "128M"], "already holds a flintfs image");
+    ok(&["mkfs", image, "--size", "128M", "--force", "--page-size", "2048", "--oob-size", "64"]);
+
+    let geometry = json(&ok(&["inspect", image, "geometry", "--json"]));
+    for field in ["page_size", "oob_size", "block_pages", "zone_blocks", "zone_count", "nvm_size"] {
+        assert!(geometry[field].is_u64(), "geometry lacks {field}: {geometry}");
+    }
+    assert_eq!(geometry["page_size"], 2048);
+    assert_eq!(geometry["oob_size"], 64);
+
+    let zones = json(&ok(&["inspect", image, "zones", "--json"]));
+    let zones = zones.as_array().expect("a list of zones");
+    assert_eq!(zones.len() as u64, geometry["zone_count"].as_u64().unwrap());
+    for field in ["zone", "state", "write_pointer", "capacity", "role", "valid_bytes", "erase_count"] {
+        assert!(!zones[0][field].is_null(), "zone lacks {field}: {}", zones[0]);
+    }
+    assert_eq!(zones[0]["role"], "superblock");
+    let superblock = json(&ok(&["inspect", image, "superblock", "--json"]));
+    assert_eq!(superblock["format_version"], flintfs_format::FORMAT_VERSION);
+    let checkpoint = json(&ok(&["inspect", image, "checkpoint", "--json"]));
+    assert!(checkpoint["number"].as_u64().unwrap() >= 1, "{checkpoint}");
+    let wear = json(&ok(&["inspect", image, "wear", "--json"]));
+    assert!(wear["erase_count_max"].is_u64(), "{wear}");
+    let page = json(&ok(&["inspect", image, "page", "0:0", "--json"]));
+    assert_eq!(page["header"]["kind"], "Superblock", "{page}");
+    assert!(ok(&["inspect", image]).contains("checkpoint:"));
+    refused(&["inspect", image, "page", "99999:0"], "outside the device");
+    refused(&["inspect", image, "page"], "needs an address");
+
+    let fsck = json(&ok(&["fsck", image, "--json"]));
+    assert_eq!(fsck["clean"], true, "{fsck}");
+    assert_eq!(json(&ok(&["fsck", image, "--repair", "--json"]))["clean"], true);
+
+    let stat = json(&ok(&["stat", image, "--json"]));
+    for field in [
+        "pages_read",
+        "oob_reads",
+        "pages_programmed",
+        "data_bytes_programmed",
+        "oob_bytes_programmed",
+        "erases",
+        "flushes",
+        "nvm_bytes_written",
+        "nvm_persists",
+        "device_time_ns",
+    ] {
+        assert!(stat[field].is_u64(), "stat lacks {field}: {stat}");
+    }
+    assert!(stat["pages_programmed"].as_u64().unwrap() > 0, "lifetime totals include mkfs: {stat}");
+    for subcommand in ["mkfs", "mount", "fsck", "inspect", "stat", "powercut", "demo"] {
+        assert!(ok(&[subcommand, "--help"]).contains("Usage"), "{subcommand} --help");
+    }
+}
+
+#[test]
+fn bad_input_gets_one_clear_line() {
+    let directory = tempfile::tempdir().expect("temporary directory");
+    let root = directory.path();
+    let image = root.join("a.img");
+    let image = path_text(&image);
+    refused(&["mkfs", image, "--size", "1M"], "flintfs needs at least");
+    refused(&["mkfs", image, "--size", "12Q"], "unknown unit");
+    refused(&["mkfs", image, "--size", "128M", "--page-size", "3000"], "page_size_bytes");
+    let missing = root.join("missing.img");
+    refused(&["fsck", path_text(&missing)], "No such file");
+    refused(&["fsck", path_text(root)], "not an image file");
+    let text_file = root.join("notes.txt");
+    std::fs::write(&text_file, b"not an image at all, just some words").unwrap();
+    refused(&["fsck", path_text(&text_file)], "image");
+    refused(&["mkfs", path_text(&text_file), "--size", "128M"], "already exists");
+
+    // An image of another format version: the header's version field, with
+    // its checksum made good, in both header copies.
+    ok(&["mkfs", image, "--size", "128M"]);
+    let mut bytes = std::fs::read(image).unwrap();
+    for slot in [0usize, 4096] {
+        bytes[slot + 8..slot + 12].copy_from_slice(&99u32.to_le_bytes());
+        let crc = crc32c::crc32c(&bytes[slot..slot + 4092]);
+        bytes[slot + 4092..slot + 4096].copy_from_slice(&crc.to_le_bytes());
+    }
+    std::fs::write(image, &bytes).unwrap();
+    refused(&["fsck", image], "format version 99");
+    let mountpoint = root.join("mnt");
+    std::fs::create_dir(&mountpoint).unwrap();
+    refused(&["mount", image, path_text(&mountpoint)], "format version 99");
+
+    ok(&["mkfs", image, "--size", "128M", "--force"]);
+    refused(&["mount", path_text(&missing), path_text(&mountpoint)], "No such file");
+    refused(&["mount", image, path_text(&mountpoint), "-o", "colour=blue"], "unknown mount option");
+    refused(&["mount", image, path_text(&mountpoint), "-o", "node_cache=lots"], "option node_cache");
+    refused(&["mount", image, path_text(&text_file)], "not a directory");
+    std::fs::write(mountpoint.join("file"), b"x").unwrap();
+    refused(&["mount", image, path_text(&mountpoint)], "not empty");
+    refused(&["powercut", path_text(root)], "not a flintfs mount");
+    refused(&["stat", path_text(root)], "not a flintfs mount");
+}
+
+/// Whether FUSE mounts can be made here.
+fn fuse_available() -> bool {
+    let root = unsafe { libc::geteuid() } == 0;
+    let fuse = Path::new("/dev/fuse").exists();
+    if !(root && fuse) {
+        eprintln!("skipped: FUSE mounts need /dev/fuse and root (have /dev/fuse: {fuse}, root: {root})");
+    }
+    root && fuse
+}
+
+struct Mounted {
+    mountpoint: PathBuf,
+}
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        let table = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+        if table.contains(&format!(" {} ", self.mountpoint.display())) {
+            let _ = Command::new("umount").arg("-l").arg(&self.mountpoint).status();
+        }
+    }
+}
+
+fn umount(mountpoint: &Path) {
+    let status = Command::new("umount").arg(mountpoint).status().expect("umount");
+    assert!(status.success(), "umount {}", mountpoint.display());
+}
+
+#[test]
+fn a_live_mount_through_stat_powercut_recovery_and_fsck() {
+    if !fuse_available() {
+        return;
+    }
+    let directory = tempfile::tempdir().expect("temporary directory");
+    let image = directory.path().join("a.img");
+    let image = path_text(&image);
+    let mountpoint = directory.path().join("mnt");
+    std::fs::create_dir(&mountpoint).unwrap();
+    let _guard = Mounted { mountpoint: mountpoint.clone() };
+    let mnt = path_text(&mountpoint);
+    ok(&["mkfs", image, "--size", "256M"]);
+    ok(&["mount", image, mnt, "-o", "node_cache=4M,read_cache=2M"]);
+    refused(&["mount", image, mnt], "already a mount point");
+    let other = directory.path().join("other");
+    std::fs::create_dir(&other).unwrap();
+    refused(&["mount", image, path_text(&other)], "in use");
+
+    // Durable: written, then fsynced. Volatile: written after.
+    let durable = mountpoint.join("durable");
+    std::fs::create_dir(&durable).unwrap();
+    for index in 0..50 {
+        std::fs::write(durable.join(format!("f{index}")), vec![index as u8; 1000 + index * 300]).unwrap();
+    }
+    std::fs::File::open(&durable).unwrap().sync_all().unwrap();
+    unsafe { libc::sync() };
+    std::fs::write(mountpoint.join("volatile"), vec![7u8; 300_000]).unwrap();
+
+    let stat = json(&ok(&["stat", mnt, "--json"]));
+    assert!(stat["mount_pages_read"].is_u64(), "{stat}");
+    assert!(stat["pages_programmed"].as_u64().unwrap() > 0, "{stat}");
+    assert!(stat["flushes"].as_u64().unwrap() > 0, "sync flushed: {stat}");
+
+    let cut = ok(&["powercut", mnt, "--seed", "11"]);
+    assert!(cut.contains("power cut"), "{cut}");
+    let table = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    assert!(!table.contains(&format!(" {mnt} ")), "the mount point is released after a power cut");
+
+    // Recovery is the next mount.
+    ok(&["mount", image, mnt]);
+    for index in 0..50 {
+        let found = std::fs::read(durable.join(format!("f{index}"))).unwrap();
+        assert_eq!(found, vec![index as u8; 1000 + index * 300], "synced file f{index} after the cut");
+    }
+    let stat = json(&ok(&["stat", mnt, "--json"]));
+    assert!(stat["mount_pages_read"].as_u64().unwrap() > 0, "{stat}");
+
+    // A mount right after umount returns waits for the old daemon's
+    // checkpoint and finds everything.
+    std::fs::write(mountpoint.join("last"), b"written just before umount").unwrap();
+    umount(&mountpoint);
+    let start = Instant::now();
+    ok(&["mount", image, mnt]);
+    assert!(start.elapsed() < Duration::from_secs(30));
+    assert_eq!(std::fs::read(mountpoint.join("last")).unwrap(), b"written just before umount");
+    umount(&mountpoint);
+    let fsck = json(&ok(&["fsck", image, "--json"]));
+    assert_eq!(fsck["clean"], true, "{fsck}");
+}
