@@ -33,9 +33,10 @@ use flintfs_core::{Attributes, Clock, Error, Fs, RenameFlags as CoreRenameFlags,
 use flintfs_flash::FlashDevice;
 use flintfs_format::FileType as CoreFileType;
 use fuser::{
-    AccessFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, KernelConfig,
-    LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus,
-    ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+    AccessFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
+    KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory,
+    ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow,
+    WriteFlags,
 };
 
 /// How long the kernel may trust attributes and entries it was given.
@@ -216,7 +217,13 @@ fn reply_xattr(reply: ReplyXattr, size: u32, result: Result<Vec<u8>, Errno>) {
 }
 
 impl<D: FlashDevice + Send + 'static> Filesystem for FlintFuse<D> {
-    fn init(&mut self, _request: &Request, _config: &mut KernelConfig) -> std::io::Result<()> {
+    /// Asks for readdirplus (names with their attributes in one request,
+    /// as `ls -l` wants; the kernel chooses when) where the kernel has it.
+    fn init(&mut self, _request: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        let wanted = InitFlags::FUSE_DO_READDIRPLUS | InitFlags::FUSE_READDIRPLUS_AUTO;
+        if let Err(unsupported) = config.add_capabilities(wanted) {
+            tracing::info!("the kernel lacks {unsupported:?}; plain readdir only");
+        }
         Ok(())
     }
 
