@@ -30,6 +30,8 @@ const IDLE_PERIOD: Duration = Duration::from_millis(500);
 /// How long `powercut` waits for the daemon to be gone.
 const DAEMON_EXIT_WAIT: Duration = Duration::from_secs(30);
 const READY_LINE: &str = "ready";
+/// How long either end of the control socket waits for the other.
+const CONTROL_TIMEOUT: Duration = Duration::from_secs(60);
 
 #[derive(Args)]
 pub struct MountArguments {
@@ -95,7 +97,7 @@ fn mounts() -> Vec<(PathBuf, String)> {
             let separator = fields.iter().position(|field| *field == "-")?;
             let mount_point = unescape_mount_path(fields.get(4)?);
             let kind = fields.get(separator + 1)?;
-            let source = fields.get(separator + 2)?;
+            let source = unescape_mount_path(fields.get(separator + 2)?);
             Some((PathBuf::from(mount_point), format!("{kind} {source}")))
         })
         .collect()
@@ -122,9 +124,10 @@ fn unescape_mount_path(text: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
-/// The source a mount shows in the mount table.
+/// The source a mount shows in the mount table. Commas would split
+/// fusermount3's option list, so they become underscores.
 fn fs_name(image: &Path) -> String {
-    format!("flintfs:{}", image.display())
+    format!("flintfs:{}", image.display()).replace(',', "_")
 }
 
 fn is_flintfs_mount(path: &Path) -> bool {
@@ -136,14 +139,14 @@ fn is_flintfs_mount(path: &Path) -> bool {
 }
 
 /// The control socket of the mount at `mountpoint` (canonical path).
-fn socket_path(mountpoint: &Path) -> PathBuf {
+fn socket_path(directory: &Path, mountpoint: &Path) -> PathBuf {
     // FNV-1a of the path: a short, fixed-length name for any path.
     let hash = mountpoint
         .as_os_str()
         .as_encoded_bytes()
         .iter()
         .fold(0xcbf2_9ce4_8422_2325u64, |hash, &byte| (hash ^ u64::from(byte)).wrapping_mul(0x100_0000_01b3));
-    runtime_directory().join(format!("{hash:016x}.sock"))
+    directory.join(format!("{hash:016x}.sock"))
 }
 
 /// A live flintfs mount's control socket, or a clear refusal.
@@ -152,13 +155,14 @@ fn connect(mountpoint: &Path) -> Outcome<UnixStream> {
     if !is_flintfs_mount(&canonical) {
         fail!("{}: not a flintfs mount", mountpoint.display());
     }
-    UnixStream::connect(socket_path(&canonical))
+    UnixStream::connect(socket_path(&runtime_directory()?, &canonical))
         .map_err(|error| Failure(format!("{}: its daemon does not answer: {error}", mountpoint.display())))
 }
 
 /// Sends one command line and reads the one-line answer.
 fn ask(mountpoint: &Path, command: &str) -> Outcome<String> {
     let mut stream = connect(mountpoint)?;
+    stream.set_read_timeout(Some(CONTROL_TIMEOUT))?;
     writeln!(stream, "{command}")?;
     let mut answer = String::new();
     BufReader::new(stream).read_line(&mut answer)?;
@@ -220,8 +224,10 @@ fn run_daemon(arguments: MountArguments) -> Outcome<ExitCode> {
     // Mounted now: refuse at once. Locked but not mounted is a daemon
     // finishing its unmount: wait for it (`open_image`).
     let image = std::fs::canonicalize(&arguments.image).unwrap_or_else(|_| arguments.image.clone());
-    let source = format!("fuse {}", fs_name(&image));
-    if let Some((mount_point, _)) = mounts().into_iter().find(|(_, kind)| *kind == source) {
+    let source = fs_name(&image);
+    if let Some((mount_point, _)) =
+        mounts().into_iter().find(|(_, kind)| kind.split_once(' ').is_some_and(|(_, found)| found == source))
+    {
         fail!("{}: in use: mounted at {}", arguments.image.display(), mount_point.display());
     }
     let device = open_image(&arguments.image, IMAGE_WAIT)?;
@@ -230,24 +236,26 @@ fn run_daemon(arguments: MountArguments) -> Outcome<ExitCode> {
     let shared = Shared::new(fs);
     let (filesystem, unmounted) = FlintFuse::new(shared.clone());
 
-    let directory = runtime_directory();
-    std::fs::create_dir_all(&directory).map_err(|error| format!("{}: {error}", directory.display()))?;
-    let socket = socket_path(&canonical);
-    // A socket left by a daemon that was killed: nobody answers it.
-    if socket.exists() && UnixStream::connect(&socket).is_err() {
-        let _ = std::fs::remove_file(&socket);
-    }
+    let directory = runtime_directory()?;
+    let socket = socket_path(&directory, &canonical);
+    // Nothing can be mounted at this mount point now (checked above), so a
+    // socket for it is a killed daemon's, or one still finishing its
+    // unmount checkpoint after the kernel let go: either way not ours to
+    // keep. The old daemon's listener is left answering nobody.
+    let _ = std::fs::remove_file(&socket);
     let listener = UnixListener::bind(&socket).map_err(|error| format!("{}: {error}", socket.display()))?;
+
+    // A parent gone before "ready" must not kill the daemon with SIGPIPE:
+    // the mount is up by then, and needs its daemon.
+    // SAFETY: setting a signal's disposition; no handler runs.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_IGN);
+    }
+    install_stop_handlers();
 
     let name = fs_name(&image);
     let session = flintfs_fuse::spawn(filesystem, &canonical, &name, options.allow_other)
         .map_err(|error| format!("{}: FUSE mount failed: {error}", arguments.mountpoint.display()))?;
-
-    if arguments.notify {
-        println!("{READY_LINE}");
-        detach_output(&directory, &socket)?;
-    }
-    tracing::info!("mounted {} on {} ({} pages read)", name, canonical.display(), report.pages_read);
 
     let cut = Arc::new(AtomicBool::new(false));
     let mount_pages_read = report.pages_read;
@@ -262,17 +270,42 @@ fn run_daemon(arguments: MountArguments) -> Outcome<ExitCode> {
         std::thread::Builder::new().name("flintfs-idle".into()).spawn(move || idle_loop(shared))?;
     }
 
-    while !session.guard.is_finished() && !cut.load(Ordering::SeqCst) {
+    if arguments.notify {
+        // The parent may be gone: the mount stands either way.
+        let _ = writeln!(std::io::stdout(), "{READY_LINE}").and_then(|()| std::io::stdout().flush());
+        detach_output(&socket)?;
+    }
+    tracing::info!("mounted {} on {} ({} pages read)", name, canonical.display(), report.pages_read);
+
+    while !session.guard.is_finished() && !cut.load(Ordering::SeqCst) && !STOP.load(Ordering::SeqCst) {
         std::thread::sleep(Duration::from_millis(20));
     }
-    let ended = if cut.load(Ordering::SeqCst) { session.umount_and_join() } else { session.join() };
+    if cut.load(Ordering::SeqCst) || STOP.load(Ordering::SeqCst) {
+        // A power cut left nothing to save; a stop signal saves first.
+        // Then the mount is detached lazily (a busy mount point must not
+        // keep it, or this daemon, alive) and the process exits, which
+        // closes /dev/fuse and fails whatever the kernel still asks.
+        let mut code = ExitCode::SUCCESS;
+        if STOP.load(Ordering::SeqCst) {
+            if let Some(fs) = shared.take() {
+                match fs.unmount() {
+                    Ok(device) => drop(device),
+                    Err(error) => {
+                        tracing::error!("unmount on a stop signal failed: {}", error.message);
+                        code = ExitCode::FAILURE;
+                    }
+                }
+            }
+        }
+        let _ = std::fs::remove_file(&socket);
+        detach(&canonical);
+        tracing::info!("stopped by {}", if cut.load(Ordering::SeqCst) { "a power cut" } else { "a signal" });
+        std::process::exit(if code == ExitCode::SUCCESS { 0 } else { 1 });
+    }
+    let ended = session.join();
     let _ = std::fs::remove_file(&socket);
     if let Err(error) = ended {
         tracing::warn!("the FUSE session ended with: {error}");
-    }
-    if cut.load(Ordering::SeqCst) {
-        tracing::info!("stopped by a power cut: no checkpoint written");
-        return Ok(ExitCode::SUCCESS);
     }
     // The session calls destroy (the unmount checkpoint) as it ends; an
     // engine it did not reach is unmounted here.
@@ -281,7 +314,7 @@ fn run_daemon(arguments: MountArguments) -> Outcome<ExitCode> {
         Some(outcome) => outcome,
         None => match shared.take() {
             Some(fs) => fs.unmount(),
-            None => return Ok(ExitCode::SUCCESS),
+            None => fail!("the engine stopped after an internal error (a worker panicked): no unmount checkpoint"),
         },
     };
     match outcome {
@@ -296,18 +329,59 @@ fn run_daemon(arguments: MountArguments) -> Outcome<ExitCode> {
 
 /// After "ready", the daemon's output goes to a log beside its socket:
 /// the terminal (or pipe) that started it may be gone.
-fn detach_output(directory: &Path, socket: &Path) -> Outcome {
+fn detach_output(socket: &Path) -> Outcome {
     use std::os::fd::AsRawFd;
-    let log = directory.join(socket.with_extension("log").file_name().expect("socket has a name"));
-    let file = std::fs::OpenOptions::new().create(true).append(true).open(&log)?;
-    std::io::stdout().flush()?;
+    use std::os::unix::fs::OpenOptionsExt;
+    let log = socket.with_extension("log");
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(&log)
+        .map_err(|error| format!("{}: {error}", log.display()))?;
     // SAFETY: dup2 onto the standard descriptors; `file` stays open while
     // the call runs and the duplicates outlive it by design.
-    unsafe {
-        libc::dup2(file.as_raw_fd(), 1);
-        libc::dup2(file.as_raw_fd(), 2);
+    let failed = unsafe { libc::dup2(file.as_raw_fd(), 1) < 0 || libc::dup2(file.as_raw_fd(), 2) < 0 };
+    if failed {
+        fail!("redirecting output to {}: {}", log.display(), std::io::Error::last_os_error());
     }
     Ok(())
+}
+
+/// Set by SIGTERM, SIGINT and SIGHUP: unmount with a checkpoint and exit.
+static STOP: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_stop_signal(_signal: libc::c_int) {
+    // Only an atomic store: all a signal handler may safely do here.
+    STOP.store(true, Ordering::SeqCst);
+}
+
+fn install_stop_handlers() {
+    for signal in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP] {
+        // SAFETY: the handler only stores to an atomic.
+        unsafe {
+            libc::signal(signal, on_stop_signal as *const () as libc::sighandler_t);
+        }
+    }
+}
+
+/// Detaches the mount at `mountpoint` lazily: as root with umount2, else
+/// with fusermount3 -uz.
+fn detach(mountpoint: &Path) {
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(path) = std::ffi::CString::new(mountpoint.as_os_str().as_bytes()) else { return };
+    // SAFETY: a valid C string; umount2 only reads it.
+    if unsafe { libc::umount2(path.as_ptr(), libc::MNT_DETACH) } == 0 {
+        return;
+    }
+    let _ = std::process::Command::new("fusermount3")
+        .arg("-u")
+        .arg("-z")
+        .arg(mountpoint)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status();
 }
 
 fn counters_json(counters: &Counters, mount_pages_read: Option<u64>) -> serde_json::Value {
@@ -330,11 +404,15 @@ fn serve_control(
 ) {
     for stream in listener.incoming() {
         let Ok(mut stream) = stream else { continue };
+        // One stalled client must not block the next.
+        let _ = stream.set_read_timeout(Some(CONTROL_TIMEOUT));
+        let _ = stream.set_write_timeout(Some(CONTROL_TIMEOUT));
         let mut line = String::new();
         if BufReader::new(&stream).read_line(&mut line).is_err() {
             continue;
         }
         let words: Vec<&str> = line.split_whitespace().collect();
+        let mut cutting = false;
         let answer = match words.as_slice() {
             ["stat"] => match shared.with(|fs| fs.device().counters()) {
                 Some(counters) => counters_json(&counters.since(&baseline), Some(mount_pages_read)).to_string(),
@@ -350,7 +428,7 @@ fn serve_control(
                         let mut device = fs.into_device();
                         let result = device.power_cut(seed);
                         drop(device);
-                        cut.store(true, Ordering::SeqCst);
+                        cutting = true;
                         match result {
                             Ok(report) => format!(
                                 "cut {} {} zones lost buffered pages, {} pages torn, {} paired pages damaged, \
@@ -368,8 +446,10 @@ fn serve_control(
             },
             _ => format!("error unknown command {:?}", line.trim()),
         };
-        let _ = writeln!(stream, "{answer}");
-        if cut.load(Ordering::SeqCst) {
+        // The answer goes out before the main thread may exit.
+        let _ = writeln!(stream, "{answer}").and_then(|()| stream.flush());
+        if cutting {
+            cut.store(true, Ordering::SeqCst);
             return;
         }
     }

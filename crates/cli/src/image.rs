@@ -127,10 +127,13 @@ pub fn mkfs(arguments: MkfsArguments) -> Outcome<ExitCode> {
             fail!("{}: already exists; --force overwrites it", path.display());
         }
         // An image a daemon has mounted is locked: refuse rather than pull
-        // it out from under the mount.
-        if is_flintfs_image(path) {
-            drop(open_image(path, Duration::ZERO)?);
+        // it out from under the mount. Only the lock is tried, so a damaged
+        // image can still be overwritten.
+        let file = std::fs::File::open(path).map_err(|error| format!("{}: {error}", path.display()))?;
+        if let Err(std::fs::TryLockError::WouldBlock) = file.try_lock() {
+            fail!("{}: in use by another process (mounted?)", path.display());
         }
+        drop(file);
         std::fs::remove_file(path).map_err(|error| format!("{}: removing: {error}", path.display()))?;
     }
     let device = ImageFlash::create_image(path, geometry, DeviceOptions::default())?;

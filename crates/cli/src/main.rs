@@ -4,6 +4,7 @@
 //! exits non-zero; none panics on bad input. The names and JSON fields are
 //! relied on by scripts (issue 5), so they change only with them.
 
+mod crashtest;
 mod daemon;
 mod demo;
 mod image;
@@ -57,6 +58,8 @@ enum Action {
     Stat(daemon::StatArguments),
     /// Cut the emulated device's power under a live mount.
     Powercut(daemon::PowercutArguments),
+    /// Cut power at every device operation of workloads, recover, and check docs/SEMANTICS.md's promises.
+    Crashtest(crashtest::CrashtestArguments),
     /// The main job: make an image, mount it, copy a tree, fsync, cut the power, recover, fsck, print figures.
     Demo(demo::DemoArguments),
 }
@@ -92,6 +95,7 @@ fn main() -> ExitCode {
         Action::Stat(arguments) => daemon::stat(arguments),
         Action::Powercut(arguments) => daemon::powercut(arguments),
         Action::Demo(arguments) => demo::demo(arguments),
+        Action::Crashtest(arguments) => crashtest::crashtest(arguments),
     };
     match result {
         Ok(code) => code,
@@ -102,14 +106,35 @@ fn main() -> ExitCode {
     }
 }
 
-/// Where live mounts leave their control sockets and logs.
-pub fn runtime_directory() -> PathBuf {
-    if let Some(directory) = std::env::var_os("FLINTFS_RUNTIME_DIR") {
-        return PathBuf::from(directory);
+/// Where live mounts leave their control sockets and logs: `/run/flintfs`
+/// for root, `$XDG_RUNTIME_DIR/flintfs` for a user, else
+/// `/tmp/flintfs-UID`; made private (0700) and refused unless the caller
+/// owns it, so nobody else can plant a socket or a log link there.
+/// `FLINTFS_RUNTIME_DIR` overrides.
+pub fn runtime_directory() -> Outcome<PathBuf> {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+    // SAFETY: geteuid has no preconditions.
+    let uid = unsafe { libc::geteuid() };
+    let directory = if let Some(directory) = std::env::var_os("FLINTFS_RUNTIME_DIR") {
+        PathBuf::from(directory)
+    } else if uid == 0 {
+        PathBuf::from("/run/flintfs")
+    } else if let Some(runtime) = std::env::var_os("XDG_RUNTIME_DIR") {
+        PathBuf::from(runtime).join("flintfs")
+    } else {
+        std::env::temp_dir().join(format!("flintfs-{uid}"))
+    };
+    match std::fs::DirBuilder::new().recursive(true).mode(0o700).create(&directory) {
+        Ok(()) => {}
+        Err(error) => fail!("{}: {error}", directory.display()),
     }
-    let run = PathBuf::from("/run/flintfs");
-    if std::fs::create_dir_all(&run).is_ok() {
-        return run;
+    let metadata =
+        std::fs::symlink_metadata(&directory).map_err(|error| format!("{}: {error}", directory.display()))?;
+    if !metadata.is_dir() || metadata.uid() != uid {
+        fail!("{}: not a directory of this user's; remove it or set FLINTFS_RUNTIME_DIR", directory.display());
     }
-    std::env::temp_dir().join(format!("flintfs-{}", unsafe { libc::geteuid() }))
+    if metadata.permissions().mode() & 0o022 != 0 {
+        fail!("{}: writable by others; make it 0700", directory.display());
+    }
+    Ok(directory)
 }
