@@ -102,7 +102,16 @@ fn mkfs_inspect_fsck_and_stat_on_an_image() {
         assert!(stat[field].is_u64(), "stat lacks {field}: {stat}");
     }
     assert!(stat["pages_programmed"].as_u64().unwrap() > 0, "lifetime totals include mkfs: {stat}");
-    for subcommand in ["mkfs", "mount", "fsck", "inspect", "stat", "powercut", "demo"] {
+    let crash = json(&ok(&["crashtest", "--mode", "random", "--cuts", "120", "--seed", "3", "--json"]));
+    for field in ["workloads", "cuts", "violations"] {
+        assert!(crash[field].is_u64(), "crashtest lacks {field}: {crash}");
+    }
+    assert_eq!(crash["cuts"], 120);
+    assert_eq!(crash["violations"], 0, "{crash}");
+    assert!(crash["failures"].as_array().is_some_and(Vec::is_empty), "{crash}");
+    refused(&["crashtest", "--mode", "random", "--fsync", "ordered"], "metadata log");
+    refused(&["crashtest", "--mode", "sideways"], "invalid value");
+    for subcommand in ["mkfs", "mount", "fsck", "inspect", "stat", "powercut", "crashtest", "demo"] {
         assert!(ok(&[subcommand, "--help"]).contains("Usage"), "{subcommand} --help");
     }
 }

@@ -164,6 +164,7 @@ pub trait Backend {
 /// unused device costs almost nothing. A reset keeps the allocation: slots
 /// at or past the write pointer are never read, and reusing the memory
 /// spares a page fault per page on the zone's next pass.
+#[derive(Clone)]
 pub struct MemoryBackend {
     geometry: Geometry,
     slot_bytes: usize,

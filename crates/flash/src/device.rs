@@ -107,6 +107,7 @@ struct Zone {
     block_map: Vec<u32>,
 }
 
+#[derive(Clone)]
 struct BufferedPage {
     physical: u64,
     zone: u32,
@@ -118,6 +119,7 @@ struct BufferedPage {
 
 /// FIFO of accepted, not yet durable pages. A page address is in it at most
 /// once: a zone's entries are removed when it is reset.
+#[derive(Clone)]
 struct WriteBuffer {
     entries: VecDeque<BufferedPage>,
     by_physical: HashMap<u64, u64>,
@@ -194,7 +196,9 @@ enum InFlight {
 }
 
 /// The emulated flash device. See the crate documentation for the rules,
-/// the durability model and the fault model.
+/// the durability model and the fault model. A memory device clones (a
+/// prepared state, reused by many power-cut runs); an image device does not.
+#[derive(Clone)]
 pub struct FlashEmulator<B: Backend> {
     geometry: Geometry,
     options: DeviceOptions,
@@ -429,6 +433,11 @@ impl<B: Backend> FlashEmulator<B> {
         }
         self.scheduled_cut = Some((operation, seed));
         Ok(())
+    }
+
+    /// Forgets a scheduled cut that has not fired.
+    pub fn cancel_power_cut(&mut self) {
+        self.scheduled_cut = None;
     }
 
     /// True while a fired scheduled cut keeps the device off.

@@ -1,9 +1,10 @@
 //! # flintfs-testkit
 //!
-//! Tooling shared by tests, fuzz targets and (later) the `crashtest`
-//! command: harnesses that build hostile images, and, as the engine grows,
-//! the reference model, workload generators and power-cut runners.
+//! Tooling shared by tests, fuzz targets and the `crashtest` command:
+//! the reference model and workload generators, power-cut runners and
+//! crashtest's oracle, fill/delete/refill, and hostile images.
 
+pub mod crashtest;
 pub mod fill;
 pub mod hostile;
 pub mod model;

@@ -56,22 +56,80 @@ pub struct SnapshotEntry {
 /// One operation of a workload.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Operation {
-    Create { directory: Path, name: Vec<u8> },
-    Mkdir { directory: Path, name: Vec<u8> },
-    Mkfifo { directory: Path, name: Vec<u8> },
-    Symlink { directory: Path, name: Vec<u8>, target: Vec<u8> },
-    Write { path: Path, offset: u64, length: u64, fill: u8 },
-    Truncate { path: Path, size: u64 },
-    Read { path: Path, offset: u64, length: u64 },
-    Unlink { directory: Path, name: Vec<u8> },
-    Rmdir { directory: Path, name: Vec<u8> },
-    Rename { directory: Path, name: Vec<u8>, new_directory: Path, new_name: Vec<u8>, no_replace: bool, exchange: bool },
-    Link { path: Path, directory: Path, name: Vec<u8> },
-    SetXattr { path: Path, name: Vec<u8>, value: Vec<u8> },
-    RemoveXattr { path: Path, name: Vec<u8> },
-    Chmod { path: Path, permissions: u32 },
-    Readdir { directory: Path },
-    Fsync { path: Path },
+    Create {
+        directory: Path,
+        name: Vec<u8>,
+    },
+    Mkdir {
+        directory: Path,
+        name: Vec<u8>,
+    },
+    Mkfifo {
+        directory: Path,
+        name: Vec<u8>,
+    },
+    Symlink {
+        directory: Path,
+        name: Vec<u8>,
+        target: Vec<u8>,
+    },
+    Write {
+        path: Path,
+        offset: u64,
+        length: u64,
+        fill: u8,
+    },
+    Truncate {
+        path: Path,
+        size: u64,
+    },
+    Read {
+        path: Path,
+        offset: u64,
+        length: u64,
+    },
+    Unlink {
+        directory: Path,
+        name: Vec<u8>,
+    },
+    Rmdir {
+        directory: Path,
+        name: Vec<u8>,
+    },
+    Rename {
+        directory: Path,
+        name: Vec<u8>,
+        new_directory: Path,
+        new_name: Vec<u8>,
+        no_replace: bool,
+        exchange: bool,
+    },
+    Link {
+        path: Path,
+        directory: Path,
+        name: Vec<u8>,
+    },
+    SetXattr {
+        path: Path,
+        name: Vec<u8>,
+        value: Vec<u8>,
+    },
+    RemoveXattr {
+        path: Path,
+        name: Vec<u8>,
+    },
+    Chmod {
+        path: Path,
+        permissions: u32,
+    },
+    Readdir {
+        directory: Path,
+    },
+    /// fsync, or fdatasync when `data_only`.
+    Fsync {
+        path: Path,
+        data_only: bool,
+    },
     Sync,
     Remount,
 }
@@ -343,7 +401,7 @@ impl Model {
                 names.sort();
                 return Ok(Outcome::Names(names));
             }
-            Operation::Fsync { path } => {
+            Operation::Fsync { path, .. } => {
                 self.resolve(path)?;
                 Ok(())
             }
@@ -456,7 +514,7 @@ impl Model {
     }
 
     /// Every path in the tree, directories and the rest apart.
-    fn paths(&self) -> (Vec<Path>, Vec<Path>) {
+    pub fn paths(&self) -> (Vec<Path>, Vec<Path>) {
         let snapshot = self.snapshot();
         let mut directories = Vec::new();
         let mut others = Vec::new();
@@ -578,7 +636,7 @@ impl Generator {
             },
             85..=86 => Operation::Chmod { path: self.pick(&files), permissions: self.random.random_range(0..0o1000) },
             87..=92 => Operation::Readdir { directory: self.pick(&directories) },
-            93..=95 => Operation::Fsync { path: self.pick(&any) },
+            93..=95 => Operation::Fsync { path: self.pick(&any), data_only: self.random.random_bool(0.3) },
             96..=97 => Operation::Sync,
             _ => Operation::Remount,
         }

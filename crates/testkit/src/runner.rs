@@ -84,6 +84,11 @@ impl Subject {
         Ok(Subject { fs: Some(fs), clock, options, held: Vec::new() })
     }
 
+    /// A subject over a file system already mounted (a recovery).
+    pub fn from_fs(fs: Fs<MemoryFlash>, clock: ManualClock, options: FsOptions) -> Subject {
+        Subject { fs: Some(fs), clock, options, held: Vec::new() }
+    }
+
     pub fn fs(&mut self) -> &mut Fs<MemoryFlash> {
         self.fs.as_mut().expect("mounted")
     }
@@ -203,9 +208,9 @@ impl Subject {
                 names.sort();
                 return Ok(Outcome::Names(names));
             }
-            Operation::Fsync { path } => {
+            Operation::Fsync { path, data_only } => {
                 let ino = self.resolve(path)?;
-                self.fs().fsync(ino, false).map_err(code)?;
+                self.fs().fsync(ino, *data_only).map_err(code)?;
             }
             Operation::Sync => self.fs().sync().map_err(code)?,
             Operation::Remount => {

@@ -1,0 +1,650 @@
+//! `crashtest`: workloads cut by power loss at chosen device operations,
+//! recovered, and held to the promises of `docs/SEMANTICS.md`.
+//!
+//! Three modes:
+//! - **bounded**: every workload of one and of two operations over a small
+//!   fixed file set (two directories with two files each, one nested
+//!   directory), each operation followed by fsync, fdatasync, sync or
+//!   nothing (the last never nothing), as CrashMonkey's ACE enumerates
+//!   them; power is cut at every device operation of each workload and
+//!   after its end;
+//! - **exhaustive**: generated workloads of every operation, cut at every
+//!   device operation;
+//! - **random**: generated workloads, each cut at seeded random points.
+//!
+//! The oracle is black-box: the model's state after every operation, the
+//! persistence points that returned, and the recovered tree. It does not
+//! know how the engine makes things durable, so the same check holds the
+//! checkpoint engine and the metadata log to the same contract.
+//!
+//! One seed drives everything. A failure carries the seed (for bounded
+//! mode, the workload's number) and the device operation of the cut.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use flintfs_flash::MemoryFlash;
+use rand::{Rng, SeedableRng};
+use rand_pcg::Pcg64;
+
+use crate::model::{Generator, Kind, Model, Operation, Outcome, Path, Snapshot};
+use crate::runner::{Setup, Subject};
+
+/// Bytes compared at a time when a file's blocks are checked against the
+/// states allowed (divides every page size the engine supports).
+pub const CHECK_BLOCK_BYTES: usize = 512;
+/// Operations of a generated workload, by default.
+pub const GENERATED_OPERATIONS_DEFAULT: u64 = 60;
+/// Seeds a random run spreads its cuts over, at least.
+pub const RANDOM_SEEDS_MIN: u64 = 100;
+/// Failures kept in a summary (the count of violations goes on).
+pub const FAILURES_KEPT_MAX: usize = 100;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    Bounded,
+    Exhaustive,
+    Random,
+}
+
+/// How fsync makes data durable (issue 4). Only the checkpoint engine
+/// exists so far, which is what `wp-check` names until the log lands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FsyncMode {
+    WpCheck,
+    Ordered,
+    Unchecked,
+}
+
+#[derive(Clone, Debug)]
+pub struct CrashOptions {
+    pub mode: Mode,
+    pub seed: u64,
+    /// Random mode: cuts in all. Exhaustive mode: workloads.
+    pub cuts: u64,
+    /// Operations of each generated workload.
+    pub operations: u64,
+    /// Bounded mode: run every `sample`-th workload (1 runs all).
+    pub sample: u64,
+    pub fsync: FsyncMode,
+}
+
+impl CrashOptions {
+    pub fn new(mode: Mode) -> CrashOptions {
+        CrashOptions {
+            mode,
+            seed: 1,
+            cuts: match mode {
+                Mode::Random => 10_000,
+                _ => 3,
+            },
+            operations: GENERATED_OPERATIONS_DEFAULT,
+            sample: 1,
+            fsync: FsyncMode::WpCheck,
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Failure {
+    pub seed: u64,
+    pub cut: u64,
+    pub what: String,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct Summary {
+    pub workloads: u64,
+    pub cuts: u64,
+    pub violations: u64,
+    pub failures: Vec<Failure>,
+    /// Pages the recovery mount read: bucket (a power of two, the bound) to
+    /// the number of recoveries.
+    pub recovery_pages_read: BTreeMap<u64, u64>,
+    /// The most and fewest device operations one workload took.
+    pub device_operations_max: u64,
+    pub device_operations_min: u64,
+}
+
+impl Summary {
+    fn record(&mut self, seed: u64, cut: u64, result: Result<u64, String>) {
+        self.cuts += 1;
+        match result {
+            Ok(pages) => *self.recovery_pages_read.entry(pages.max(1).next_power_of_two()).or_default() += 1,
+            Err(what) => {
+                self.violations += 1;
+                if self.failures.len() < FAILURES_KEPT_MAX {
+                    self.failures.push(Failure { seed, cut, what });
+                }
+            }
+        }
+    }
+}
+
+/// A workload's operations and what the model says after each: `states[0]`
+/// before the first, `states[i + 1]` after operation `i`.
+struct Oracle {
+    operations: Vec<Operation>,
+    states: Vec<Snapshot>,
+    /// Whether operation `i` is a persistence point that succeeds.
+    persists: Vec<bool>,
+}
+
+impl Oracle {
+    fn new(start: &Model, operations: Vec<Operation>) -> Oracle {
+        let mut model = start.clone();
+        let mut states = vec![model.snapshot()];
+        let mut persists = Vec::with_capacity(operations.len());
+        for operation in &operations {
+            let outcome = model.apply(operation);
+            persists.push(operation.is_durable_point() && outcome == Outcome::Done);
+            states.push(model.snapshot());
+        }
+        Oracle { operations, states, persists }
+    }
+
+    /// The states a recovery may show when operations `0..completed`
+    /// returned and the power went in operation `completed` (or after the
+    /// end): the lowest for the namespace, and the highest.
+    fn bounds(&self, completed: usize) -> (usize, usize) {
+        let low = (0..completed).rev().find(|&index| self.persists[index]).map_or(0, |index| index + 1);
+        let high = (completed + 1).min(self.states.len() - 1);
+        (low, high)
+    }
+
+    /// The lowest state for `path`'s data: after the last sync, unmount,
+    /// or fsync of `path` among the completed operations.
+    fn data_low(&self, path: &Path, completed: usize) -> usize {
+        (0..completed)
+            .rev()
+            .find(|&index| {
+                self.persists[index]
+                    && match &self.operations[index] {
+                        Operation::Fsync { path: synced, .. } => synced == path,
+                        Operation::Sync | Operation::Remount => true,
+                        _ => false,
+                    }
+            })
+            .map_or(0, |index| index + 1)
+    }
+
+    /// Holds a recovered tree to `docs/SEMANTICS.md`.
+    fn judge(&self, recovered: &Snapshot, completed: usize) -> Result<(), String> {
+        let (low, high) = self.bounds(completed);
+        let window = &self.states[low..=high];
+        let mut paths: BTreeSet<&Path> = recovered.0.keys().collect();
+        for state in window {
+            paths.extend(state.0.keys());
+        }
+        for path in paths {
+            let found = recovered.0.get(path);
+            let kinds: BTreeSet<Option<Kind>> =
+                window.iter().map(|state| state.0.get(path).map(|entry| entry.kind)).collect();
+            let kind = found.map(|entry| entry.kind);
+            if !kinds.contains(&kind) {
+                return Err(format!(
+                    "{} is {:?}; the states since the last persistence point allow {:?}",
+                    show(path),
+                    kind,
+                    kinds
+                ));
+            }
+            let Some(entry) = found else { continue };
+            let same_kind = || window.iter().filter_map(|state| state.0.get(path)).filter(|e| e.kind == entry.kind);
+            if !same_kind().any(|allowed| allowed.xattrs == entry.xattrs) {
+                return Err(format!(
+                    "{}: xattrs {:?} were never its xattrs since the last persistence point",
+                    show(path),
+                    entry.xattrs
+                ));
+            }
+            match entry.kind {
+                Kind::Symlink if !same_kind().any(|allowed| allowed.data == entry.data) => {
+                    return Err(format!("{}: a symlink target it never had", show(path)));
+                }
+                Kind::Regular => {
+                    let data_low = self.data_low(path, completed).min(low);
+                    let versions: Vec<&[u8]> = self.states[data_low..=high]
+                        .iter()
+                        .filter_map(|state| state.0.get(path))
+                        .filter(|allowed| allowed.kind == Kind::Regular)
+                        .map(|allowed| allowed.data.as_slice())
+                        .collect();
+                    check_data(path, &entry.data, &versions)?;
+                }
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A file's size must be one it had, and each block must be that block of
+/// one of its versions that reaches that far.
+fn check_data(path: &Path, data: &[u8], versions: &[&[u8]]) -> Result<(), String> {
+    if !versions.iter().any(|version| version.len() == data.len()) {
+        let sizes: BTreeSet<usize> = versions.iter().map(|version| version.len()).collect();
+        return Err(format!("{}: size {} is none of the sizes it had, {:?}", show(path), data.len(), sizes));
+    }
+    for (index, block) in data.chunks(CHECK_BLOCK_BYTES).enumerate() {
+        let start = index * CHECK_BLOCK_BYTES;
+        // Only a version that holds these bytes counts: zeroes past the end
+        // of a shorter one would be bytes never written (the ext4
+        // data=writeback failure), unless some version holds them as a hole.
+        let matches = versions.iter().any(|version| version.get(start..start + block.len()) == Some(block));
+        if !matches {
+            return Err(format!(
+                "{}: bytes {}..{} were never there (no version since its last persistence point holds them)",
+                show(path),
+                start,
+                start + block.len()
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn show(path: &Path) -> String {
+    let parts: Vec<String> = path.iter().map(|name| String::from_utf8_lossy(name).into_owned()).collect();
+    format!("/{}", parts.join("/"))
+}
+
+fn path(text: &str) -> Path {
+    text.split('/').filter(|part| !part.is_empty()).map(|part| part.as_bytes().to_vec()).collect()
+}
+
+/// A prepared device: formatted, the setup applied and synced.
+struct Prepared {
+    setup: Setup,
+    flash: MemoryFlash,
+    clock_ns: i64,
+    model: Model,
+}
+
+impl Prepared {
+    fn new(setup: Setup, seed: u64, operations: &[Operation]) -> Result<Prepared, String> {
+        let (flash, clock) = setup.formatted(seed);
+        let mut subject = Subject::mount(flash, clock.clone(), setup.options.clone())?;
+        let mut model = Model::for_page_size(setup.geometry.page_size_bytes as usize);
+        for operation in operations.iter().chain([&Operation::Sync]) {
+            let expected = model.apply(operation);
+            let actual = subject.apply(operation);
+            if actual != expected {
+                return Err(format!("setup {operation:?}: engine {actual:?}, model {expected:?}"));
+            }
+        }
+        let flash = subject.fs.take().expect("mounted").into_device();
+        Ok(Prepared { setup, flash, clock_ns: flintfs_core::Clock::now_ns(&clock), model })
+    }
+
+    /// Runs `operations` from the prepared state with the power cut at
+    /// device operation `cut` (counted from the first operation; `None`
+    /// runs to the end). Returns the device operations taken, or the
+    /// recovery's pages read and whether the tree is as promised.
+    fn run(
+        &self,
+        operations: &[Operation],
+        cut: Option<u64>,
+        seed: u64,
+        oracle: &Oracle,
+    ) -> Result<CutOutcome, String> {
+        let clock = flintfs_core::ManualClock::new(self.clock_ns);
+        let mut flash = self.flash.clone();
+        let start = flash.mutating_operations();
+        if let Some(cut) = cut {
+            flash.schedule_power_cut(start + cut, seed).map_err(|error| error.to_string())?;
+        }
+        let mut subject = Subject::mount(flash, clock.clone(), self.setup.options.clone())?;
+        let mut completed = operations.len();
+        for (index, operation) in operations.iter().enumerate() {
+            clock.advance(self.setup.step_ns);
+            subject.apply(operation);
+            if subject.fs.as_ref().is_none_or(|fs| fs.device().is_powered_off()) {
+                completed = index;
+                break;
+            }
+        }
+        let Some(fs) = subject.fs.take() else {
+            return Err("the file system was lost in a remount the cut broke".into());
+        };
+        let mut flash = fs.into_device();
+        let taken = flash.mutating_operations() - start;
+        let Some(_) = cut else { return Ok(CutOutcome::Ran { device_operations: taken }) };
+        if !flash.is_powered_off() {
+            // The cut falls after the workload's last device operation.
+            flash.cancel_power_cut();
+            flash.power_cut(seed).map_err(|error| error.to_string())?;
+        }
+        flash.power_on();
+        let (fs, report) = flintfs_core::Fs::mount(flash, self.setup.options.clone(), Box::new(clock.clone()))
+            .map_err(|error| format!("recovery failed: {error}"))?;
+        let mut recovered = Subject::from_fs(fs, clock, self.setup.options.clone());
+        recovered.check()?;
+        let snapshot = recovered.snapshot()?;
+        oracle.judge(&snapshot, completed)?;
+        // And it keeps working.
+        for operation in
+            [Operation::Create { directory: Vec::new(), name: b"after-recovery".to_vec() }, Operation::Sync]
+        {
+            let outcome = recovered.apply(&operation);
+            if outcome != Outcome::Done && outcome != Outcome::Error(flintfs_core::errno::EEXIST) {
+                return Err(format!("after recovery, {operation:?} gave {outcome:?}"));
+            }
+        }
+        recovered.check()?;
+        Ok(CutOutcome::Recovered { pages_read: report.pages_read })
+    }
+}
+
+enum CutOutcome {
+    Ran { device_operations: u64 },
+    Recovered { pages_read: u64 },
+}
+
+/// Cuts one workload at `cuts` (device operation numbers), into `summary`.
+fn cut_workload(
+    prepared: &Prepared,
+    operations: Vec<Operation>,
+    seed: u64,
+    mut cuts: impl FnMut(u64) -> Vec<u64>,
+    summary: &mut Summary,
+) {
+    let oracle = Oracle::new(&prepared.model, operations);
+    let total = match prepared.run(&oracle.operations, None, seed, &oracle) {
+        Ok(CutOutcome::Ran { device_operations }) => device_operations,
+        Ok(CutOutcome::Recovered { .. }) => unreachable!("no cut was asked for"),
+        Err(what) => {
+            summary.record(seed, 0, Err(format!("the workload without a cut: {what}")));
+            return;
+        }
+    };
+    summary.workloads += 1;
+    summary.device_operations_max = summary.device_operations_max.max(total);
+    summary.device_operations_min =
+        if summary.workloads == 1 { total } else { summary.device_operations_min.min(total) };
+    for cut in cuts(total) {
+        let result = prepared.run(&oracle.operations, Some(cut), seed, &oracle).map(|outcome| match outcome {
+            CutOutcome::Recovered { pages_read } => pages_read,
+            CutOutcome::Ran { .. } => 0,
+        });
+        summary.record(seed, cut, result.map_err(|what| format!("{what} (workload {:?})", oracle.operations)));
+    }
+}
+
+/// The bounded mode's file set, made before every workload and synced.
+fn bounded_setup() -> Vec<Operation> {
+    vec![
+        Operation::Mkdir { directory: vec![], name: b"A".to_vec() },
+        Operation::Mkdir { directory: vec![], name: b"B".to_vec() },
+        Operation::Mkdir { directory: path("A"), name: b"C".to_vec() },
+        Operation::Create { directory: path("A"), name: b"foo".to_vec() },
+        Operation::Write { path: path("A/foo"), offset: 0, length: 8192, fill: 1 },
+        Operation::Create { directory: path("B"), name: b"foo".to_vec() },
+        Operation::Write { path: path("B/foo"), offset: 0, length: 5000, fill: 2 },
+        Operation::SetXattr { path: path("B/foo"), name: b"user.y".to_vec(), value: b"kept".to_vec() },
+    ]
+}
+
+/// One operation of a bounded workload, and the path its fsync targets
+/// (the file it changed, or the directory whose entries it changed).
+fn bounded_operations() -> Vec<(Operation, Path)> {
+    let rename = |from: &str, to: &str| {
+        let (from, to) = (path(from), path(to));
+        Operation::Rename {
+            directory: from[..from.len() - 1].to_vec(),
+            name: from[from.len() - 1].clone(),
+            new_directory: to[..to.len() - 1].to_vec(),
+            new_name: to[to.len() - 1].clone(),
+            no_replace: false,
+            exchange: false,
+        }
+    };
+    let create = |at: &str| {
+        let at = path(at);
+        Operation::Create { directory: at[..at.len() - 1].to_vec(), name: at[at.len() - 1].clone() }
+    };
+    let unlink = |at: &str| {
+        let at = path(at);
+        Operation::Unlink { directory: at[..at.len() - 1].to_vec(), name: at[at.len() - 1].clone() }
+    };
+    let write =
+        |at: &str, offset: u64, length: u64, fill: u8| Operation::Write { path: path(at), offset, length, fill };
+    vec![
+        (create("A/bar"), path("A/bar")),
+        (create("B/bar"), path("B/bar")),
+        (write("A/foo", 0, 4096, 3), path("A/foo")),
+        (write("A/foo", 8192, 5000, 4), path("A/foo")),
+        (write("B/foo", 1000, 3000, 5), path("B/foo")),
+        (write("A/bar", 0, 700, 6), path("A/bar")),
+        (Operation::Truncate { path: path("A/foo"), size: 0 }, path("A/foo")),
+        (Operation::Truncate { path: path("B/foo"), size: 20000 }, path("B/foo")),
+        (rename("A/foo", "A/bar"), path("A/bar")),
+        (rename("A/foo", "B/foo"), path("B/foo")),
+        (rename("A/foo", "A/C/foo"), path("A/C/foo")),
+        (rename("A/C", "B/C"), path("B/C")),
+        (Operation::Link { path: path("A/foo"), directory: path("A"), name: b"bar".to_vec() }, path("A/bar")),
+        (Operation::Link { path: path("B/foo"), directory: path("A/C"), name: b"bar".to_vec() }, path("A/C/bar")),
+        (unlink("A/foo"), path("A")),
+        (unlink("B/foo"), path("B")),
+        (Operation::Mkdir { directory: path("B"), name: b"D".to_vec() }, path("B/D")),
+        (Operation::Rmdir { directory: path("A"), name: b"C".to_vec() }, path("A")),
+        (Operation::Chmod { path: path("A/foo"), permissions: 0o600 }, path("A/foo")),
+        (Operation::SetXattr { path: path("A/foo"), name: b"user.x".to_vec(), value: b"v".to_vec() }, path("A/foo")),
+        (Operation::RemoveXattr { path: path("B/foo"), name: b"user.y".to_vec() }, path("B/foo")),
+        (
+            Operation::Symlink { directory: path("A/C"), name: b"link".to_vec(), target: b"../foo".to_vec() },
+            path("A/C"),
+        ),
+    ]
+}
+
+/// What follows an operation in a bounded workload.
+fn persistence(choice: usize, target: &Path) -> Option<Operation> {
+    match choice {
+        0 => Some(Operation::Fsync { path: target.clone(), data_only: false }),
+        1 => Some(Operation::Fsync { path: target.clone(), data_only: true }),
+        2 => Some(Operation::Sync),
+        _ => None,
+    }
+}
+
+/// Every bounded workload, in a fixed order: one operation (its
+/// persistence never nothing), then two.
+pub fn bounded_workloads() -> Vec<Vec<Operation>> {
+    let catalogue = bounded_operations();
+    let step = |(operation, target): &(Operation, Path), choice: usize| -> Vec<Operation> {
+        std::iter::once(operation.clone()).chain(persistence(choice, target)).collect()
+    };
+    let mut workloads = Vec::new();
+    for last in &catalogue {
+        for choice in 0..3 {
+            workloads.push(step(last, choice));
+        }
+    }
+    for first in &catalogue {
+        for first_choice in 0..4 {
+            for last in &catalogue {
+                for choice in 0..3 {
+                    let mut workload = step(first, first_choice);
+                    workload.extend(step(last, choice));
+                    workloads.push(workload);
+                }
+            }
+        }
+    }
+    workloads
+}
+
+/// A generated workload of `operations` operations from `seed`.
+fn generated_workload(start: &Model, seed: u64, operations: u64, page_size: u32) -> Vec<Operation> {
+    let mut model = start.clone();
+    let mut generator = Generator::new(seed, u64::from(page_size) * 6);
+    (0..operations)
+        .map(|_| {
+            let operation = generator.next(&model);
+            model.apply(&operation);
+            operation
+        })
+        .collect()
+}
+
+/// Runs a crashtest; `progress` is told each finished workload.
+pub fn run(options: &CrashOptions, mut progress: impl FnMut(u64, u64)) -> Result<Summary, String> {
+    if options.fsync != FsyncMode::WpCheck {
+        return Err(format!(
+            "fsync mode {:?} arrives with the metadata log (issue 4); the checkpoint engine has one mode",
+            options.fsync
+        ));
+    }
+    let setup = Setup::small();
+    let page_size = setup.geometry.page_size_bytes;
+    let mut summary = Summary::default();
+    match options.mode {
+        Mode::Bounded => {
+            let prepared = Prepared::new(setup, options.seed, &bounded_setup())?;
+            let workloads = bounded_workloads();
+            let sample = options.sample.max(1) as usize;
+            let total = workloads.len().div_ceil(sample) as u64;
+            for (number, workload) in workloads.into_iter().enumerate().step_by(sample) {
+                cut_workload(&prepared, workload, number as u64, |total| (0..=total).collect(), &mut summary);
+                progress(summary.workloads, total);
+            }
+        }
+        Mode::Exhaustive => {
+            let prepared = Prepared::new(setup, options.seed, &[])?;
+            for index in 0..options.cuts {
+                let seed = options.seed.wrapping_add(index);
+                let workload = generated_workload(&prepared.model, seed, options.operations, page_size);
+                cut_workload(&prepared, workload, seed, |total| (0..=total).collect(), &mut summary);
+                progress(index + 1, options.cuts);
+            }
+        }
+        Mode::Random => {
+            let prepared = Prepared::new(setup, options.seed, &[])?;
+            let seeds = options.cuts.clamp(1, RANDOM_SEEDS_MIN);
+            for index in 0..seeds {
+                let seed = options.seed.wrapping_add(index);
+                let cuts_here = options.cuts / seeds + u64::from(index < options.cuts % seeds);
+                let workload = generated_workload(&prepared.model, seed, options.operations, page_size);
+                let mut random = Pcg64::seed_from_u64(seed ^ 0xC0FF_EE00);
+                let pick =
+                    move |total: u64| (0..cuts_here).map(|_| random.random_range(0..=total)).collect::<Vec<u64>>();
+                cut_workload(&prepared, workload, seed, pick, &mut summary);
+                progress(index + 1, seeds);
+            }
+        }
+    }
+    Ok(summary)
+}
+
+/// The summary as JSON (no serde in the test kit: the fields are few and
+/// fixed). `failures` is a list of `{seed, cut, what}`.
+pub fn summary_json(options: &CrashOptions, summary: &Summary) -> String {
+    let escape = |text: &str| {
+        let mut out = String::with_capacity(text.len() + 2);
+        out.push('"');
+        for character in text.chars() {
+            match character {
+                '"' => out.push_str("\\\""),
+                '\\' => out.push_str("\\\\"),
+                '\n' => out.push_str("\\n"),
+                character if (character as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", character as u32)),
+                character => out.push(character),
+            }
+        }
+        out.push('"');
+        out
+    };
+    let failures: Vec<String> = summary
+        .failures
+        .iter()
+        .map(|failure| {
+            format!("{{\"seed\":{},\"cut\":{},\"what\":{}}}", failure.seed, failure.cut, escape(&failure.what))
+        })
+        .collect();
+    let histogram: Vec<String> =
+        summary.recovery_pages_read.iter().map(|(bucket, count)| format!("\"{bucket}\":{count}")).collect();
+    format!(
+        "{{\"mode\":{},\"fsync\":{},\"seed\":{},\"workloads\":{},\"cuts\":{},\"violations\":{},\"failures\":[{}],\
+         \"recovery_pages_read\":{{{}}},\"device_operations_min\":{},\"device_operations_max\":{}}}",
+        escape(&format!("{:?}", options.mode).to_lowercase()),
+        escape(match options.fsync {
+            FsyncMode::WpCheck => "wp-check",
+            FsyncMode::Ordered => "ordered",
+            FsyncMode::Unchecked => "unchecked",
+        }),
+        options.seed,
+        summary.workloads,
+        summary.cuts,
+        summary.violations,
+        failures.join(","),
+        histogram.join(","),
+        summary.device_operations_min,
+        summary.device_operations_max
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_bounded_space_has_one_and_two_operation_workloads() {
+        let workloads = bounded_workloads();
+        let operations = bounded_operations().len();
+        assert_eq!(workloads.len(), operations * 3 + operations * 4 * operations * 3);
+        // The last operation of a workload is always a persistence point.
+        for workload in &workloads {
+            assert!(workload.last().is_some_and(Operation::is_durable_point), "{workload:?}");
+        }
+    }
+
+    #[test]
+    fn the_oracle_refuses_bytes_never_written() {
+        let file = path("f");
+        assert!(check_data(&file, &[1, 2, 3], &[&[1, 2, 3], &[]]).is_ok());
+        assert!(check_data(&file, &[0; 600], &[&[], &[7; 600]]).is_err(), "a size it had, bytes it never held");
+        assert!(check_data(&file, &[9; 10], &[&[1; 10]]).is_err());
+        let mut mixed = vec![1u8; 1024];
+        mixed[512..].fill(2);
+        assert!(check_data(&file, &mixed, &[&[1; 1024], &[2; 1024]]).is_ok(), "blocks from two versions");
+    }
+}
+
+#[cfg(test)]
+mod oracle_tests {
+    use super::*;
+
+    fn oracle(operations: Vec<Operation>) -> Oracle {
+        Oracle::new(&Model::for_page_size(512), operations)
+    }
+
+    #[test]
+    fn a_file_fsynced_must_be_there_and_one_not_fsynced_may_be_missing() {
+        let create = Operation::Create { directory: vec![], name: b"f".to_vec() };
+        let fsynced = oracle(vec![create.clone(), Operation::Fsync { path: path("f"), data_only: false }]);
+        let empty = fsynced.states[0].clone();
+        assert!(fsynced.judge(&empty, 2).is_err(), "lost after its fsync returned");
+        assert!(fsynced.judge(&empty, 1).is_ok(), "the cut fell in the fsync");
+        assert!(fsynced.judge(&fsynced.states[2], 2).is_ok());
+        let not_synced = oracle(vec![create]);
+        assert!(not_synced.judge(&empty, 1).is_ok());
+        assert!(not_synced.judge(&not_synced.states[1], 1).is_ok());
+    }
+
+    #[test]
+    fn data_after_its_fsync_is_old_or_new_block_by_block_never_other() {
+        let operations = vec![
+            Operation::Create { directory: vec![], name: b"f".to_vec() },
+            Operation::Write { path: path("f"), offset: 0, length: 1024, fill: 1 },
+            Operation::Fsync { path: path("f"), data_only: true },
+            Operation::Write { path: path("f"), offset: 0, length: 1024, fill: 2 },
+        ];
+        let oracle = oracle(operations);
+        assert!(oracle.judge(&oracle.states[3], 4).is_ok(), "the old data");
+        assert!(oracle.judge(&oracle.states[4], 4).is_ok(), "the new data");
+        assert!(oracle.judge(&oracle.states[1], 4).is_err(), "empty: older than the fsync");
+        let mut garbage = oracle.states[4].clone();
+        garbage.0.get_mut(&path("f")).expect("the file").data[700] ^= 0xff;
+        assert!(oracle.judge(&garbage, 4).is_err(), "a byte never written there");
+    }
+}

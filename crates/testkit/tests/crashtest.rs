@@ -1,0 +1,54 @@
+//! crashtest's three modes, short and seeded, holding the engine to
+//! `docs/SEMANTICS.md`. The full runs are `flintfs crashtest --mode
+//! bounded` (every workload), `--mode exhaustive --operations 300` and
+//! `--mode random --cuts 10000`; these take every `FLINTFS_CRASH_SAMPLE`-th
+//! bounded workload (default 20) and smaller counts.
+
+use flintfs_testkit::crashtest::{self, CrashOptions, Mode, Summary};
+
+fn environment(name: &str, default: u64) -> u64 {
+    std::env::var(name).ok().and_then(|value| value.parse().ok()).unwrap_or(default)
+}
+
+fn assert_no_violations(options: &CrashOptions, summary: &Summary) {
+    eprintln!("{}", crashtest::summary_json(options, summary));
+    assert!(summary.cuts > 0, "no cut was made");
+    assert_eq!(summary.violations, 0, "{}", crashtest::summary_json(options, summary));
+}
+
+#[test]
+fn bounded_workloads_recover_as_promised() {
+    let mut options = CrashOptions::new(Mode::Bounded);
+    options.sample = environment("FLINTFS_CRASH_SAMPLE", 20);
+    let summary = crashtest::run(&options, |_, _| {}).expect("crashtest runs");
+    assert_eq!(summary.workloads, crashtest::bounded_workloads().len().div_ceil(options.sample as usize) as u64);
+    assert_no_violations(&options, &summary);
+}
+
+#[test]
+fn every_cut_of_a_generated_workload_recovers_as_promised() {
+    let mut options = CrashOptions::new(Mode::Exhaustive);
+    options.cuts = environment("FLINTFS_CRASH_WORKLOADS", 1);
+    options.operations = environment("FLINTFS_CRASH_OPERATIONS", 80);
+    options.seed = environment("FLINTFS_CRASH_SEED", 11);
+    let summary = crashtest::run(&options, |_, _| {}).expect("crashtest runs");
+    assert_no_violations(&options, &summary);
+}
+
+#[test]
+fn random_cuts_recover_as_promised() {
+    let mut options = CrashOptions::new(Mode::Random);
+    options.cuts = environment("FLINTFS_CRASH_CUTS", 400);
+    options.seed = environment("FLINTFS_CRASH_SEED", 5);
+    let summary = crashtest::run(&options, |_, _| {}).expect("crashtest runs");
+    assert_eq!(summary.workloads, 100, "spread over 100 seeds");
+    assert_no_violations(&options, &summary);
+}
+
+#[test]
+fn fsync_modes_other_than_the_checkpoint_engine_s_are_refused_until_the_log() {
+    let mut options = CrashOptions::new(Mode::Random);
+    options.fsync = crashtest::FsyncMode::Ordered;
+    let error = crashtest::run(&options, |_, _| {}).unwrap_err();
+    assert!(error.contains("metadata log"), "{error}");
+}
