@@ -415,7 +415,11 @@ fn serve_control(
         let mut cutting = false;
         let answer = match words.as_slice() {
             ["stat"] => match shared.with(|fs| fs.device().counters()) {
-                Some(counters) => counters_json(&counters.since(&baseline), Some(mount_pages_read)).to_string(),
+                Some(counters) => {
+                    let mut value = counters_json(&counters.since(&baseline), Some(mount_pages_read));
+                    value["pid"] = std::process::id().into();
+                    value.to_string()
+                }
                 None => "error the file system is stopping".to_string(),
             },
             ["powercut", seed] => match seed.parse::<u64>() {

@@ -4,6 +4,7 @@
 //! exits non-zero; none panics on bad input. The names and JSON fields are
 //! relied on by scripts (issue 5), so they change only with them.
 
+mod bench;
 mod crashtest;
 mod daemon;
 mod demo;
@@ -58,6 +59,8 @@ enum Action {
     Stat(daemon::StatArguments),
     /// Cut the emulated device's power under a live mount.
     Powercut(daemon::PowercutArguments),
+    /// Workloads on flintfs and its peers (ext2, ext4, btrfs, xfs on loop devices) in one run.
+    Bench(bench::BenchArguments),
     /// Cut power at every device operation of workloads, recover, and check docs/SEMANTICS.md's promises.
     Crashtest(crashtest::CrashtestArguments),
     /// The main job: make an image, mount it, copy a tree, fsync, cut the power, recover, fsck, print figures.
@@ -96,6 +99,7 @@ fn main() -> ExitCode {
         Action::Powercut(arguments) => daemon::powercut(arguments),
         Action::Demo(arguments) => demo::demo(arguments),
         Action::Crashtest(arguments) => crashtest::crashtest(arguments),
+        Action::Bench(arguments) => bench::bench(arguments),
     };
     match result {
         Ok(code) => code,

@@ -111,7 +111,7 @@ fn mkfs_inspect_fsck_and_stat_on_an_image() {
     assert!(crash["failures"].as_array().is_some_and(Vec::is_empty), "{crash}");
     refused(&["crashtest", "--mode", "random", "--fsync", "ordered"], "metadata log");
     refused(&["crashtest", "--mode", "sideways"], "invalid value");
-    for subcommand in ["mkfs", "mount", "fsck", "inspect", "stat", "powercut", "crashtest", "demo"] {
+    for subcommand in ["mkfs", "mount", "fsck", "inspect", "stat", "powercut", "crashtest", "bench", "demo"] {
         assert!(ok(&[subcommand, "--help"]).contains("Usage"), "{subcommand} --help");
     }
 }
@@ -246,4 +246,35 @@ fn a_live_mount_through_stat_powercut_recovery_and_fsck() {
     umount(&mountpoint);
     let fsck = json(&ok(&["fsck", image, "--json"]));
     assert_eq!(fsck["clean"], true, "{fsck}");
+}
+
+#[test]
+fn bench_prints_a_row_per_target_with_the_fields_tools_read() {
+    if !fuse_available() {
+        return;
+    }
+    let rows = json(&ok(&["bench", "delete", "--quick", "--json"]));
+    let rows = rows.as_array().expect("an array of rows");
+    let targets: Vec<&str> = rows.iter().filter_map(|row| row["target"].as_str()).collect();
+    assert_eq!(targets, ["flintfs", "flintfs-fuse"], "{rows:?}");
+    for row in rows {
+        for field in [
+            "workload",
+            "target",
+            "ops",
+            "ops_per_s",
+            "bytes_per_op",
+            "pages_programmed",
+            "erases",
+            "device_time_ns_per_op",
+            "mount_pages_read",
+            "peak_rss_bytes",
+        ] {
+            assert!(row.get(field).is_some(), "a row lacks {field}: {row}");
+        }
+        assert_eq!(row["ops"], 2000, "{row}");
+        assert!(row["bytes_per_op"].as_f64().unwrap() > 0.0, "{row}");
+    }
+    refused(&["bench", "sideways", "--quick"], "unknown workload");
+    refused(&["bench", "delete", "--quick", "--peers", "ntfs"], "unknown peer");
 }

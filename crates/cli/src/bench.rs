@@ -1,0 +1,631 @@
+//! `flintfs bench`: the seeds' workloads on flintfs and its peers in one
+//! run, on this machine.
+//!
+//! Targets:
+//! - `flintfs`: the engine in-process on the memory device;
+//! - `flintfs-fuse`: a FUSE mount of an image file;
+//! - `ext2`, `ext4`, `btrfs`, `xfs`: kernel file systems on loop devices
+//!   (root only; skipped with a note otherwise or when mkfs is missing).
+//!
+//! Every (workload, target) runs in a child process of its own, so its peak
+//! RSS is its own. Bytes programmed count from after mount to after
+//! unmount: for flintfs, data and OOB bytes from the device counters; for a
+//! kernel file system, the sectors its loop device wrote, from /sys/block.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::io::Read;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode, Stdio};
+use std::time::Instant;
+
+use clap::Args;
+use flintfs_core::{Fs, FsOptions, MkfsOptions, ROOT_INO};
+use flintfs_flash::{DeviceOptions, FlashDevice, Geometry, MemoryFlash};
+use rand::{Rng, SeedableRng};
+use rand_pcg::Pcg64Mcg;
+use serde_json::{json, Value};
+
+use crate::{fail, Failure, Outcome};
+
+/// Workloads, in the order `all` runs them.
+pub const WORKLOADS: [&str; 5] = ["create_fsync", "delete", "append_fsync10", "append_fsync1000", "varmail"];
+/// Targets, in the order rows are printed.
+pub const TARGETS: [&str; 6] = ["flintfs", "flintfs-fuse", "ext2", "ext4", "btrfs", "xfs"];
+/// Bytes of one append.
+const APPEND_BYTES: usize = 4096;
+/// Directories the create workload spreads its files over (ReconFS).
+const CREATE_DIRECTORIES: usize = 100;
+
+#[derive(Args)]
+pub struct BenchArguments {
+    /// A workload (create_fsync, delete, append_fsync10, append_fsync1000, varmail) or `all`.
+    pub workload: String,
+    /// The quick sizes (for CI and a first look).
+    #[arg(long)]
+    pub quick: bool,
+    /// Peers beside flintfs and flintfs-fuse: a list of ext2, ext4, btrfs, xfs.
+    #[arg(long, value_delimiter = ',')]
+    pub peers: Vec<String>,
+    #[arg(long)]
+    pub json: bool,
+    /// Seeds the data written.
+    #[arg(long, default_value_t = 2026)]
+    pub seed: u64,
+    /// (internal) Run one workload on one target and print its row.
+    #[arg(long, hide = true)]
+    pub target: Option<String>,
+}
+
+/// Sizes of a workload.
+#[derive(Clone, Copy, Debug)]
+struct Size {
+    files: usize,
+    appends: usize,
+    varmail_files: usize,
+    varmail_loops: usize,
+    device_bytes: u64,
+}
+
+impl Size {
+    fn of(quick: bool) -> Size {
+        if quick {
+            Size { files: 2_000, appends: 2_000, varmail_files: 200, varmail_loops: 300, device_bytes: 512 << 20 }
+        } else {
+            Size { files: 100_000, appends: 100_000, varmail_files: 1_000, varmail_loops: 5_000, device_bytes: 2 << 30 }
+        }
+    }
+}
+
+/// What a workload does to files: a handle is an index the target keeps.
+trait Files {
+    fn mkdir(&mut self, path: &str) -> Outcome;
+    fn create(&mut self, path: &str) -> Outcome<u64>;
+    fn open(&mut self, path: &str) -> Outcome<u64>;
+    fn write_at(&mut self, handle: u64, offset: u64, data: &[u8]) -> Outcome;
+    fn size(&mut self, handle: u64) -> Outcome<u64>;
+    fn read_all(&mut self, handle: u64) -> Outcome<usize>;
+    fn fsync(&mut self, handle: u64) -> Outcome;
+    fn close(&mut self, handle: u64) -> Outcome;
+    fn unlink(&mut self, path: &str) -> Outcome;
+    /// Everything durable (not timed: the end of a workload).
+    fn sync_all(&mut self) -> Outcome;
+}
+
+/// A directory of a mounted file system, through std::fs.
+struct DirectoryFiles {
+    root: PathBuf,
+    open: HashMap<u64, File>,
+    next: u64,
+}
+
+impl DirectoryFiles {
+    fn keep(&mut self, file: File) -> u64 {
+        self.next += 1;
+        self.open.insert(self.next, file);
+        self.next
+    }
+
+    fn file(&self, handle: u64) -> Outcome<&File> {
+        self.open.get(&handle).ok_or_else(|| Failure(format!("no open file {handle}")))
+    }
+}
+
+impl Files for DirectoryFiles {
+    fn mkdir(&mut self, path: &str) -> Outcome {
+        Ok(std::fs::create_dir(self.root.join(path))?)
+    }
+    fn create(&mut self, path: &str) -> Outcome<u64> {
+        let file = std::fs::OpenOptions::new().read(true).write(true).create_new(true).open(self.root.join(path))?;
+        Ok(self.keep(file))
+    }
+    fn open(&mut self, path: &str) -> Outcome<u64> {
+        let file = std::fs::OpenOptions::new().read(true).write(true).open(self.root.join(path))?;
+        Ok(self.keep(file))
+    }
+    fn write_at(&mut self, handle: u64, offset: u64, data: &[u8]) -> Outcome {
+        Ok(self.file(handle)?.write_all_at(data, offset)?)
+    }
+    fn size(&mut self, handle: u64) -> Outcome<u64> {
+        Ok(self.file(handle)?.metadata()?.len())
+    }
+    fn read_all(&mut self, handle: u64) -> Outcome<usize> {
+        let mut bytes = Vec::new();
+        let mut file = self.file(handle)?;
+        file.read_to_end(&mut bytes)?;
+        Ok(bytes.len())
+    }
+    fn fsync(&mut self, handle: u64) -> Outcome {
+        Ok(self.file(handle)?.sync_all()?)
+    }
+    fn close(&mut self, handle: u64) -> Outcome {
+        self.open.remove(&handle);
+        Ok(())
+    }
+    fn unlink(&mut self, path: &str) -> Outcome {
+        Ok(std::fs::remove_file(self.root.join(path))?)
+    }
+    fn sync_all(&mut self) -> Outcome {
+        // SAFETY: sync has no preconditions.
+        unsafe { libc::sync() };
+        Ok(())
+    }
+}
+
+/// The engine in-process: paths resolved by lookup, a handle holds its
+/// inode's reference until closed, as the kernel would.
+struct EngineFiles {
+    fs: Fs<MemoryFlash>,
+}
+
+fn engine_error(error: flintfs_core::Error) -> Failure {
+    Failure(error.to_string())
+}
+
+impl EngineFiles {
+    /// The directory holding `path` and the last name.
+    fn parent<'a>(&mut self, path: &'a str) -> Outcome<(u64, &'a str)> {
+        let (directory, name) = path.rsplit_once('/').unwrap_or(("", path));
+        let mut ino = ROOT_INO;
+        for part in directory.split('/').filter(|part| !part.is_empty()) {
+            let found = self.fs.lookup(ino, part.as_bytes()).map_err(engine_error)?.ino;
+            self.fs.forget(found, 1).map_err(engine_error)?;
+            ino = found;
+        }
+        Ok((ino, name))
+    }
+}
+
+impl Files for EngineFiles {
+    fn mkdir(&mut self, path: &str) -> Outcome {
+        let (parent, name) = self.parent(path)?;
+        let ino = self.fs.mkdir(parent, name.as_bytes(), 0o755, 0, 0).map_err(engine_error)?.ino;
+        self.fs.forget(ino, 1).map_err(engine_error)
+    }
+    fn create(&mut self, path: &str) -> Outcome<u64> {
+        let (parent, name) = self.parent(path)?;
+        Ok(self.fs.create(parent, name.as_bytes(), 0o644, 0, 0).map_err(engine_error)?.ino)
+    }
+    fn open(&mut self, path: &str) -> Outcome<u64> {
+        let (parent, name) = self.parent(path)?;
+        Ok(self.fs.lookup(parent, name.as_bytes()).map_err(engine_error)?.ino)
+    }
+    fn write_at(&mut self, handle: u64, offset: u64, data: &[u8]) -> Outcome {
+        self.fs.write(handle, offset, data).map_err(engine_error)?;
+        Ok(())
+    }
+    fn size(&mut self, handle: u64) -> Outcome<u64> {
+        Ok(self.fs.getattr(handle).map_err(engine_error)?.size)
+    }
+    fn read_all(&mut self, handle: u64) -> Outcome<usize> {
+        let size = self.size(handle)?;
+        Ok(self.fs.read(handle, 0, size).map_err(engine_error)?.len())
+    }
+    fn fsync(&mut self, handle: u64) -> Outcome {
+        self.fs.fsync(handle, false).map_err(engine_error)
+    }
+    fn close(&mut self, handle: u64) -> Outcome {
+        self.fs.forget(handle, 1).map_err(engine_error)
+    }
+    fn unlink(&mut self, path: &str) -> Outcome {
+        let (parent, name) = self.parent(path)?;
+        self.fs.unlink(parent, name.as_bytes()).map_err(engine_error)
+    }
+    fn sync_all(&mut self) -> Outcome {
+        self.fs.sync().map_err(engine_error)
+    }
+}
+
+/// Data to write: half compressible (runs of a byte), half random, as
+/// filebench's `dedupgran`/compression settings produce.
+fn data(random: &mut Pcg64Mcg, length: usize) -> Vec<u8> {
+    let mut bytes = vec![0u8; length];
+    let half = length / 2;
+    random.fill(&mut bytes[half..]);
+    bytes[..half].fill(random.random());
+    bytes
+}
+
+/// Untimed preparation, then the timed phase; returns the operations the
+/// timed phase did.
+fn run_workload(name: &str, files: &mut dyn Files, size: Size, seed: u64, timed: &mut dyn FnMut(bool)) -> Outcome<u64> {
+    let mut random = Pcg64Mcg::seed_from_u64(seed);
+    let file_path = |index: usize| format!("d{:03}/f{index:06}", index % CREATE_DIRECTORIES);
+    match name {
+        "create_fsync" | "delete" => {
+            for directory in 0..CREATE_DIRECTORIES {
+                files.mkdir(&format!("d{directory:03}"))?;
+            }
+            if name == "delete" {
+                for index in 0..size.files {
+                    let handle = files.create(&file_path(index))?;
+                    files.close(handle)?;
+                }
+                files.sync_all()?;
+            }
+            timed(true);
+            for index in 0..size.files {
+                if name == "delete" {
+                    files.unlink(&file_path(index))?;
+                } else {
+                    let handle = files.create(&file_path(index))?;
+                    files.fsync(handle)?;
+                    files.close(handle)?;
+                }
+            }
+            timed(false);
+            Ok(size.files as u64)
+        }
+        "append_fsync10" | "append_fsync1000" => {
+            let every = if name == "append_fsync10" { 10 } else { 1000 };
+            let handle = files.create("log")?;
+            let block = data(&mut random, APPEND_BYTES);
+            timed(true);
+            for index in 0..size.appends {
+                files.write_at(handle, (index * APPEND_BYTES) as u64, &block)?;
+                if (index + 1) % every == 0 {
+                    files.fsync(handle)?;
+                }
+            }
+            timed(false);
+            files.close(handle)?;
+            Ok(size.appends as u64)
+        }
+        "varmail" => {
+            // filebench's varmail: one directory of 16 KiB files; each loop
+            // deletes one, creates one with an append and fsync, appends to
+            // another with fsync, reads two whole. 13 flow operations.
+            files.mkdir("mail")?;
+            let path = |index: usize| format!("mail/m{index:06}");
+            let mut next = size.varmail_files;
+            let mut live: Vec<usize> = (0..size.varmail_files).collect();
+            for &index in &live {
+                let handle = files.create(&path(index))?;
+                files.write_at(handle, 0, &data(&mut random, 16 << 10))?;
+                files.close(handle)?;
+            }
+            files.sync_all()?;
+            timed(true);
+            for _ in 0..size.varmail_loops {
+                let victim = live.swap_remove(random.random_range(0..live.len()));
+                files.unlink(&path(victim))?;
+                let handle = files.create(&path(next))?;
+                files.write_at(handle, 0, &data(&mut random, 16 << 10))?;
+                files.fsync(handle)?;
+                files.close(handle)?;
+                live.push(next);
+                next += 1;
+                let other = live[random.random_range(0..live.len())];
+                let handle = files.open(&path(other))?;
+                files.read_all(handle)?;
+                let end = files.size(handle)?;
+                files.write_at(handle, end, &data(&mut random, 16 << 10))?;
+                files.fsync(handle)?;
+                files.close(handle)?;
+                let handle = files.open(&path(live[random.random_range(0..live.len())]))?;
+                files.read_all(handle)?;
+                files.close(handle)?;
+            }
+            timed(false);
+            Ok(size.varmail_loops as u64 * 13)
+        }
+        _ => fail!("unknown workload {name:?} (known: {})", WORKLOADS.join(", ")),
+    }
+}
+
+/// Runs a workload and times its timed phase (host seconds).
+fn timed_workload(workload: &str, files: &mut dyn Files, size: Size, seed: u64) -> (Outcome<u64>, f64) {
+    let mut start = None;
+    let mut seconds = 0.0;
+    let ops = run_workload(workload, files, size, seed, &mut |begin| {
+        if begin {
+            start = Some(Instant::now());
+        } else if let Some(start) = start {
+            seconds = start.elapsed().as_secs_f64();
+        }
+    });
+    (ops, seconds)
+}
+
+/// One row of results.
+fn row(workload: &str, target: &str, ops: u64, seconds: f64, programmed: Option<(u64, u64, u64)>) -> Value {
+    let (bytes, pages, erases) = programmed.unwrap_or((0, 0, 0));
+    json!({
+        "workload": workload,
+        "target": target,
+        "ops": ops,
+        "ops_per_s": ops as f64 / seconds.max(1e-9),
+        "bytes_per_op": bytes as f64 / ops.max(1) as f64,
+        "pages_programmed": programmed.map(|_| pages),
+        "erases": programmed.map(|_| erases),
+    })
+}
+
+fn geometry_for(size: Size) -> Geometry {
+    Geometry::with_size_bytes(size.device_bytes)
+}
+
+/// The workload on the in-process engine.
+fn run_engine(workload: &str, size: Size, seed: u64) -> Outcome<Value> {
+    let device = MemoryFlash::memory(geometry_for(size), DeviceOptions::default())?;
+    let clock = flintfs_core::ManualClock::new(1_700_000_000_000_000_000);
+    let device = Fs::format(device, &MkfsOptions::new([9; 16], 0), Box::new(clock.clone())).map_err(engine_error)?;
+    let (fs, mount) = Fs::mount(device, FsOptions::default(), Box::new(clock.clone())).map_err(engine_error)?;
+    let mut files = EngineFiles { fs };
+    let (ops, seconds) = timed_workload(workload, &mut files, size, seed);
+    let ops = ops?;
+    let fs = files.fs;
+    let device = fs.unmount().map_err(engine_error)?;
+    let counters = device.counters();
+    let mut value = row(
+        workload,
+        "flintfs",
+        ops,
+        seconds,
+        Some((
+            counters.data_bytes_programmed + counters.oob_bytes_programmed,
+            counters.pages_programmed,
+            counters.erases,
+        )),
+    );
+    value["device_time_ns_per_op"] = json!(counters.device_time_ns as f64 / ops.max(1) as f64);
+    value["mount_pages_read"] = json!(mount.pages_read);
+    Ok(value)
+}
+
+fn rss_of(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|line| line.starts_with("VmHWM:"))?;
+    line.split_whitespace().nth(1)?.parse::<u64>().ok().map(|kib| kib * 1024)
+}
+
+/// The workload on a FUSE mount of an image.
+fn run_fuse(workload: &str, size: Size, seed: u64, directory: &Path) -> Outcome<Value> {
+    let flintfs = std::env::current_exe()?;
+    let image = directory.join("bench.img");
+    let mountpoint = directory.join("mnt");
+    std::fs::create_dir_all(&mountpoint)?;
+    let status = Command::new(&flintfs)
+        .args(["mkfs", &image.to_string_lossy(), "--size", &size.device_bytes.to_string(), "--force"])
+        .stdout(Stdio::null())
+        .status()?;
+    if !status.success() {
+        fail!("mkfs for the FUSE run failed");
+    }
+    let lifetime = Command::new(&flintfs).arg("stat").arg(&image).arg("--json").output()?;
+    let before: Value = serde_json::from_slice(&lifetime.stdout)?;
+    let status = Command::new(&flintfs).arg("mount").arg(&image).arg(&mountpoint).status()?;
+    if !status.success() {
+        fail!("mount for the FUSE run failed");
+    }
+    let stat = |target: &Path| -> Outcome<Value> {
+        let output = Command::new(&flintfs).arg("stat").arg(target).arg("--json").output()?;
+        serde_json::from_slice(&output.stdout).map_err(|error| Failure(format!("stat {}: {error}", target.display())))
+    };
+    let mut files = DirectoryFiles { root: mountpoint.clone(), open: HashMap::new(), next: 0 };
+    let (ops, seconds) = timed_workload(workload, &mut files, size, seed);
+    drop(files);
+    let live = stat(&mountpoint)?;
+    let rss = live["pid"].as_u64().and_then(|pid| rss_of(pid as u32));
+    let status = Command::new("umount").arg(&mountpoint).status()?;
+    if !status.success() {
+        fail!("umount after the FUSE run failed");
+    }
+    let ops = ops?;
+    // From before the mount to after the unmount (its checkpoint
+    // included): the image's lifetime counters, before and after.
+    let after = stat(&image)?;
+    let number = |value: &Value, name: &str| value[name].as_u64().unwrap_or(0);
+    let since = |name: &str| number(&after, name).saturating_sub(number(&before, name));
+    let mut value = row(
+        workload,
+        "flintfs-fuse",
+        ops,
+        seconds,
+        Some((
+            since("data_bytes_programmed") + since("oob_bytes_programmed"),
+            since("pages_programmed"),
+            since("erases"),
+        )),
+    );
+    value["device_time_ns_per_op"] = json!(since("device_time_ns") as f64 / ops.max(1) as f64);
+    value["mount_pages_read"] = json!(number(&live, "mount_pages_read"));
+    value["peak_rss_bytes"] = json!(rss);
+    Ok(value)
+}
+
+/// Sectors written and read by a block device (from /sys/block).
+fn block_stat(device: &str) -> Outcome<(u64, u64)> {
+    let name = device.trim_start_matches("/dev/");
+    let text = std::fs::read_to_string(format!("/sys/block/{name}/stat"))?;
+    let fields: Vec<u64> = text.split_whitespace().filter_map(|field| field.parse().ok()).collect();
+    if fields.len() < 7 {
+        fail!("/sys/block/{name}/stat has {} fields", fields.len());
+    }
+    Ok((fields[6] * 512, fields[2] * 512))
+}
+
+fn run_command(program: &str, arguments: &[&str]) -> Outcome<String> {
+    let output = Command::new(program).args(arguments).output().map_err(|error| format!("{program}: {error}"))?;
+    if !output.status.success() {
+        fail!("{program} {}: {}", arguments.join(" "), String::from_utf8_lossy(&output.stderr).trim());
+    }
+    Ok(String::from_utf8_lossy(&output.stdout).trim().to_string())
+}
+
+/// The workload on a kernel file system on a loop device.
+fn run_kernel(workload: &str, target: &str, size: Size, seed: u64, directory: &Path) -> Outcome<Value> {
+    let backing = directory.join(format!("{target}.img"));
+    File::create(&backing)?.set_len(size.device_bytes)?;
+    let loop_device = run_command("losetup", &["--find", "--show", &backing.to_string_lossy()])?;
+    let result = (|| -> Outcome<Value> {
+        let (mkfs, force): (String, &[&str]) = match target {
+            "ext2" | "ext4" => (format!("mkfs.{target}"), &["-q", "-F"]),
+            "btrfs" => ("mkfs.btrfs".into(), &["-q", "-f"]),
+            "xfs" => ("mkfs.xfs".into(), &["-q", "-f"]),
+            _ => fail!("unknown target {target}"),
+        };
+        let mut arguments: Vec<&str> = force.to_vec();
+        arguments.push(&loop_device);
+        run_command(&mkfs, &arguments)?;
+        let mountpoint = directory.join(format!("{target}-mnt"));
+        std::fs::create_dir_all(&mountpoint)?;
+        let (written_before, read_before) = block_stat(&loop_device)?;
+        run_command("mount", &[&loop_device, &mountpoint.to_string_lossy()])?;
+        let (written_mounted, read_mounted) = block_stat(&loop_device)?;
+        let mut files = DirectoryFiles { root: mountpoint.clone(), open: HashMap::new(), next: 0 };
+        let (ops, seconds) = timed_workload(workload, &mut files, size, seed);
+        drop(files);
+        run_command("umount", &[&mountpoint.to_string_lossy()])?;
+        let ops = ops?;
+        let (written_after, _) = block_stat(&loop_device)?;
+        let _ = written_before;
+        let mut value = row(workload, target, ops, seconds, Some((written_after - written_mounted, 0, 0)));
+        value["pages_programmed"] = json!((written_after - written_mounted) / 4096);
+        value["erases"] = Value::Null;
+        value["device_time_ns_per_op"] = Value::Null;
+        value["mount_pages_read"] = json!((read_mounted - read_before) / 4096);
+        Ok(value)
+    })();
+    let _ = run_command("losetup", &["-d", &loop_device]);
+    let _ = std::fs::remove_file(&backing);
+    result
+}
+
+/// Runs one (workload, target) in this process and prints its row.
+fn run_one(arguments: &BenchArguments, target: &str) -> Outcome<ExitCode> {
+    let size = Size::of(arguments.quick);
+    let directory = std::env::temp_dir().join(format!("flintfs-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&directory)?;
+    let result = match target {
+        "flintfs" => run_engine(&arguments.workload, size, arguments.seed),
+        "flintfs-fuse" => run_fuse(&arguments.workload, size, arguments.seed, &directory),
+        _ => run_kernel(&arguments.workload, target, size, arguments.seed, &directory),
+    };
+    let _ = std::fs::remove_dir_all(&directory);
+    let mut value = result?;
+    if value.get("peak_rss_bytes").is_none_or(Value::is_null) {
+        value["peak_rss_bytes"] = json!(rss_of(std::process::id()));
+    }
+    println!("{value}");
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Why a peer cannot run here, if it cannot.
+fn unavailable(target: &str) -> Option<String> {
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    match target {
+        "flintfs" => None,
+        "flintfs-fuse" => (!Path::new("/dev/fuse").exists()).then(|| "no /dev/fuse".to_string()),
+        _ if !root => Some("kernel file systems on loop devices need root".to_string()),
+        _ => {
+            let mkfs = format!("mkfs.{target}");
+            let found = std::env::var_os("PATH")
+                .map(|paths| std::env::split_paths(&paths).any(|directory| directory.join(&mkfs).exists()))
+                .unwrap_or(false);
+            (!found).then(|| format!("{mkfs} is not installed"))
+        }
+    }
+}
+
+pub fn bench(arguments: BenchArguments) -> Outcome<ExitCode> {
+    if let Some(target) = arguments.target.clone() {
+        return run_one(&arguments, &target);
+    }
+    let workloads: Vec<&str> = if arguments.workload == "all" {
+        WORKLOADS.to_vec()
+    } else if WORKLOADS.contains(&arguments.workload.as_str()) {
+        vec![arguments.workload.as_str()]
+    } else {
+        fail!("unknown workload {:?} (known: {}, all)", arguments.workload, WORKLOADS.join(", "));
+    };
+    for peer in &arguments.peers {
+        if !TARGETS[2..].contains(&peer.as_str()) {
+            fail!("unknown peer {peer:?} (known: {})", TARGETS[2..].join(", "));
+        }
+    }
+    let targets: Vec<&str> = TARGETS
+        .iter()
+        .copied()
+        .filter(|target| target.starts_with("flintfs") || arguments.peers.iter().any(|peer| peer == target))
+        .collect();
+    let size = Size::of(arguments.quick);
+    eprintln!(
+        "bench: {} sizes ({} files, {} appends of {} B, varmail {} files x {} loops), device {} MiB, seed {}",
+        if arguments.quick { "quick" } else { "full" },
+        size.files,
+        size.appends,
+        APPEND_BYTES,
+        size.varmail_files,
+        size.varmail_loops,
+        size.device_bytes >> 20,
+        arguments.seed
+    );
+    let progress = indicatif::ProgressBar::new((workloads.len() * targets.len()) as u64);
+    progress.set_style(
+        indicatif::ProgressStyle::with_template("  {msg:<32} [{bar:32}] {pos}/{len} {elapsed}")
+            .expect("a valid template")
+            .progress_chars("=> "),
+    );
+    let mut rows = Vec::new();
+    let mut notes = Vec::new();
+    for workload in &workloads {
+        for target in &targets {
+            progress.set_message(format!("{workload} on {target}"));
+            if let Some(reason) = unavailable(target) {
+                notes.push(format!("{target} skipped: {reason}"));
+                progress.inc(1);
+                continue;
+            }
+            let mut command = Command::new(std::env::current_exe()?);
+            command.args(["bench", workload, "--target", target, "--seed", &arguments.seed.to_string()]);
+            if arguments.quick {
+                command.arg("--quick");
+            }
+            let output = command.stderr(Stdio::inherit()).output()?;
+            let text = String::from_utf8_lossy(&output.stdout);
+            match serde_json::from_str::<Value>(text.trim()) {
+                Ok(value) if output.status.success() => rows.push(value),
+                _ => notes.push(format!("{workload} on {target} failed: {}", text.trim())),
+            }
+            progress.inc(1);
+        }
+    }
+    progress.finish_and_clear();
+    notes.sort();
+    notes.dedup();
+    if arguments.json {
+        println!("{}", Value::Array(rows));
+    } else {
+        print_table(&rows);
+        for note in &notes {
+            println!("note: {note}");
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn print_table(rows: &[Value]) {
+    println!(
+        "{:<17} {:<13} {:>8} {:>11} {:>11} {:>9} {:>7} {:>10} {:>6} {:>9}",
+        "workload", "target", "ops", "ops/s", "bytes/op", "pages", "erases", "dev ns/op", "mount", "rss MiB"
+    );
+    let number = |value: &Value| value.as_f64().map_or("-".to_string(), |number| format!("{number:.0}"));
+    for row in rows {
+        println!(
+            "{:<17} {:<13} {:>8} {:>11} {:>11} {:>9} {:>7} {:>10} {:>6} {:>9}",
+            row["workload"].as_str().unwrap_or("?"),
+            row["target"].as_str().unwrap_or("?"),
+            number(&row["ops"]),
+            number(&row["ops_per_s"]),
+            number(&row["bytes_per_op"]),
+            number(&row["pages_programmed"]),
+            number(&row["erases"]),
+            number(&row["device_time_ns_per_op"]),
+            number(&row["mount_pages_read"]),
+            row["peak_rss_bytes"].as_f64().map_or("-".to_string(), |bytes| format!("{:.1}", bytes / 1048576.0)),
+        );
+    }
+}
