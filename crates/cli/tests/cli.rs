@@ -249,6 +249,18 @@ fn a_live_mount_through_stat_powercut_recovery_and_fsck() {
 }
 
 #[test]
+fn the_demo_runs_the_main_job_and_reports_every_fsynced_file_intact() {
+    if !fuse_available() {
+        return;
+    }
+    let out = ok(&["demo", "--files", "300", "--size", "256M", "--seed", "4"]);
+    assert!(out.contains("fsynced files intact (promised)"), "{out}");
+    assert!(out.contains("bytes programmed / byte"), "{out}");
+    assert!(out.contains("fsck:") && out.contains("clean"), "{out}");
+    assert!(out.contains("demo finished"), "{out}");
+}
+
+#[test]
 fn bench_prints_a_row_per_target_with_the_fields_tools_read() {
     if !fuse_available() {
         return;
