@@ -5,7 +5,9 @@
 //! - `flintfs`: the engine in-process on the memory device;
 //! - `flintfs-fuse`: a FUSE mount of an image file;
 //! - `ext2`, `ext4`, `btrfs`, `xfs`: kernel file systems on loop devices
-//!   (root only; skipped with a note otherwise or when mkfs is missing).
+//!   (root only; skipped with a note otherwise or when mkfs is missing);
+//! - `littlefs`: the `littlefs2` crate in-process on the same emulated
+//!   flash (`bench_littlefs`).
 //!
 //! Every (workload, target) runs in a child process of its own, so its peak
 //! RSS is its own. Bytes programmed count from after mount to after
@@ -32,7 +34,7 @@ use crate::{fail, Failure, Outcome};
 /// Workloads, in the order `all` runs them.
 pub const WORKLOADS: [&str; 5] = ["create_fsync", "delete", "append_fsync10", "append_fsync1000", "varmail"];
 /// Targets, in the order rows are printed.
-pub const TARGETS: [&str; 6] = ["flintfs", "flintfs-fuse", "ext2", "ext4", "btrfs", "xfs"];
+pub const TARGETS: [&str; 7] = ["flintfs", "flintfs-fuse", "ext2", "ext4", "btrfs", "xfs", "littlefs"];
 /// Bytes of one append.
 const APPEND_BYTES: usize = 4096;
 /// Directories the create workload spreads its files over (ReconFS).
@@ -45,7 +47,7 @@ pub struct BenchArguments {
     /// The quick sizes (for CI and a first look).
     #[arg(long)]
     pub quick: bool,
-    /// Peers beside flintfs and flintfs-fuse: a list of ext2, ext4, btrfs, xfs.
+    /// Peers beside flintfs and flintfs-fuse: a list of ext2, ext4, btrfs, xfs, littlefs.
     #[arg(long, value_delimiter = ',')]
     pub peers: Vec<String>,
     #[arg(long)]
@@ -501,6 +503,26 @@ fn run_one(arguments: &BenchArguments, target: &str) -> Outcome<ExitCode> {
     let result = match target {
         "flintfs" => run_engine(&arguments.workload, size, arguments.seed),
         "flintfs-fuse" => run_fuse(&arguments.workload, size, arguments.seed, &directory),
+        "littlefs" => {
+            let varmail = (size.varmail_files, size.varmail_loops);
+            if arguments.quick {
+                crate::bench_littlefs::run::<{ crate::bench_littlefs::QUICK_BLOCKS }>(
+                    &arguments.workload,
+                    size.files,
+                    size.appends,
+                    varmail,
+                    arguments.seed,
+                )
+            } else {
+                crate::bench_littlefs::run::<{ crate::bench_littlefs::FULL_BLOCKS }>(
+                    &arguments.workload,
+                    size.files,
+                    size.appends,
+                    varmail,
+                    arguments.seed,
+                )
+            }
+        }
         _ => run_kernel(&arguments.workload, target, size, arguments.seed, &directory),
     };
     let _ = std::fs::remove_dir_all(&directory);
@@ -517,7 +539,7 @@ fn unavailable(target: &str) -> Option<String> {
     // SAFETY: geteuid has no preconditions.
     let root = unsafe { libc::geteuid() } == 0;
     match target {
-        "flintfs" => None,
+        "flintfs" | "littlefs" => None,
         "flintfs-fuse" => (!Path::new("/dev/fuse").exists()).then(|| "no /dev/fuse".to_string()),
         _ if !root => Some("kernel file systems on loop devices need root".to_string()),
         _ => {

@@ -5,6 +5,7 @@
 //! relied on by scripts (issue 5), so they change only with them.
 
 mod bench;
+mod bench_littlefs;
 mod crashtest;
 mod daemon;
 mod demo;
@@ -59,7 +60,7 @@ enum Action {
     Stat(daemon::StatArguments),
     /// Cut the emulated device's power under a live mount.
     Powercut(daemon::PowercutArguments),
-    /// Workloads on flintfs and its peers (ext2, ext4, btrfs, xfs on loop devices) in one run.
+    /// Workloads on flintfs and its peers (ext2, ext4, btrfs, xfs on loop devices, littlefs) in one run.
     Bench(bench::BenchArguments),
     /// Cut power at every device operation of workloads, recover, and check docs/SEMANTICS.md's promises.
     Crashtest(crashtest::CrashtestArguments),

@@ -1,0 +1,267 @@
+//! The littlefs peer: the `littlefs2` crate (littlefs in C) in-process, on
+//! the same emulated flash as flintfs, in its raw NAND shape (every 256 KiB
+//! erase block its own zone), so its programs, erases and device time come
+//! from the same counters and cost model.
+//!
+//! littlefs writes a block front to back after erasing it; the adapter
+//! programs pages at the block's write pointer and, where littlefs skips
+//! ahead, programs the skipped pages erased-looking (all ones), as a NAND
+//! driver under littlefs must. Reads past the write pointer return ones.
+
+use std::time::Instant;
+
+use flintfs_flash::{DeviceOptions, FlashDevice, Geometry, MemoryFlash, PageAddress};
+use littlefs2::consts::{U32, U4096};
+use littlefs2::driver::Storage;
+use littlefs2::fs::Filesystem;
+use littlefs2::io::{Error, Result, SeekFrom};
+use littlefs2::path::PathBuf;
+use rand::{Rng, SeedableRng};
+use rand_pcg::Pcg64Mcg;
+use serde_json::{json, Value};
+
+use crate::{fail, Outcome};
+
+const PAGE_BYTES: usize = 4096;
+const BLOCK_PAGES: usize = 64;
+const BLOCK_BYTES: usize = PAGE_BYTES * BLOCK_PAGES;
+/// One append, as the other targets write it.
+const APPEND_BYTES: usize = 4096;
+/// Erase blocks of the quick and the full device (512 MiB and 2 GiB, as
+/// flintfs's).
+pub const QUICK_BLOCKS: usize = (512 << 20) / BLOCK_BYTES;
+pub const FULL_BLOCKS: usize = (2 << 30) / BLOCK_BYTES;
+
+/// The emulated device under littlefs; `BLOCKS` erase blocks.
+pub struct LittleStorage<const BLOCKS: usize> {
+    device: MemoryFlash,
+    oob: Vec<u8>,
+}
+
+impl<const BLOCKS: usize> LittleStorage<BLOCKS> {
+    pub fn new() -> Outcome<LittleStorage<BLOCKS>> {
+        let geometry = Geometry {
+            page_size_bytes: PAGE_BYTES as u32,
+            block_pages: BLOCK_PAGES as u32,
+            zone_blocks: 1,
+            zone_count: BLOCKS as u32,
+            // Raw NAND: no limit on blocks programmed but not full.
+            open_zones_max: BLOCKS as u32,
+            ..Geometry::default()
+        };
+        let oob = vec![0xff; geometry.oob_size_bytes as usize];
+        Ok(LittleStorage { device: MemoryFlash::memory(geometry, DeviceOptions::default())?, oob })
+    }
+
+    fn address(offset: usize) -> PageAddress {
+        PageAddress::new((offset / BLOCK_BYTES) as u32, ((offset % BLOCK_BYTES) / PAGE_BYTES) as u32)
+    }
+}
+
+impl<const BLOCKS: usize> Storage for LittleStorage<BLOCKS> {
+    const READ_SIZE: usize = PAGE_BYTES;
+    const WRITE_SIZE: usize = PAGE_BYTES;
+    const BLOCK_SIZE: usize = BLOCK_BYTES;
+    const BLOCK_COUNT: usize = BLOCKS;
+    // Wear levelling on, as littlefs recommends for NAND (100 to 1000).
+    const BLOCK_CYCLES: isize = 500;
+    type CACHE_SIZE = U4096;
+    type LOOKAHEAD_SIZE = U32;
+
+    fn read(&mut self, offset: usize, buffer: &mut [u8]) -> Result<usize> {
+        for (index, page) in buffer.chunks_mut(PAGE_BYTES).enumerate() {
+            let address = Self::address(offset + index * PAGE_BYTES);
+            let written = self.device.report_zone(address.zone).map_err(|_| Error::IO)?.write_pointer;
+            if address.page >= written {
+                page.fill(0xff);
+            } else {
+                let mut oob = vec![0u8; self.oob.len()];
+                self.device.read_page(address, page, &mut oob).map_err(|_| Error::IO)?;
+            }
+        }
+        Ok(buffer.len())
+    }
+
+    fn write(&mut self, offset: usize, data: &[u8]) -> Result<usize> {
+        for (index, page) in data.chunks(PAGE_BYTES).enumerate() {
+            let address = Self::address(offset + index * PAGE_BYTES);
+            let mut pointer = self.device.report_zone(address.zone).map_err(|_| Error::IO)?.write_pointer;
+            if address.page < pointer {
+                // littlefs never programs a page twice between erases.
+                return Err(Error::IO);
+            }
+            let ones = vec![0xffu8; PAGE_BYTES];
+            while pointer < address.page {
+                self.device
+                    .program_page(PageAddress::new(address.zone, pointer), &ones, &self.oob)
+                    .map_err(|_| Error::IO)?;
+                pointer += 1;
+            }
+            self.device.program_page(address, page, &self.oob).map_err(|_| Error::IO)?;
+        }
+        Ok(data.len())
+    }
+
+    fn erase(&mut self, offset: usize, length: usize) -> Result<usize> {
+        for block in (offset / BLOCK_BYTES)..(offset + length).div_ceil(BLOCK_BYTES) {
+            self.device.reset_zone(block as u32).map_err(|_| Error::IO)?;
+        }
+        Ok(length)
+    }
+}
+
+fn path(text: &str) -> PathBuf {
+    PathBuf::try_from(text).expect("a valid littlefs path")
+}
+
+fn lfs(error: Error) -> crate::Failure {
+    crate::Failure(format!("littlefs: error {}", error.code()))
+}
+
+/// Runs `workload` on littlefs; the row as the other targets give it.
+pub fn run<const BLOCKS: usize>(
+    workload: &str,
+    files: usize,
+    appends: usize,
+    varmail: (usize, usize),
+    seed: u64,
+) -> Outcome<Value> {
+    let mut storage = LittleStorage::<BLOCKS>::new()?;
+    Filesystem::format(&mut storage).map_err(lfs)?;
+    // A mount's reads are what littlefs reads to mount.
+    let before_mount = storage.device.counters();
+    let mut allocation = Filesystem::allocate();
+    let fs = Filesystem::mount(&mut allocation, &mut storage).map_err(lfs)?;
+    let mut random = Pcg64Mcg::seed_from_u64(seed);
+    let mut block = vec![0u8; APPEND_BYTES];
+    let file_path = |index: usize| format!("/d{:03}/f{index:06}", index % 100);
+    let seconds;
+    let ops: u64 = {
+        let started = Instant::now;
+        match workload {
+            "create_fsync" | "delete" => {
+                for directory in 0..100 {
+                    fs.create_dir(&path(&format!("/d{directory:03}"))).map_err(lfs)?;
+                }
+                if workload == "delete" {
+                    for index in 0..files {
+                        fs.open_file_with_options_and_then(
+                            |o| o.write(true).create(true),
+                            &path(&file_path(index)),
+                            |_| Ok(()),
+                        )
+                        .map_err(lfs)?;
+                    }
+                }
+                let start = started();
+                for index in 0..files {
+                    let at = path(&file_path(index));
+                    if workload == "delete" {
+                        fs.remove(&at).map_err(lfs)?;
+                    } else {
+                        fs.open_file_with_options_and_then(|o| o.write(true).create(true), &at, |file| file.sync())
+                            .map_err(lfs)?;
+                    }
+                }
+                seconds = start.elapsed().as_secs_f64();
+                files as u64
+            }
+            "append_fsync10" | "append_fsync1000" => {
+                let every = if workload == "append_fsync10" { 10 } else { 1000 };
+                random.fill(&mut block[APPEND_BYTES / 2..]);
+                let start = started();
+                fs.open_file_with_options_and_then(
+                    |o| o.write(true).create(true),
+                    &path("/log"),
+                    |file| {
+                        for index in 0..appends {
+                            file.write(&block)?;
+                            if (index + 1) % every == 0 {
+                                file.sync()?;
+                            }
+                        }
+                        Ok(())
+                    },
+                )
+                .map_err(lfs)?;
+                seconds = start.elapsed().as_secs_f64();
+                appends as u64
+            }
+            "varmail" => {
+                let (count, loops) = varmail;
+                fs.create_dir(&path("/mail")).map_err(lfs)?;
+                let mail = |index: usize| path(&format!("/mail/m{index:06}"));
+                let mut message = vec![0u8; 16 << 10];
+                let mut live: Vec<usize> = (0..count).collect();
+                for &index in &live {
+                    random.fill(&mut message[8 << 10..]);
+                    fs.write(&mail(index), &message).map_err(lfs)?;
+                }
+                let start = started();
+                let mut scratch = vec![0u8; 64 << 10];
+                for next in count..count + loops {
+                    let victim = live.swap_remove(random.random_range(0..live.len()));
+                    fs.remove(&mail(victim)).map_err(lfs)?;
+                    random.fill(&mut message[8 << 10..]);
+                    fs.open_file_with_options_and_then(
+                        |o| o.write(true).create(true),
+                        &mail(next),
+                        |file| {
+                            file.write(&message)?;
+                            file.sync()
+                        },
+                    )
+                    .map_err(lfs)?;
+                    live.push(next);
+                    let other = live[random.random_range(0..live.len())];
+                    random.fill(&mut message[8 << 10..]);
+                    fs.open_file_with_options_and_then(
+                        |o| o.read(true).write(true),
+                        &mail(other),
+                        |file| {
+                            while file.read(&mut scratch)? > 0 {}
+                            file.seek(SeekFrom::End(0))?;
+                            file.write(&message)?;
+                            file.sync()
+                        },
+                    )
+                    .map_err(lfs)?;
+                    let reread = live[random.random_range(0..live.len())];
+                    fs.open_file_with_options_and_then(
+                        |o| o.read(true),
+                        &mail(reread),
+                        |file| {
+                            while file.read(&mut scratch)? > 0 {}
+                            Ok(())
+                        },
+                    )
+                    .map_err(lfs)?;
+                }
+                seconds = start.elapsed().as_secs_f64();
+                loops as u64 * 13
+            }
+            _ => fail!("unknown workload {workload:?}"),
+        }
+    };
+    // littlefs keeps no state for an unmount to write: every file was
+    // closed, so nothing is left buffered.
+    let _ = fs;
+    let programmed = storage.device.counters().since(&before_mount);
+    let mount_reads = {
+        let mut allocation = Filesystem::allocate();
+        let before = storage.device.counters().pages_read;
+        Filesystem::mount(&mut allocation, &mut storage).map_err(lfs)?;
+        storage.device.counters().pages_read - before
+    };
+    Ok(json!({
+        "workload": workload,
+        "target": "littlefs",
+        "ops": ops,
+        "ops_per_s": ops as f64 / seconds.max(1e-9),
+        "bytes_per_op": (programmed.data_bytes_programmed + programmed.oob_bytes_programmed) as f64 / ops.max(1) as f64,
+        "pages_programmed": programmed.pages_programmed,
+        "erases": programmed.erases,
+        "device_time_ns_per_op": programmed.device_time_ns as f64 / ops.max(1) as f64,
+        "mount_pages_read": mount_reads,
+    }))
+}
