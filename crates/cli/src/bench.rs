@@ -52,6 +52,9 @@ pub struct BenchArguments {
     pub peers: Vec<String>,
     #[arg(long)]
     pub json: bool,
+    /// Write a report here: README.md (targets judged, rows), rows.json and charts.
+    #[arg(long)]
+    pub report: Option<PathBuf>,
     /// Seeds the data written.
     #[arg(long, default_value_t = 2026)]
     pub seed: u64,
@@ -574,8 +577,8 @@ pub fn bench(arguments: BenchArguments) -> Outcome<ExitCode> {
         .filter(|target| target.starts_with("flintfs") || arguments.peers.iter().any(|peer| peer == target))
         .collect();
     let size = Size::of(arguments.quick);
-    eprintln!(
-        "bench: {} sizes ({} files, {} appends of {} B, varmail {} files x {} loops), device {} MiB, seed {}",
+    let configuration = format!(
+        "{} sizes ({} files, {} appends of {} B, varmail {} files x {} loops), device {} MiB, seed {}",
         if arguments.quick { "quick" } else { "full" },
         size.files,
         size.appends,
@@ -585,6 +588,8 @@ pub fn bench(arguments: BenchArguments) -> Outcome<ExitCode> {
         size.device_bytes >> 20,
         arguments.seed
     );
+    eprintln!("bench: {configuration}");
+    let started = Instant::now();
     let progress = indicatif::ProgressBar::new((workloads.len() * targets.len()) as u64);
     progress.set_style(
         indicatif::ProgressStyle::with_template("  {msg:<32} [{bar:32}] {pos}/{len} {elapsed}")
@@ -618,6 +623,25 @@ pub fn bench(arguments: BenchArguments) -> Outcome<ExitCode> {
     progress.finish_and_clear();
     notes.sort();
     notes.dedup();
+    notes.push(
+        "Peak RSS of the in-process targets (flintfs, littlefs) includes the emulated device's memory; \
+         flintfs-fuse's is its daemon's, on an image file; a kernel peer's is only the workload's process."
+            .into(),
+    );
+    if let Some(directory) = &arguments.report {
+        let header = format!(
+            "- command: `flintfs bench {} {}--peers {}`\n- configuration: {configuration}\n- machine: {}\n- date: {}\n\
+             - run time: {:.0} s\n",
+            arguments.workload,
+            if arguments.quick { "--quick " } else { "" },
+            arguments.peers.join(","),
+            machine(),
+            today(),
+            started.elapsed().as_secs_f64()
+        );
+        crate::bench_report::write(directory, &rows, &header, &notes)?;
+        eprintln!("bench: report in {}", directory.display());
+    }
     if arguments.json {
         println!("{}", Value::Array(rows));
     } else {
@@ -627,6 +651,39 @@ pub fn bench(arguments: BenchArguments) -> Outcome<ExitCode> {
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The machine, as a line: CPU model and count, memory, kernel.
+fn machine() -> String {
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let model = cpuinfo
+        .lines()
+        .find(|line| line.starts_with("model name"))
+        .and_then(|line| line.split(':').nth(1))
+        .map_or("unknown CPU".to_string(), |model| model.trim().to_string());
+    let cores = cpuinfo.lines().filter(|line| line.starts_with("processor")).count();
+    let memory = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|text| text.lines().next().and_then(|line| line.split_whitespace().nth(1)?.parse::<u64>().ok()))
+        .map_or("?".to_string(), |kib| format!("{:.0} GiB", kib as f64 / 1048576.0));
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    format!("{model}, {cores} cores, {memory} memory, Linux {}", kernel.trim())
+}
+
+/// Today's date (UTC) from the wall clock, as YYYY-MM-DD.
+fn today() -> String {
+    let days = (crate::image::now_ns() / 1_000_000_000 / 86_400) as i64;
+    // Civil from days (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let day_of_era = z - era * 146_097;
+    let year_of_era = (day_of_era - day_of_era / 1460 + day_of_era / 36_524 - day_of_era / 146_096) / 365;
+    let day_of_year = day_of_era - (365 * year_of_era + year_of_era / 4 - year_of_era / 100);
+    let month_index = (5 * day_of_year + 2) / 153;
+    let day = day_of_year - (153 * month_index + 2) / 5 + 1;
+    let month = if month_index < 10 { month_index + 3 } else { month_index - 9 };
+    let year = year_of_era + era * 400 + i64::from(month <= 2);
+    format!("{year:04}-{month:02}-{day:02}")
 }
 
 fn print_table(rows: &[Value]) {

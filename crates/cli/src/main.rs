@@ -6,6 +6,7 @@
 
 mod bench;
 mod bench_littlefs;
+mod bench_report;
 mod crashtest;
 mod daemon;
 mod demo;

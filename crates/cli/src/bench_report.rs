@@ -1,0 +1,256 @@
+//! The bench report: a markdown summary with the targets of issue 6 judged
+//! (met, or missed by how much), the rows as JSON, and charts (PNG) that
+//! show flintfs beside each peer, normalised to ext2 as the papers do.
+
+use std::path::Path;
+
+use plotters::prelude::*;
+use serde_json::Value;
+
+use crate::Outcome;
+
+/// Where the charts' font comes from (Debian's fonts-dejavu-core).
+const FONT_PATHS: [&str; 2] =
+    ["/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf", "/usr/share/fonts/dejavu/DejaVuSans.ttf"];
+
+fn value(rows: &[Value], workload: &str, target: &str, field: &str) -> Option<f64> {
+    rows.iter().find(|row| row["workload"] == workload && row["target"] == target).and_then(|row| row[field].as_f64())
+}
+
+/// One judged target: its text, the measured ratio, the bound, and
+/// whether the ratio must be at most (true) or at least the bound.
+struct Judged {
+    what: String,
+    ratio: Option<f64>,
+    bound: f64,
+    at_most: bool,
+}
+
+impl Judged {
+    fn line(&self) -> String {
+        match self.ratio {
+            None => format!("| {} | not measured in this run | - |", self.what),
+            Some(ratio) => {
+                let met = if self.at_most { ratio <= self.bound } else { ratio >= self.bound };
+                let verdict = if met {
+                    "met".to_string()
+                } else if self.at_most {
+                    format!("missed by {:.2}x (needs {:.2}x less)", ratio / self.bound, ratio / self.bound)
+                } else {
+                    format!(
+                        "missed by {:.2}x (needs {:.2}x more)",
+                        self.bound / ratio.max(1e-12),
+                        self.bound / ratio.max(1e-12)
+                    )
+                };
+                format!(
+                    "| {} | {:.3} (bound {}{:.2}) | {} |",
+                    self.what,
+                    ratio,
+                    if self.at_most { "<= " } else { ">= " },
+                    self.bound,
+                    verdict
+                )
+            }
+        }
+    }
+}
+
+fn ratio(rows: &[Value], workload: &str, field: &str, target: &str, peer: &str) -> Option<f64> {
+    Some(value(rows, workload, target, field)? / value(rows, workload, peer, field)?.max(1e-12))
+}
+
+/// The issue's targets, judged on `rows`.
+fn judge(rows: &[Value]) -> Vec<Judged> {
+    let mut judged = vec![
+        Judged {
+            what: "create+fsync bytes/op, flintfs / ext2".into(),
+            ratio: ratio(rows, "create_fsync", "bytes_per_op", "flintfs", "ext2"),
+            bound: 0.5,
+            at_most: true,
+        },
+        Judged {
+            what: "varmail bytes/op, flintfs / ext2".into(),
+            ratio: ratio(rows, "varmail", "bytes_per_op", "flintfs", "ext2"),
+            bound: 0.4,
+            at_most: true,
+        },
+    ];
+    for workload in ["create_fsync", "append_fsync10", "varmail"] {
+        judged.push(Judged {
+            what: format!("{workload} ops/s, flintfs-fuse / ext4"),
+            ratio: ratio(rows, workload, "ops_per_s", "flintfs-fuse", "ext4"),
+            bound: 1.0,
+            at_most: false,
+        });
+    }
+    for workload in ["create_fsync", "varmail"] {
+        judged.push(Judged {
+            what: format!("{workload} ops/s, flintfs / littlefs"),
+            ratio: ratio(rows, workload, "ops_per_s", "flintfs", "littlefs"),
+            bound: 10.0,
+            at_most: false,
+        });
+        judged.push(Judged {
+            what: format!("{workload} bytes/op, flintfs / littlefs"),
+            ratio: ratio(rows, workload, "bytes_per_op", "flintfs", "littlefs"),
+            bound: 0.5,
+            at_most: true,
+        });
+    }
+    judged
+}
+
+fn cell(row: &Value, field: &str, decimals: usize) -> String {
+    row[field].as_f64().map_or("-".into(), |number| format!("{number:.decimals$}"))
+}
+
+/// Writes `directory`: README.md, rows.json and the charts.
+pub fn write(directory: &Path, rows: &[Value], header: &str, notes: &[String]) -> Outcome {
+    std::fs::create_dir_all(directory).map_err(|error| format!("{}: {error}", directory.display()))?;
+    std::fs::write(directory.join("rows.json"), serde_json::to_string_pretty(rows)?)?;
+    let mut charts = Vec::new();
+    for (field, title, file) in [
+        ("bytes_per_op", "bytes programmed per operation, relative to ext2 (lower is better)", "bytes_per_op.png"),
+        ("ops_per_s", "operations per second, relative to ext2 (higher is better)", "ops_per_s.png"),
+    ] {
+        match chart(&directory.join(file), rows, field, title) {
+            Ok(()) => charts.push((title, file)),
+            Err(error) => eprintln!("bench: chart {file}: {}", error.0),
+        }
+    }
+    let mut text = String::new();
+    text.push_str("# flintfs benchmarks\n\n");
+    text.push_str(header);
+    text.push_str("\n## Targets (issue 6)\n\n| target | measured | verdict |\n|---|---|---|\n");
+    for judged in judge(rows) {
+        text.push_str(&judged.line());
+        text.push('\n');
+    }
+    text.push_str("\n## Rows\n\n");
+    text.push_str("| workload | target | ops | ops/s | bytes/op | pages programmed | erases | device ns/op | mount pages | peak RSS MiB |\n");
+    text.push_str("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+    for row in rows {
+        text.push_str(&format!(
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
+            row["workload"].as_str().unwrap_or("?"),
+            row["target"].as_str().unwrap_or("?"),
+            cell(row, "ops", 0),
+            cell(row, "ops_per_s", 0),
+            cell(row, "bytes_per_op", 0),
+            cell(row, "pages_programmed", 0),
+            cell(row, "erases", 0),
+            cell(row, "device_time_ns_per_op", 0),
+            cell(row, "mount_pages_read", 0),
+            row["peak_rss_bytes"].as_f64().map_or("-".into(), |bytes| format!("{:.1}", bytes / 1048576.0)),
+        ));
+    }
+    for (title, file) in &charts {
+        text.push_str(&format!("\n### {title}\n\n![{title}]({file})\n"));
+    }
+    if !notes.is_empty() {
+        text.push_str("\n## Notes\n\n");
+        for note in notes {
+            text.push_str(&format!("- {note}\n"));
+        }
+    }
+    std::fs::write(directory.join("README.md"), text)?;
+    Ok(())
+}
+
+fn register_font() -> Outcome {
+    static REGISTERED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let ok = *REGISTERED.get_or_init(|| {
+        let Some(bytes) = FONT_PATHS.iter().find_map(|path| std::fs::read(path).ok()) else { return false };
+        // The font lives as long as the process: charts are drawn once.
+        let bytes: &'static [u8] = Box::leak(bytes.into_boxed_slice());
+        plotters::style::register_font("sans-serif", FontStyle::Normal, bytes).is_ok()
+    });
+    if ok {
+        Ok(())
+    } else {
+        Err(crate::Failure(format!("no font for charts (install fonts-dejavu-core: {})", FONT_PATHS[0])))
+    }
+}
+
+/// A grouped bar chart: per workload, each target's `field` over ext2's.
+fn chart(path: &Path, rows: &[Value], field: &str, title: &str) -> Outcome {
+    register_font()?;
+    let mut workloads: Vec<&str> = Vec::new();
+    let mut targets: Vec<&str> = Vec::new();
+    for row in rows {
+        let (Some(workload), Some(target)) = (row["workload"].as_str(), row["target"].as_str()) else { continue };
+        if !workloads.contains(&workload) {
+            workloads.push(workload);
+        }
+        if !targets.contains(&target) {
+            targets.push(target);
+        }
+    }
+    let bars: Vec<(usize, usize, f64)> = workloads
+        .iter()
+        .enumerate()
+        .flat_map(|(w, workload)| {
+            targets.iter().enumerate().filter_map(move |(t, target)| {
+                Some((w, t, value(rows, workload, target, field)? / value(rows, workload, "ext2", field)?.max(1e-12)))
+            })
+        })
+        .collect();
+    if bars.is_empty() {
+        return Err(crate::Failure("no ext2 rows to normalise to".into()));
+    }
+    let top = bars.iter().map(|bar| bar.2).fold(1.0f64, f64::max) * 1.15;
+    let root = BitMapBackend::new(path, (1200, 600)).into_drawing_area();
+    let draw = |error: DrawingAreaErrorKind<_>| crate::Failure(format!("drawing: {error:?}"));
+    root.fill(&WHITE).map_err(draw)?;
+    let groups = workloads.len() as f64;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(title, ("sans-serif", 22))
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(60)
+        .build_cartesian_2d(0.0..groups, 0.0..top)
+        .map_err(draw)?;
+    let names = workloads.clone();
+    chart
+        .configure_mesh()
+        .disable_x_mesh()
+        .x_labels(workloads.len() * 2 + 1)
+        .x_label_formatter(&|x| {
+            let index = x.floor() as usize;
+            if (x - x.floor() - 0.5).abs() < 0.26 {
+                names.get(index).map_or(String::new(), |name| name.to_string())
+            } else {
+                String::new()
+            }
+        })
+        .y_desc("relative to ext2")
+        .draw()
+        .map_err(draw)?;
+    let width = 0.8 / targets.len() as f64;
+    for (t, target) in targets.iter().enumerate() {
+        let color = Palette99::pick(t).to_rgba();
+        let series: Vec<Rectangle<(f64, f64)>> = bars
+            .iter()
+            .filter(|bar| bar.1 == t)
+            .map(|&(w, _, height)| {
+                let left = w as f64 + 0.1 + width * t as f64;
+                Rectangle::new([(left, 0.0), (left + width * 0.9, height)], color.filled())
+            })
+            .collect();
+        chart
+            .draw_series(series)
+            .map_err(draw)?
+            .label(*target)
+            .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 12, y + 5)], color.filled()));
+    }
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .position(SeriesLabelPosition::UpperRight)
+        .draw()
+        .map_err(draw)?;
+    root.present().map_err(draw)?;
+    Ok(())
+}
