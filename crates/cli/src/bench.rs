@@ -32,7 +32,19 @@ use serde_json::{json, Value};
 use crate::{fail, Failure, Outcome};
 
 /// Workloads, in the order `all` runs them.
-pub const WORKLOADS: [&str; 5] = ["create_fsync", "delete", "append_fsync10", "append_fsync1000", "varmail"];
+pub const WORKLOADS: [&str; 11] = [
+    "create_fsync",
+    "delete",
+    "append_fsync10",
+    "append_fsync1000",
+    "varmail",
+    "fileserver",
+    "webproxy",
+    "webserver",
+    "postmark",
+    "large_seq_write",
+    "large_rand_write",
+];
 /// Targets, in the order rows are printed.
 pub const TARGETS: [&str; 7] = ["flintfs", "flintfs-fuse", "ext2", "ext4", "btrfs", "xfs", "littlefs"];
 /// Bytes of one append.
@@ -65,26 +77,52 @@ pub struct BenchArguments {
 
 /// Sizes of a workload.
 #[derive(Clone, Copy, Debug)]
-struct Size {
-    files: usize,
-    appends: usize,
-    varmail_files: usize,
-    varmail_loops: usize,
+pub(crate) struct Size {
+    pub files: usize,
+    pub appends: usize,
+    pub varmail_files: usize,
+    pub varmail_loops: usize,
+    /// filebench's fileserver, webproxy and webserver: files, and loops.
+    personality_files: [usize; 3],
+    personality_loops: usize,
+    postmark_transactions: usize,
+    pub large_file_bytes: u64,
     device_bytes: u64,
 }
 
 impl Size {
     fn of(quick: bool) -> Size {
         if quick {
-            Size { files: 2_000, appends: 2_000, varmail_files: 200, varmail_loops: 300, device_bytes: 512 << 20 }
+            Size {
+                files: 2_000,
+                appends: 2_000,
+                varmail_files: 200,
+                varmail_loops: 300,
+                personality_files: [500, 1_000, 1_000],
+                personality_loops: 300,
+                postmark_transactions: 3_000,
+                large_file_bytes: 64 << 20,
+                device_bytes: 512 << 20,
+            }
         } else {
-            Size { files: 100_000, appends: 100_000, varmail_files: 1_000, varmail_loops: 5_000, device_bytes: 2 << 30 }
+            // The personalities' own file counts (filebench's defaults).
+            Size {
+                files: 100_000,
+                appends: 100_000,
+                varmail_files: 1_000,
+                varmail_loops: 5_000,
+                personality_files: [10_000, 10_000, 1_000],
+                personality_loops: 5_000,
+                postmark_transactions: 15_000,
+                large_file_bytes: 512 << 20,
+                device_bytes: 2 << 30,
+            }
         }
     }
 }
 
 /// What a workload does to files: a handle is an index the target keeps.
-trait Files {
+pub(crate) trait Files {
     fn mkdir(&mut self, path: &str) -> Outcome;
     fn create(&mut self, path: &str) -> Outcome<u64>;
     fn open(&mut self, path: &str) -> Outcome<u64>;
@@ -315,12 +353,193 @@ fn run_workload(name: &str, files: &mut dyn Files, size: Size, seed: u64, timed:
             timed(false);
             Ok(size.varmail_loops as u64 * 13)
         }
+        "fileserver" | "webproxy" | "webserver" => personality(name, files, size, &mut random, timed),
+        "postmark" => postmark(files, size, &mut random, timed),
+        "large_seq_write" | "large_rand_write" => {
+            // RCFFS's table 2: one file much larger than any cache, written
+            // in 4 KiB requests, in order or at random block offsets.
+            let blocks = size.large_file_bytes / APPEND_BYTES as u64;
+            let handle = files.create("large")?;
+            let block = data(&mut random, APPEND_BYTES);
+            if name == "large_rand_write" {
+                // Allocated first, so the timed phase overwrites.
+                for index in 0..blocks {
+                    files.write_at(handle, index * APPEND_BYTES as u64, &block)?;
+                }
+                files.fsync(handle)?;
+            }
+            timed(true);
+            for index in 0..blocks {
+                let at = if name == "large_rand_write" { random.random_range(0..blocks) } else { index };
+                files.write_at(handle, at * APPEND_BYTES as u64, &block)?;
+            }
+            files.fsync(handle)?;
+            timed(false);
+            files.close(handle)?;
+            Ok(blocks)
+        }
         _ => fail!("unknown workload {name:?} (known: {})", WORKLOADS.join(", ")),
     }
 }
 
+/// A file of a directory tree `width` wide at each level, as filebench
+/// lays out `nfiles` with `meandirwidth`.
+fn tree_path(root: &str, index: usize, width: usize) -> (String, String) {
+    let directory = format!("{root}/d{:04}", index / width);
+    (directory.clone(), format!("{directory}/f{index:06}"))
+}
+
+/// filebench's fileserver (10,000 files of 128 KiB, 20 per directory:
+/// create, write whole, append 16 KiB, read whole, delete, stat; 11 flow
+/// operations a loop), webproxy (10,000 files of 16 KiB in one directory:
+/// delete, create, append, then five whole reads; 19) and webserver (1,000
+/// files of 16 KiB, 20 per directory: ten whole reads and a 16 KiB append
+/// to a log; 31).
+fn personality(
+    name: &str,
+    files: &mut dyn Files,
+    size: Size,
+    random: &mut Pcg64Mcg,
+    timed: &mut dyn FnMut(bool),
+) -> Outcome<u64> {
+    let (count, width, file_bytes) = match name {
+        "fileserver" => (size.personality_files[0], 20, 128 << 10),
+        "webproxy" => (size.personality_files[1], usize::MAX, 16 << 10),
+        _ => (size.personality_files[2], 20, 16 << 10),
+    };
+    files.mkdir(name)?;
+    let mut made = std::collections::BTreeSet::new();
+    let mut place = |files: &mut dyn Files, index: usize| -> Outcome<String> {
+        let (directory, path) = tree_path(name, index, width.min(count.max(1)));
+        if made.insert(directory.clone()) {
+            files.mkdir(&directory)?;
+        }
+        Ok(path)
+    };
+    for index in 0..count {
+        let path = place(files, index)?;
+        let handle = files.create(&path)?;
+        files.write_at(handle, 0, &data(random, file_bytes))?;
+        files.close(handle)?;
+    }
+    let log = if name == "webserver" { Some(files.create(&format!("{name}/log"))?) } else { None };
+    files.sync_all()?;
+    let mut live: Vec<usize> = (0..count).collect();
+    let mut next = count;
+    let append = data(random, 16 << 10);
+    let read_whole = |files: &mut dyn Files, path: &str| -> Outcome {
+        let handle = files.open(path)?;
+        files.read_all(handle)?;
+        files.close(handle)
+    };
+    timed(true);
+    for _ in 0..size.personality_loops {
+        match name {
+            "fileserver" => {
+                let path = place(files, next)?;
+                let handle = files.create(&path)?;
+                files.write_at(handle, 0, &data(random, file_bytes))?;
+                files.close(handle)?;
+                live.push(next);
+                next += 1;
+                let (_, path) = tree_path(name, live[random.random_range(0..live.len())], width);
+                let handle = files.open(&path)?;
+                let end = files.size(handle)?;
+                files.write_at(handle, end, &append)?;
+                files.close(handle)?;
+                read_whole(files, &tree_path(name, live[random.random_range(0..live.len())], width).1)?;
+                let victim = live.swap_remove(random.random_range(0..live.len()));
+                files.unlink(&tree_path(name, victim, width).1)?;
+                let handle = files.open(&tree_path(name, live[random.random_range(0..live.len())], width).1)?;
+                files.size(handle)?;
+                files.close(handle)?;
+            }
+            "webproxy" => {
+                let victim = live.swap_remove(random.random_range(0..live.len()));
+                files.unlink(&tree_path(name, victim, width.min(count.max(1))).1)?;
+                let path = place(files, next)?;
+                let handle = files.create(&path)?;
+                files.write_at(handle, 0, &append)?;
+                files.close(handle)?;
+                live.push(next);
+                next += 1;
+                for _ in 0..5 {
+                    let pick = live[random.random_range(0..live.len())];
+                    read_whole(files, &tree_path(name, pick, width.min(count.max(1))).1)?;
+                }
+            }
+            _ => {
+                for _ in 0..10 {
+                    read_whole(files, &tree_path(name, random.random_range(0..count), width).1)?;
+                }
+                let log = log.expect("the webserver's log");
+                let end = files.size(log)?;
+                files.write_at(log, end, &append)?;
+            }
+        }
+    }
+    timed(false);
+    if let Some(log) = log {
+        files.close(log)?;
+    }
+    Ok(size.personality_loops as u64
+        * match name {
+            "fileserver" => 11,
+            "webproxy" => 19,
+            _ => 31,
+        })
+}
+
+/// PostMark (Katcher, 1997) as RCFFS and DFFS ran it: 1000 files of 500 to
+/// 10,000 bytes, then transactions that each create or delete a file and
+/// read or append to one; then every file deleted. An operation is one
+/// half of a transaction.
+fn postmark(files: &mut dyn Files, size: Size, random: &mut Pcg64Mcg, timed: &mut dyn FnMut(bool)) -> Outcome<u64> {
+    const FILES: usize = 1000;
+    files.mkdir("pm")?;
+    let path = |index: usize| format!("pm/p{index:06}");
+    let mut live: Vec<usize> = Vec::new();
+    let mut next = 0;
+    let mut create = |files: &mut dyn Files, random: &mut Pcg64Mcg, live: &mut Vec<usize>| -> Outcome {
+        let handle = files.create(&path(next))?;
+        let length = random.random_range(500..=10_000);
+        files.write_at(handle, 0, &data(random, length))?;
+        files.close(handle)?;
+        live.push(next);
+        next += 1;
+        Ok(())
+    };
+    for _ in 0..FILES {
+        create(files, random, &mut live)?;
+    }
+    timed(true);
+    for _ in 0..size.postmark_transactions {
+        if random.random_bool(0.5) || live.len() < 2 {
+            create(files, random, &mut live)?;
+        } else {
+            let victim = live.swap_remove(random.random_range(0..live.len()));
+            files.unlink(&path(victim))?;
+        }
+        let pick = path(live[random.random_range(0..live.len())]);
+        let handle = files.open(&pick)?;
+        if random.random_bool(0.5) {
+            files.read_all(handle)?;
+        } else {
+            let end = files.size(handle)?;
+            let length = random.random_range(500..=10_000);
+            files.write_at(handle, end, &data(random, length))?;
+        }
+        files.close(handle)?;
+    }
+    for victim in live.drain(..) {
+        files.unlink(&path(victim))?;
+    }
+    timed(false);
+    Ok(size.postmark_transactions as u64 * 2)
+}
+
 /// Runs a workload and times its timed phase (host seconds).
-fn timed_workload(workload: &str, files: &mut dyn Files, size: Size, seed: u64) -> (Outcome<u64>, f64) {
+pub(crate) fn timed_workload(workload: &str, files: &mut dyn Files, size: Size, seed: u64) -> (Outcome<u64>, f64) {
     let mut start = None;
     let mut seconds = 0.0;
     let ops = run_workload(workload, files, size, seed, &mut |begin| {
@@ -501,27 +720,22 @@ fn run_kernel(workload: &str, target: &str, size: Size, seed: u64, directory: &P
 /// Runs one (workload, target) in this process and prints its row.
 fn run_one(arguments: &BenchArguments, target: &str) -> Outcome<ExitCode> {
     let size = Size::of(arguments.quick);
-    let directory = std::env::temp_dir().join(format!("flintfs-bench-{}", std::process::id()));
+    let directory = scratch_directory(std::process::id());
     std::fs::create_dir_all(&directory)?;
     let result = match target {
         "flintfs" => run_engine(&arguments.workload, size, arguments.seed),
         "flintfs-fuse" => run_fuse(&arguments.workload, size, arguments.seed, &directory),
         "littlefs" => {
-            let varmail = (size.varmail_files, size.varmail_loops);
             if arguments.quick {
                 crate::bench_littlefs::run::<{ crate::bench_littlefs::QUICK_BLOCKS }>(
                     &arguments.workload,
-                    size.files,
-                    size.appends,
-                    varmail,
+                    size,
                     arguments.seed,
                 )
             } else {
                 crate::bench_littlefs::run::<{ crate::bench_littlefs::FULL_BLOCKS }>(
                     &arguments.workload,
-                    size.files,
-                    size.appends,
-                    varmail,
+                    size,
                     arguments.seed,
                 )
             }
@@ -611,11 +825,16 @@ pub fn bench(arguments: BenchArguments) -> Outcome<ExitCode> {
             if arguments.quick {
                 command.arg("--quick");
             }
-            let output = command.stderr(Stdio::inherit()).output()?;
-            let text = String::from_utf8_lossy(&output.stdout);
-            match serde_json::from_str::<Value>(text.trim()) {
-                Ok(value) if output.status.success() => rows.push(value),
-                _ => notes.push(format!("{workload} on {target} failed: {}", text.trim())),
+            match run_child(command, time_limit(arguments.quick))? {
+                Child::Finished(text) => match serde_json::from_str::<Value>(text.trim()) {
+                    Ok(value) => rows.push(value),
+                    Err(_) => notes.push(format!("{workload} on {target} failed: {}", text.trim())),
+                },
+                Child::Failed(text) => notes.push(format!("{workload} on {target} failed: {}", text.trim())),
+                Child::TimedOut(limit) => notes.push(format!(
+                    "{workload} on {target} did not finish within {} s and was stopped: no row",
+                    limit.as_secs()
+                )),
             }
             progress.inc(1);
         }
@@ -651,6 +870,75 @@ pub fn bench(arguments: BenchArguments) -> Outcome<ExitCode> {
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// How long one (workload, target) may run: a peer that degrades badly
+/// (littlefs rewriting a file's tail on every random write) gets a note
+/// instead of stalling the run.
+fn time_limit(quick: bool) -> std::time::Duration {
+    std::time::Duration::from_secs(if quick { 60 } else { 900 })
+}
+
+enum Child {
+    Finished(String),
+    Failed(String),
+    TimedOut(std::time::Duration),
+}
+
+/// Runs a child with a time limit; its stderr passes through.
+fn run_child(mut command: Command, limit: std::time::Duration) -> Outcome<Child> {
+    let mut child = command.stdout(Stdio::piped()).stderr(Stdio::inherit()).spawn()?;
+    let mut stdout = child.stdout.take().expect("piped");
+    let reader = std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = stdout.read_to_string(&mut text);
+        text
+    });
+    let start = Instant::now();
+    loop {
+        if let Some(status) = child.try_wait()? {
+            let text = reader.join().unwrap_or_default();
+            return Ok(if status.success() { Child::Finished(text) } else { Child::Failed(text) });
+        }
+        if start.elapsed() > limit {
+            let pid = child.id();
+            let _ = child.kill();
+            let _ = child.wait();
+            clean_up_after(&scratch_directory(pid));
+            return Ok(Child::TimedOut(limit));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+/// A child's scratch directory (images, mount points, loop backing files).
+fn scratch_directory(pid: u32) -> PathBuf {
+    std::env::temp_dir().join(format!("flintfs-bench-{pid}"))
+}
+
+/// What a stopped child leaves: mounts under its scratch directory,
+/// loop devices backed there, the directory.
+fn clean_up_after(directory: &Path) {
+    let table = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let prefix = directory.to_string_lossy().into_owned();
+    for line in table.lines() {
+        if let Some(mount_point) = line.split(' ').nth(4).filter(|point| point.starts_with(&prefix)) {
+            let _ = Command::new("umount").arg("-l").arg(mount_point).status();
+        }
+    }
+    if let Ok(entries) = std::fs::read_dir(directory) {
+        for entry in entries.flatten() {
+            let path = entry.path();
+            if path.extension().is_some_and(|extension| extension == "img") {
+                if let Ok(listing) = run_command("losetup", &["-j", &path.to_string_lossy()]) {
+                    for device in listing.lines().filter_map(|line| line.split(':').next()) {
+                        let _ = run_command("losetup", &["-d", device]);
+                    }
+                }
+            }
+        }
+    }
+    let _ = std::fs::remove_dir_all(directory);
 }
 
 /// The machine, as a line: CPU model and count, memory, kernel.

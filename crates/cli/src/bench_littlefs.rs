@@ -20,7 +20,8 @@ use rand::{Rng, SeedableRng};
 use rand_pcg::Pcg64Mcg;
 use serde_json::{json, Value};
 
-use crate::{fail, Outcome};
+use crate::bench::{Files, Size};
+use crate::Outcome;
 
 const PAGE_BYTES: usize = 4096;
 const BLOCK_PAGES: usize = 64;
@@ -119,13 +120,8 @@ fn lfs(error: Error) -> crate::Failure {
 }
 
 /// Runs `workload` on littlefs; the row as the other targets give it.
-pub fn run<const BLOCKS: usize>(
-    workload: &str,
-    files: usize,
-    appends: usize,
-    varmail: (usize, usize),
-    seed: u64,
-) -> Outcome<Value> {
+pub fn run<const BLOCKS: usize>(workload: &str, size: Size, seed: u64) -> Outcome<Value> {
+    let (files, appends, varmail) = (size.files, size.appends, (size.varmail_files, size.varmail_loops));
     let mut storage = LittleStorage::<BLOCKS>::new()?;
     Filesystem::format(&mut storage).map_err(lfs)?;
     // A mount's reads are what littlefs reads to mount.
@@ -240,7 +236,43 @@ pub fn run<const BLOCKS: usize>(
                 seconds = start.elapsed().as_secs_f64();
                 loops as u64 * 13
             }
-            _ => fail!("unknown workload {workload:?}"),
+            "large_seq_write" | "large_rand_write" => {
+                // One open file, as the other targets keep it.
+                let blocks = size.large_file_bytes as usize / APPEND_BYTES;
+                random.fill(&mut block[APPEND_BYTES / 2..]);
+                let overwrite = workload == "large_rand_write";
+                let mut start = started();
+                fs.open_file_with_options_and_then(
+                    |o| o.write(true).create(true),
+                    &path("/large"),
+                    |file| {
+                        if overwrite {
+                            for _ in 0..blocks {
+                                file.write(&block)?;
+                            }
+                            file.sync()?;
+                            start = started();
+                        }
+                        for index in 0..blocks {
+                            let at = if overwrite { random.random_range(0..blocks) } else { index };
+                            file.seek(SeekFrom::Start((at * APPEND_BYTES) as u32))?;
+                            file.write(&block)?;
+                        }
+                        file.sync()
+                    },
+                )
+                .map_err(lfs)?;
+                seconds = start.elapsed().as_secs_f64();
+                blocks as u64
+            }
+            _ => {
+                // The generic workloads open and close per operation, as
+                // their flows do; closing is littlefs's sync.
+                let mut files = LittleFiles { fs: &fs, paths: std::collections::HashMap::new(), next: 0 };
+                let (ops, taken) = crate::bench::timed_workload(workload, &mut files, size, seed);
+                seconds = taken;
+                ops?
+            }
         }
     };
     // littlefs keeps no state for an unmount to write: every file was
@@ -264,4 +296,91 @@ pub fn run<const BLOCKS: usize>(
         "device_time_ns_per_op": programmed.device_time_ns as f64 / ops.max(1) as f64,
         "mount_pages_read": mount_reads,
     }))
+}
+
+/// The generic workloads' file operations on littlefs, one open and close
+/// per operation (littlefs2's files live inside a closure). A write closes
+/// its file, which is a littlefs sync: fsync is then free.
+struct LittleFiles<'f, 'a, S: Storage> {
+    fs: &'f Filesystem<'a, S>,
+    paths: std::collections::HashMap<u64, PathBuf>,
+    next: u64,
+}
+
+impl<S: Storage> LittleFiles<'_, '_, S> {
+    fn path_of(&self, handle: u64) -> Outcome<PathBuf> {
+        self.paths.get(&handle).cloned().ok_or_else(|| crate::Failure(format!("no open file {handle}")))
+    }
+
+    fn keep(&mut self, at: &str) -> u64 {
+        self.next += 1;
+        self.paths.insert(self.next, path(&format!("/{at}")));
+        self.next
+    }
+}
+
+impl<S: Storage> Files for LittleFiles<'_, '_, S> {
+    fn mkdir(&mut self, at: &str) -> Outcome {
+        self.fs.create_dir(&path(&format!("/{at}"))).map_err(lfs)
+    }
+    fn create(&mut self, at: &str) -> Outcome<u64> {
+        self.fs
+            .open_file_with_options_and_then(
+                |o| o.write(true).create(true).truncate(true),
+                &path(&format!("/{at}")),
+                |_| Ok(()),
+            )
+            .map_err(lfs)?;
+        Ok(self.keep(at))
+    }
+    fn open(&mut self, at: &str) -> Outcome<u64> {
+        self.fs.open_file_and_then(&path(&format!("/{at}")), |_| Ok(())).map_err(lfs)?;
+        Ok(self.keep(at))
+    }
+    fn write_at(&mut self, handle: u64, offset: u64, data: &[u8]) -> Outcome {
+        let at = self.path_of(handle)?;
+        self.fs
+            .open_file_with_options_and_then(
+                |o| o.write(true),
+                &at,
+                |file| {
+                    file.seek(SeekFrom::Start(offset as u32))?;
+                    file.write(data).map(|_| ())
+                },
+            )
+            .map_err(lfs)
+    }
+    fn size(&mut self, handle: u64) -> Outcome<u64> {
+        let at = self.path_of(handle)?;
+        Ok(self.fs.metadata(&at).map_err(lfs)?.len() as u64)
+    }
+    fn read_all(&mut self, handle: u64) -> Outcome<usize> {
+        let at = self.path_of(handle)?;
+        let mut scratch = vec![0u8; 64 << 10];
+        self.fs
+            .open_file_and_then(&at, |file| {
+                let mut total = 0;
+                loop {
+                    let read = file.read(&mut scratch)?;
+                    if read == 0 {
+                        return Ok(total);
+                    }
+                    total += read;
+                }
+            })
+            .map_err(lfs)
+    }
+    fn fsync(&mut self, _handle: u64) -> Outcome {
+        Ok(())
+    }
+    fn close(&mut self, handle: u64) -> Outcome {
+        self.paths.remove(&handle);
+        Ok(())
+    }
+    fn unlink(&mut self, at: &str) -> Outcome {
+        self.fs.remove(&path(&format!("/{at}"))).map_err(lfs)
+    }
+    fn sync_all(&mut self) -> Outcome {
+        Ok(())
+    }
 }
