@@ -24,7 +24,7 @@ use std::time::Instant;
 
 use clap::Args;
 use flintfs_core::{Fs, FsOptions, MkfsOptions, ROOT_INO};
-use flintfs_flash::{DeviceOptions, FlashDevice, Geometry, MemoryFlash};
+use flintfs_flash::{Counters, DeviceOptions, FlashDevice, Geometry, MemoryFlash};
 use rand::{Rng, SeedableRng};
 use rand_pcg::Pcg64Mcg;
 use serde_json::{json, Value};
@@ -47,6 +47,15 @@ pub const WORKLOADS: [&str; 11] = [
 ];
 /// Targets, in the order rows are printed.
 pub const TARGETS: [&str; 7] = ["flintfs", "flintfs-fuse", "ext2", "ext4", "btrfs", "xfs", "littlefs"];
+/// File counts the mount workloads (`mount_N`) mount after.
+fn mount_file_counts(quick: bool) -> &'static [usize] {
+    if quick {
+        &[100, 1_000, 10_000]
+    } else {
+        &[100, 1_000, 10_000, 100_000]
+    }
+}
+
 /// Bytes of one append.
 const APPEND_BYTES: usize = 4096;
 /// Directories the create workload spreads its files over (ReconFS).
@@ -54,7 +63,8 @@ const CREATE_DIRECTORIES: usize = 100;
 
 #[derive(Args)]
 pub struct BenchArguments {
-    /// A workload (create_fsync, delete, append_fsync10, append_fsync1000, varmail) or `all`.
+    /// A workload (create_fsync, delete, append_fsync10, append_fsync1000, varmail, fileserver,
+    /// webproxy, webserver, postmark, large_seq_write, large_rand_write, mount_N) or `all`.
     pub workload: String,
     /// The quick sizes (for CI and a first look).
     #[arg(long)]
@@ -134,6 +144,14 @@ pub(crate) trait Files {
     fn unlink(&mut self, path: &str) -> Outcome;
     /// Everything durable (not timed: the end of a workload).
     fn sync_all(&mut self) -> Outcome;
+    /// A clean unmount and a mount; the pages the mount read.
+    fn remount(&mut self) -> Outcome<u64> {
+        fail!("this target cannot remount")
+    }
+    /// The target's device counters now (what it has written so far).
+    fn counters(&mut self) -> Outcome<Option<Counters>> {
+        Ok(None)
+    }
 }
 
 /// A directory of a mounted file system, through std::fs.
@@ -141,9 +159,29 @@ struct DirectoryFiles {
     root: PathBuf,
     open: HashMap<u64, File>,
     next: u64,
+    /// Unmounts and mounts again, returning the pages the mount read.
+    remount: Option<Box<dyn FnMut() -> Outcome<u64>>>,
+    mount_pages: Option<u64>,
+    /// The device's counters now (the daemon's, or the loop device's).
+    snapshot: Option<Box<dyn FnMut() -> Outcome<Counters>>>,
 }
 
 impl DirectoryFiles {
+    fn new(
+        root: &Path,
+        remount: Box<dyn FnMut() -> Outcome<u64>>,
+        snapshot: Box<dyn FnMut() -> Outcome<Counters>>,
+    ) -> DirectoryFiles {
+        DirectoryFiles {
+            root: root.to_path_buf(),
+            open: HashMap::new(),
+            next: 0,
+            remount: Some(remount),
+            mount_pages: None,
+            snapshot: Some(snapshot),
+        }
+    }
+
     fn keep(&mut self, file: File) -> u64 {
         self.next += 1;
         self.open.insert(self.next, file);
@@ -194,12 +232,27 @@ impl Files for DirectoryFiles {
         unsafe { libc::sync() };
         Ok(())
     }
+    fn remount(&mut self) -> Outcome<u64> {
+        self.open.clear();
+        let Some(remount) = self.remount.as_mut() else { fail!("this target cannot remount") };
+        let pages = remount()?;
+        self.mount_pages = Some(pages);
+        Ok(pages)
+    }
+    fn counters(&mut self) -> Outcome<Option<Counters>> {
+        match self.snapshot.as_mut() {
+            Some(snapshot) => snapshot().map(Some),
+            None => Ok(None),
+        }
+    }
 }
 
 /// The engine in-process: paths resolved by lookup, a handle holds its
 /// inode's reference until closed, as the kernel would.
 struct EngineFiles {
-    fs: Fs<MemoryFlash>,
+    fs: Option<Fs<MemoryFlash>>,
+    /// Pages the last remount read (the mount workloads).
+    mount_pages: Option<u64>,
 }
 
 fn engine_error(error: flintfs_core::Error) -> Failure {
@@ -207,13 +260,17 @@ fn engine_error(error: flintfs_core::Error) -> Failure {
 }
 
 impl EngineFiles {
+    fn fs(&mut self) -> &mut Fs<MemoryFlash> {
+        self.fs.as_mut().expect("mounted")
+    }
+
     /// The directory holding `path` and the last name.
     fn parent<'a>(&mut self, path: &'a str) -> Outcome<(u64, &'a str)> {
         let (directory, name) = path.rsplit_once('/').unwrap_or(("", path));
         let mut ino = ROOT_INO;
         for part in directory.split('/').filter(|part| !part.is_empty()) {
-            let found = self.fs.lookup(ino, part.as_bytes()).map_err(engine_error)?.ino;
-            self.fs.forget(found, 1).map_err(engine_error)?;
+            let found = self.fs().lookup(ino, part.as_bytes()).map_err(engine_error)?.ino;
+            self.fs().forget(found, 1).map_err(engine_error)?;
             ino = found;
         }
         Ok((ino, name))
@@ -223,40 +280,51 @@ impl EngineFiles {
 impl Files for EngineFiles {
     fn mkdir(&mut self, path: &str) -> Outcome {
         let (parent, name) = self.parent(path)?;
-        let ino = self.fs.mkdir(parent, name.as_bytes(), 0o755, 0, 0).map_err(engine_error)?.ino;
-        self.fs.forget(ino, 1).map_err(engine_error)
+        let ino = self.fs().mkdir(parent, name.as_bytes(), 0o755, 0, 0).map_err(engine_error)?.ino;
+        self.fs().forget(ino, 1).map_err(engine_error)
     }
     fn create(&mut self, path: &str) -> Outcome<u64> {
         let (parent, name) = self.parent(path)?;
-        Ok(self.fs.create(parent, name.as_bytes(), 0o644, 0, 0).map_err(engine_error)?.ino)
+        Ok(self.fs().create(parent, name.as_bytes(), 0o644, 0, 0).map_err(engine_error)?.ino)
     }
     fn open(&mut self, path: &str) -> Outcome<u64> {
         let (parent, name) = self.parent(path)?;
-        Ok(self.fs.lookup(parent, name.as_bytes()).map_err(engine_error)?.ino)
+        Ok(self.fs().lookup(parent, name.as_bytes()).map_err(engine_error)?.ino)
     }
     fn write_at(&mut self, handle: u64, offset: u64, data: &[u8]) -> Outcome {
-        self.fs.write(handle, offset, data).map_err(engine_error)?;
+        self.fs().write(handle, offset, data).map_err(engine_error)?;
         Ok(())
     }
     fn size(&mut self, handle: u64) -> Outcome<u64> {
-        Ok(self.fs.getattr(handle).map_err(engine_error)?.size)
+        Ok(self.fs().getattr(handle).map_err(engine_error)?.size)
     }
     fn read_all(&mut self, handle: u64) -> Outcome<usize> {
         let size = self.size(handle)?;
-        Ok(self.fs.read(handle, 0, size).map_err(engine_error)?.len())
+        Ok(self.fs().read(handle, 0, size).map_err(engine_error)?.len())
     }
     fn fsync(&mut self, handle: u64) -> Outcome {
-        self.fs.fsync(handle, false).map_err(engine_error)
+        self.fs().fsync(handle, false).map_err(engine_error)
     }
     fn close(&mut self, handle: u64) -> Outcome {
-        self.fs.forget(handle, 1).map_err(engine_error)
+        self.fs().forget(handle, 1).map_err(engine_error)
     }
     fn unlink(&mut self, path: &str) -> Outcome {
         let (parent, name) = self.parent(path)?;
-        self.fs.unlink(parent, name.as_bytes()).map_err(engine_error)
+        self.fs().unlink(parent, name.as_bytes()).map_err(engine_error)
     }
     fn sync_all(&mut self) -> Outcome {
-        self.fs.sync().map_err(engine_error)
+        self.fs().sync().map_err(engine_error)
+    }
+    fn counters(&mut self) -> Outcome<Option<Counters>> {
+        Ok(Some(self.fs().device().counters()))
+    }
+    fn remount(&mut self) -> Outcome<u64> {
+        let device = self.fs.take().expect("mounted").unmount().map_err(engine_error)?;
+        let clock = flintfs_core::ManualClock::new(1_700_000_000_000_000_000);
+        let (fs, report) = Fs::mount(device, FsOptions::default(), Box::new(clock)).map_err(engine_error)?;
+        self.fs = Some(fs);
+        self.mount_pages = Some(report.pages_read);
+        Ok(report.pages_read)
     }
 }
 
@@ -272,7 +340,7 @@ fn data(random: &mut Pcg64Mcg, length: usize) -> Vec<u8> {
 
 /// Untimed preparation, then the timed phase; returns the operations the
 /// timed phase did.
-fn run_workload(name: &str, files: &mut dyn Files, size: Size, seed: u64, timed: &mut dyn FnMut(bool)) -> Outcome<u64> {
+fn run_workload(name: &str, files: &mut dyn Files, size: Size, seed: u64, phase: &mut Phase) -> Outcome<u64> {
     let mut random = Pcg64Mcg::seed_from_u64(seed);
     let file_path = |index: usize| format!("d{:03}/f{index:06}", index % CREATE_DIRECTORIES);
     match name {
@@ -287,7 +355,7 @@ fn run_workload(name: &str, files: &mut dyn Files, size: Size, seed: u64, timed:
                 }
                 files.sync_all()?;
             }
-            timed(true);
+            phase.begin(files)?;
             for index in 0..size.files {
                 if name == "delete" {
                     files.unlink(&file_path(index))?;
@@ -297,21 +365,21 @@ fn run_workload(name: &str, files: &mut dyn Files, size: Size, seed: u64, timed:
                     files.close(handle)?;
                 }
             }
-            timed(false);
+            phase.end();
             Ok(size.files as u64)
         }
         "append_fsync10" | "append_fsync1000" => {
             let every = if name == "append_fsync10" { 10 } else { 1000 };
             let handle = files.create("log")?;
             let block = data(&mut random, APPEND_BYTES);
-            timed(true);
+            phase.begin(files)?;
             for index in 0..size.appends {
                 files.write_at(handle, (index * APPEND_BYTES) as u64, &block)?;
                 if (index + 1) % every == 0 {
                     files.fsync(handle)?;
                 }
             }
-            timed(false);
+            phase.end();
             files.close(handle)?;
             Ok(size.appends as u64)
         }
@@ -329,7 +397,7 @@ fn run_workload(name: &str, files: &mut dyn Files, size: Size, seed: u64, timed:
                 files.close(handle)?;
             }
             files.sync_all()?;
-            timed(true);
+            phase.begin(files)?;
             for _ in 0..size.varmail_loops {
                 let victim = live.swap_remove(random.random_range(0..live.len()));
                 files.unlink(&path(victim))?;
@@ -350,11 +418,28 @@ fn run_workload(name: &str, files: &mut dyn Files, size: Size, seed: u64, timed:
                 files.read_all(handle)?;
                 files.close(handle)?;
             }
-            timed(false);
+            phase.end();
             Ok(size.varmail_loops as u64 * 13)
         }
-        "fileserver" | "webproxy" | "webserver" => personality(name, files, size, &mut random, timed),
-        "postmark" => postmark(files, size, &mut random, timed),
+        "fileserver" | "webproxy" | "webserver" => personality(name, files, size, &mut random, phase),
+        mount if mount.starts_with("mount_") => {
+            // Mount after a clean unmount, against the number of files
+            // (DFFS's instant mount): one operation, the mount.
+            let count: usize = mount["mount_".len()..].parse().map_err(|_| Failure(format!("bad workload {mount}")))?;
+            for directory in 0..CREATE_DIRECTORIES {
+                files.mkdir(&format!("d{directory:03}"))?;
+            }
+            for index in 0..count {
+                let handle = files.create(&file_path(index))?;
+                files.close(handle)?;
+            }
+            files.sync_all()?;
+            phase.begin(files)?;
+            files.remount()?;
+            phase.end();
+            Ok(1)
+        }
+        "postmark" => postmark(files, size, &mut random, phase),
         "large_seq_write" | "large_rand_write" => {
             // RCFFS's table 2: one file much larger than any cache, written
             // in 4 KiB requests, in order or at random block offsets.
@@ -368,13 +453,13 @@ fn run_workload(name: &str, files: &mut dyn Files, size: Size, seed: u64, timed:
                 }
                 files.fsync(handle)?;
             }
-            timed(true);
+            phase.begin(files)?;
             for index in 0..blocks {
                 let at = if name == "large_rand_write" { random.random_range(0..blocks) } else { index };
                 files.write_at(handle, at * APPEND_BYTES as u64, &block)?;
             }
             files.fsync(handle)?;
-            timed(false);
+            phase.end();
             files.close(handle)?;
             Ok(blocks)
         }
@@ -400,7 +485,7 @@ fn personality(
     files: &mut dyn Files,
     size: Size,
     random: &mut Pcg64Mcg,
-    timed: &mut dyn FnMut(bool),
+    phase: &mut Phase,
 ) -> Outcome<u64> {
     let (count, width, file_bytes) = match name {
         "fileserver" => (size.personality_files[0], 20, 128 << 10),
@@ -432,7 +517,7 @@ fn personality(
         files.read_all(handle)?;
         files.close(handle)
     };
-    timed(true);
+    phase.begin(files)?;
     for _ in 0..size.personality_loops {
         match name {
             "fileserver" => {
@@ -478,7 +563,7 @@ fn personality(
             }
         }
     }
-    timed(false);
+    phase.end();
     if let Some(log) = log {
         files.close(log)?;
     }
@@ -494,7 +579,7 @@ fn personality(
 /// 10,000 bytes, then transactions that each create or delete a file and
 /// read or append to one; then every file deleted. An operation is one
 /// half of a transaction.
-fn postmark(files: &mut dyn Files, size: Size, random: &mut Pcg64Mcg, timed: &mut dyn FnMut(bool)) -> Outcome<u64> {
+fn postmark(files: &mut dyn Files, size: Size, random: &mut Pcg64Mcg, phase: &mut Phase) -> Outcome<u64> {
     const FILES: usize = 1000;
     files.mkdir("pm")?;
     let path = |index: usize| format!("pm/p{index:06}");
@@ -512,7 +597,7 @@ fn postmark(files: &mut dyn Files, size: Size, random: &mut Pcg64Mcg, timed: &mu
     for _ in 0..FILES {
         create(files, random, &mut live)?;
     }
-    timed(true);
+    phase.begin(files)?;
     for _ in 0..size.postmark_transactions {
         if random.random_bool(0.5) || live.len() < 2 {
             create(files, random, &mut live)?;
@@ -534,22 +619,39 @@ fn postmark(files: &mut dyn Files, size: Size, random: &mut Pcg64Mcg, timed: &mu
     for victim in live.drain(..) {
         files.unlink(&path(victim))?;
     }
-    timed(false);
+    phase.end();
     Ok(size.postmark_transactions as u64 * 2)
 }
 
-/// Runs a workload and times its timed phase (host seconds).
-pub(crate) fn timed_workload(workload: &str, files: &mut dyn Files, size: Size, seed: u64) -> (Outcome<u64>, f64) {
-    let mut start = None;
-    let mut seconds = 0.0;
-    let ops = run_workload(workload, files, size, seed, &mut |begin| {
-        if begin {
-            start = Some(Instant::now());
-        } else if let Some(start) = start {
-            seconds = start.elapsed().as_secs_f64();
+/// The measured part of a workload: its host time, and the device (or
+/// block device) counters when it began, so setup is left out.
+#[derive(Default)]
+pub(crate) struct Phase {
+    started: Option<Instant>,
+    pub seconds: f64,
+    pub at_start: Option<Counters>,
+}
+
+impl Phase {
+    /// Counters first (a FUSE target asks its daemon), then the clock.
+    fn begin(&mut self, files: &mut dyn Files) -> Outcome {
+        self.at_start = files.counters()?;
+        self.started = Some(Instant::now());
+        Ok(())
+    }
+
+    fn end(&mut self) {
+        if let Some(started) = self.started {
+            self.seconds = started.elapsed().as_secs_f64();
         }
-    });
-    (ops, seconds)
+    }
+}
+
+/// Runs a workload; its measured phase.
+pub(crate) fn timed_workload(workload: &str, files: &mut dyn Files, size: Size, seed: u64) -> (Outcome<u64>, Phase) {
+    let mut phase = Phase::default();
+    let ops = run_workload(workload, files, size, seed, &mut phase);
+    (ops, phase)
 }
 
 /// One row of results.
@@ -576,12 +678,13 @@ fn run_engine(workload: &str, size: Size, seed: u64) -> Outcome<Value> {
     let clock = flintfs_core::ManualClock::new(1_700_000_000_000_000_000);
     let device = Fs::format(device, &MkfsOptions::new([9; 16], 0), Box::new(clock.clone())).map_err(engine_error)?;
     let (fs, mount) = Fs::mount(device, FsOptions::default(), Box::new(clock.clone())).map_err(engine_error)?;
-    let mut files = EngineFiles { fs };
-    let (ops, seconds) = timed_workload(workload, &mut files, size, seed);
-    let ops = ops?;
-    let fs = files.fs;
+    let mut files = EngineFiles { fs: Some(fs), mount_pages: None };
+    let (ops, phase) = timed_workload(workload, &mut files, size, seed);
+    let (ops, seconds) = (ops?, phase.seconds);
+    let fs = files.fs.take().expect("mounted");
     let device = fs.unmount().map_err(engine_error)?;
-    let counters = device.counters();
+    // From the measured phase's start to after the unmount checkpoint.
+    let counters = device.counters().since(&phase.at_start.unwrap_or_default());
     let mut value = row(
         workload,
         "flintfs",
@@ -594,7 +697,7 @@ fn run_engine(workload: &str, size: Size, seed: u64) -> Outcome<Value> {
         )),
     );
     value["device_time_ns_per_op"] = json!(counters.device_time_ns as f64 / ops.max(1) as f64);
-    value["mount_pages_read"] = json!(mount.pages_read);
+    value["mount_pages_read"] = json!(files.mount_pages.unwrap_or(mount.pages_read));
     Ok(value)
 }
 
@@ -627,8 +730,32 @@ fn run_fuse(workload: &str, size: Size, seed: u64, directory: &Path) -> Outcome<
         let output = Command::new(&flintfs).arg("stat").arg(target).arg("--json").output()?;
         serde_json::from_slice(&output.stdout).map_err(|error| Failure(format!("stat {}: {error}", target.display())))
     };
-    let mut files = DirectoryFiles { root: mountpoint.clone(), open: HashMap::new(), next: 0 };
-    let (ops, seconds) = timed_workload(workload, &mut files, size, seed);
+    let remount = {
+        let (flintfs, image, mountpoint) = (flintfs.clone(), image.clone(), mountpoint.clone());
+        move || -> Outcome<u64> {
+            if !Command::new("umount").arg(&mountpoint).status()?.success() {
+                fail!("umount for a remount failed");
+            }
+            if !Command::new(&flintfs).arg("mount").arg(&image).arg(&mountpoint).status()?.success() {
+                fail!("mount for a remount failed");
+            }
+            let output = Command::new(&flintfs).arg("stat").arg(&mountpoint).arg("--json").output()?;
+            let live: Value = serde_json::from_slice(&output.stdout)?;
+            Ok(live["mount_pages_read"].as_u64().unwrap_or(0))
+        }
+    };
+    // The daemon's counters since its mount.
+    let snapshot = {
+        let (flintfs, mountpoint) = (flintfs.clone(), mountpoint.clone());
+        move || -> Outcome<Counters> {
+            let output = Command::new(&flintfs).arg("stat").arg(&mountpoint).arg("--json").output()?;
+            counters_of(&serde_json::from_slice(&output.stdout)?)
+        }
+    };
+    let mut files = DirectoryFiles::new(&mountpoint, Box::new(remount), Box::new(snapshot));
+    let (ops, phase) = timed_workload(workload, &mut files, size, seed);
+    let seconds = phase.seconds;
+    let remounted_pages = files.mount_pages;
     drop(files);
     let live = stat(&mountpoint)?;
     let rss = live["pid"].as_u64().and_then(|pid| rss_of(pid as u32));
@@ -637,11 +764,18 @@ fn run_fuse(workload: &str, size: Size, seed: u64, directory: &Path) -> Outcome<
         fail!("umount after the FUSE run failed");
     }
     let ops = ops?;
-    // From before the mount to after the unmount (its checkpoint
-    // included): the image's lifetime counters, before and after.
+    // From the measured phase's start to after the unmount (its
+    // checkpoint included): the image's lifetime counters after, less
+    // those before the mount and what the mount did before the phase.
     let after = stat(&image)?;
     let number = |value: &Value, name: &str| value[name].as_u64().unwrap_or(0);
-    let since = |name: &str| number(&after, name).saturating_sub(number(&before, name));
+    let at_start = phase.at_start.unwrap_or_default();
+    let at_start: std::collections::HashMap<&str, u64> = at_start.fields().into_iter().collect();
+    let since = |name: &str| {
+        number(&after, name)
+            .saturating_sub(number(&before, name))
+            .saturating_sub(at_start.get(name).copied().unwrap_or(0))
+    };
     let mut value = row(
         workload,
         "flintfs-fuse",
@@ -654,9 +788,15 @@ fn run_fuse(workload: &str, size: Size, seed: u64, directory: &Path) -> Outcome<
         )),
     );
     value["device_time_ns_per_op"] = json!(since("device_time_ns") as f64 / ops.max(1) as f64);
-    value["mount_pages_read"] = json!(number(&live, "mount_pages_read"));
+    value["mount_pages_read"] = json!(remounted_pages.unwrap_or(number(&live, "mount_pages_read")));
     value["peak_rss_bytes"] = json!(rss);
     Ok(value)
+}
+
+/// Device counters from `stat --json`.
+fn counters_of(value: &Value) -> Outcome<Counters> {
+    let values: Vec<u64> = Counters::FIELD_NAMES.iter().map(|name| value[*name].as_u64().unwrap_or(0)).collect();
+    Counters::from_array(&values).ok_or_else(|| Failure("stat: counters".into()))
 }
 
 /// Sectors written and read by a block device (from /sys/block).
@@ -698,18 +838,42 @@ fn run_kernel(workload: &str, target: &str, size: Size, seed: u64, directory: &P
         let (written_before, read_before) = block_stat(&loop_device)?;
         run_command("mount", &[&loop_device, &mountpoint.to_string_lossy()])?;
         let (written_mounted, read_mounted) = block_stat(&loop_device)?;
-        let mut files = DirectoryFiles { root: mountpoint.clone(), open: HashMap::new(), next: 0 };
-        let (ops, seconds) = timed_workload(workload, &mut files, size, seed);
+        let remount = {
+            let (device, mountpoint) = (loop_device.clone(), mountpoint.to_string_lossy().into_owned());
+            move || -> Outcome<u64> {
+                run_command("umount", &[&mountpoint])?;
+                // Cold: nothing of the file system left in the page cache.
+                let _ = std::fs::write("/proc/sys/vm/drop_caches", "3");
+                let (_, before) = block_stat(&device)?;
+                run_command("mount", &[&device, &mountpoint])?;
+                let (_, after) = block_stat(&device)?;
+                Ok((after - before) / 4096)
+            }
+        };
+        let snapshot = {
+            let device = loop_device.clone();
+            move || -> Outcome<Counters> {
+                let (written, read) = block_stat(&device)?;
+                Ok(Counters { data_bytes_programmed: written, pages_read: read / 4096, ..Counters::default() })
+            }
+        };
+        let mut files = DirectoryFiles::new(&mountpoint, Box::new(remount), Box::new(snapshot));
+        let (ops, phase) = timed_workload(workload, &mut files, size, seed);
+        let seconds = phase.seconds;
+        let written_at_start = phase.at_start.map_or(written_mounted, |counters| counters.data_bytes_programmed);
+        let remounted_pages = files.mount_pages;
         drop(files);
         run_command("umount", &[&mountpoint.to_string_lossy()])?;
         let ops = ops?;
         let (written_after, _) = block_stat(&loop_device)?;
         let _ = written_before;
-        let mut value = row(workload, target, ops, seconds, Some((written_after - written_mounted, 0, 0)));
-        value["pages_programmed"] = json!((written_after - written_mounted) / 4096);
+        // From the measured phase's start to after the unmount.
+        let written = written_after.saturating_sub(written_at_start);
+        let mut value = row(workload, target, ops, seconds, Some((written, 0, 0)));
+        value["pages_programmed"] = json!(written / 4096);
         value["erases"] = Value::Null;
         value["device_time_ns_per_op"] = Value::Null;
-        value["mount_pages_read"] = json!((read_mounted - read_before) / 4096);
+        value["mount_pages_read"] = json!(remounted_pages.unwrap_or((read_mounted - read_before) / 4096));
         Ok(value)
     })();
     let _ = run_command("losetup", &["-d", &loop_device]);
@@ -773,12 +937,14 @@ pub fn bench(arguments: BenchArguments) -> Outcome<ExitCode> {
     if let Some(target) = arguments.target.clone() {
         return run_one(&arguments, &target);
     }
+    let mut known: Vec<String> = WORKLOADS.iter().map(|name| name.to_string()).collect();
+    known.extend(mount_file_counts(arguments.quick).iter().map(|count| format!("mount_{count}")));
     let workloads: Vec<&str> = if arguments.workload == "all" {
-        WORKLOADS.to_vec()
-    } else if WORKLOADS.contains(&arguments.workload.as_str()) {
+        known.iter().map(String::as_str).collect()
+    } else if known.contains(&arguments.workload) {
         vec![arguments.workload.as_str()]
     } else {
-        fail!("unknown workload {:?} (known: {}, all)", arguments.workload, WORKLOADS.join(", "));
+        fail!("unknown workload {:?} (known: {}, all)", arguments.workload, known.join(", "));
     };
     for peer in &arguments.peers {
         if !TARGETS[2..].contains(&peer.as_str()) {
@@ -876,7 +1042,7 @@ pub fn bench(arguments: BenchArguments) -> Outcome<ExitCode> {
 /// (littlefs rewriting a file's tail on every random write) gets a note
 /// instead of stalling the run.
 fn time_limit(quick: bool) -> std::time::Duration {
-    std::time::Duration::from_secs(if quick { 60 } else { 900 })
+    std::time::Duration::from_secs(if quick { 60 } else { 300 })
 }
 
 enum Child {
@@ -885,7 +1051,8 @@ enum Child {
     TimedOut(std::time::Duration),
 }
 
-/// Runs a child with a time limit; its stderr passes through.
+/// Runs a child with a time limit (60 s quick, 300 s full); its stderr
+/// passes through.
 fn run_child(mut command: Command, limit: std::time::Duration) -> Outcome<Child> {
     let mut child = command.stdout(Stdio::piped()).stderr(Stdio::inherit()).spawn()?;
     let mut stdout = child.stdout.take().expect("piped");
