@@ -80,6 +80,10 @@ pub struct BenchArguments {
     /// Seeds the data written.
     #[arg(long, default_value_t = 2026)]
     pub seed: u64,
+    /// Write the report in this directory again from the rows, header and
+    /// notes a run left there (the workload argument is then ignored).
+    #[arg(long)]
+    pub render: Option<PathBuf>,
     /// (internal) Run one workload on one target and print its row.
     #[arg(long, hide = true)]
     pub target: Option<String>,
@@ -936,6 +940,11 @@ fn unavailable(target: &str) -> Option<String> {
 pub fn bench(arguments: BenchArguments) -> Outcome<ExitCode> {
     if let Some(target) = arguments.target.clone() {
         return run_one(&arguments, &target);
+    }
+    if let Some(directory) = &arguments.render {
+        crate::bench_report::render(directory)?;
+        eprintln!("bench: report written again in {}", directory.display());
+        return Ok(ExitCode::SUCCESS);
     }
     let mut known: Vec<String> = WORKLOADS.iter().map(|name| name.to_string()).collect();
     known.extend(mount_file_counts(arguments.quick).iter().map(|count| format!("mount_{count}")));

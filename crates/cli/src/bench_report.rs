@@ -30,19 +30,14 @@ impl Judged {
     fn line(&self) -> String {
         match self.ratio {
             None => format!("| {} | not measured in this run | - |", self.what),
+            Some(ratio) if self.bound.is_infinite() => {
+                format!("| {} | {:.3} | shown for comparison |", self.what, ratio)
+            }
             Some(ratio) => {
                 let met = if self.at_most { ratio <= self.bound } else { ratio >= self.bound };
-                let verdict = if met {
-                    "met".to_string()
-                } else if self.at_most {
-                    format!("missed by {:.2}x (needs {:.2}x less)", ratio / self.bound, ratio / self.bound)
-                } else {
-                    format!(
-                        "missed by {:.2}x (needs {:.2}x more)",
-                        self.bound / ratio.max(1e-12),
-                        self.bound / ratio.max(1e-12)
-                    )
-                };
+                // How far off: the factor the measured ratio must improve by.
+                let factor = if self.at_most { ratio / self.bound } else { self.bound / ratio.max(1e-12) };
+                let verdict = if met { "met".to_string() } else { format!("missed by {factor:.2}x") };
                 format!(
                     "| {} | {:.3} (bound {}{:.2}) | {} |",
                     self.what,
@@ -84,6 +79,31 @@ fn judge(rows: &[Value]) -> Vec<Judged> {
             at_most: false,
         });
     }
+    // Flat: the most files' mount reads over the fewest's.
+    let growth = |target: &str| {
+        let mut points: Vec<(u64, f64)> = rows
+            .iter()
+            .filter(|row| row["target"] == target)
+            .filter_map(|row| {
+                let files = row["workload"].as_str()?.strip_prefix("mount_")?.parse().ok()?;
+                Some((files, row["mount_pages_read"].as_f64()?))
+            })
+            .collect();
+        points.sort_by_key(|point| point.0);
+        Some(points.last()?.1 / points.first()?.1.max(1.0))
+    };
+    judged.push(Judged {
+        what: "mount pages at the most files / at the fewest, flintfs (flat)".into(),
+        ratio: growth("flintfs"),
+        bound: 1.5,
+        at_most: true,
+    });
+    judged.push(Judged {
+        what: "mount pages at the most files / at the fewest, littlefs (for comparison)".into(),
+        ratio: growth("littlefs"),
+        bound: f64::INFINITY,
+        at_most: true,
+    });
     for workload in ["create_fsync", "varmail"] {
         judged.push(Judged {
             what: format!("{workload} ops/s, flintfs / littlefs"),
@@ -109,15 +129,26 @@ fn cell(row: &Value, field: &str, decimals: usize) -> String {
 pub fn write(directory: &Path, rows: &[Value], header: &str, notes: &[String]) -> Outcome {
     std::fs::create_dir_all(directory).map_err(|error| format!("{}: {error}", directory.display()))?;
     std::fs::write(directory.join("rows.json"), serde_json::to_string_pretty(rows)?)?;
+    // What `bench --render DIR` needs to write this report again.
+    std::fs::write(directory.join("header.md"), header)?;
+    std::fs::write(directory.join("notes.json"), serde_json::to_string_pretty(notes)?)?;
     let mut charts = Vec::new();
+    // The mount workloads are a curve of their own, not ratios to ext2.
+    let (mounts, others): (Vec<Value>, Vec<Value>) =
+        rows.iter().cloned().partition(|row| row["workload"].as_str().is_some_and(|name| name.starts_with("mount_")));
     for (field, title, file) in [
         ("bytes_per_op", "bytes programmed per operation, relative to ext2 (lower is better)", "bytes_per_op.png"),
         ("ops_per_s", "operations per second, relative to ext2 (higher is better)", "ops_per_s.png"),
     ] {
-        match chart(&directory.join(file), rows, field, title) {
+        match chart(&directory.join(file), &others, field, title) {
             Ok(()) => charts.push((title, file)),
             Err(error) => eprintln!("bench: chart {file}: {}", error.0),
         }
+    }
+    let title = "pages read by a mount after a clean unmount, against the number of files (log scale)";
+    match mount_chart(&directory.join("mount_pages.png"), &mounts, title) {
+        Ok(()) => charts.push((title, "mount_pages.png")),
+        Err(error) => eprintln!("bench: chart mount_pages.png: {}", error.0),
     }
     let mut text = String::new();
     text.push_str("# flintfs benchmarks\n\n");
@@ -155,6 +186,71 @@ pub fn write(directory: &Path, rows: &[Value], header: &str, notes: &[String]) -
         }
     }
     std::fs::write(directory.join("README.md"), text)?;
+    Ok(())
+}
+
+/// Re-renders a report from the files `write` left in `directory`.
+pub fn render(directory: &Path) -> Outcome {
+    let read = |name: &str| {
+        std::fs::read_to_string(directory.join(name))
+            .map_err(|error| format!("{}: {error}", directory.join(name).display()))
+    };
+    let rows: Vec<Value> = serde_json::from_str(&read("rows.json")?)?;
+    let notes: Vec<String> = serde_json::from_str(&read("notes.json")?)?;
+    write(directory, &rows, &read("header.md")?, &notes)
+}
+
+/// Mount pages against the file count, one line per target, log scale.
+fn mount_chart(path: &Path, rows: &[Value], title: &str) -> Outcome {
+    register_font()?;
+    let mut lines: Vec<(String, Vec<(f64, f64)>)> = Vec::new();
+    for row in rows {
+        let (Some(workload), Some(target), Some(pages)) =
+            (row["workload"].as_str(), row["target"].as_str(), row["mount_pages_read"].as_f64())
+        else {
+            continue;
+        };
+        let Ok(files) = workload["mount_".len()..].parse::<f64>() else { continue };
+        match lines.iter_mut().find(|(name, _)| name == target) {
+            Some((_, points)) => points.push((files, pages.max(1.0))),
+            None => lines.push((target.to_string(), vec![(files, pages.max(1.0))])),
+        }
+    }
+    if lines.is_empty() {
+        return Err(crate::Failure("no mount rows".into()));
+    }
+    let most_files = lines.iter().flat_map(|(_, points)| points.iter().map(|point| point.0)).fold(100.0, f64::max);
+    let most_pages = lines.iter().flat_map(|(_, points)| points.iter().map(|point| point.1)).fold(10.0, f64::max);
+    let root = BitMapBackend::new(path, (1200, 600)).into_drawing_area();
+    let draw = |error: DrawingAreaErrorKind<_>| crate::Failure(format!("drawing: {error:?}"));
+    root.fill(&WHITE).map_err(draw)?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(title, ("sans-serif", 20))
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(70)
+        .build_cartesian_2d((50.0..most_files * 2.0).log_scale(), (1.0..most_pages * 2.0).log_scale())
+        .map_err(draw)?;
+    chart.configure_mesh().x_desc("files").y_desc("pages read").draw().map_err(draw)?;
+    for (index, (target, points)) in lines.iter().enumerate() {
+        let color = Palette99::pick(index).to_rgba();
+        let mut points = points.clone();
+        points.sort_by(|a, b| a.0.total_cmp(&b.0));
+        chart
+            .draw_series(LineSeries::new(points.clone(), color.stroke_width(3)))
+            .map_err(draw)?
+            .label(target.as_str())
+            .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 12, y + 5)], color.filled()));
+        chart.draw_series(points.into_iter().map(|point| Circle::new(point, 4, color.filled()))).map_err(draw)?;
+    }
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .position(SeriesLabelPosition::UpperLeft)
+        .draw()
+        .map_err(draw)?;
+    root.present().map_err(draw)?;
     Ok(())
 }
 

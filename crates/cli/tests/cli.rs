@@ -152,6 +152,8 @@ fn bad_input_gets_one_clear_line() {
     refused(&["mount", path_text(&missing), path_text(&mountpoint)], "No such file");
     refused(&["mount", image, path_text(&mountpoint), "-o", "colour=blue"], "unknown mount option");
     refused(&["mount", image, path_text(&mountpoint), "-o", "node_cache=lots"], "option node_cache");
+    refused(&["mount", image, path_text(&mountpoint), "-o", "fsync=ordered"], "metadata log");
+    refused(&["mount", image, path_text(&mountpoint), "-o", "nobarrier"], "metadata log");
     refused(&["mount", image, path_text(&text_file)], "not a directory");
     std::fs::write(mountpoint.join("file"), b"x").unwrap();
     refused(&["mount", image, path_text(&mountpoint)], "not empty");
@@ -200,7 +202,7 @@ fn a_live_mount_through_stat_powercut_recovery_and_fsck() {
     let _guard = Mounted { mountpoint: mountpoint.clone() };
     let mnt = path_text(&mountpoint);
     ok(&["mkfs", image, "--size", "256M"]);
-    ok(&["mount", image, mnt, "-o", "node_cache=4M,read_cache=2M"]);
+    ok(&["mount", image, mnt, "-o", "node_cache=4M,read_cache=2M,fsync=wp-check"]);
     refused(&["mount", image, mnt], "already a mount point");
     let other = directory.path().join("other");
     std::fs::create_dir(&other).unwrap();
