@@ -125,8 +125,16 @@ impl Summary {
 struct Oracle {
     operations: Vec<Operation>,
     states: Vec<Snapshot>,
+    /// What the model returned for each operation (the engine, uncut,
+    /// must return the same).
+    outcomes: Vec<Outcome>,
     /// Whether operation `i` is a persistence point that succeeds.
     persists: Vec<bool>,
+    /// Also require the recovered namespace (paths and kinds) to be one
+    /// state's whole: what the checkpoint engine gives (a crash returns to
+    /// a checkpoint), and what catches a rename half done, which the
+    /// per-path checks alone cannot.
+    prefix_consistent: bool,
 }
 
 impl Oracle {
@@ -134,17 +142,21 @@ impl Oracle {
         let mut model = start.clone();
         let mut states = vec![model.snapshot()];
         let mut persists = Vec::with_capacity(operations.len());
+        let mut outcomes = Vec::with_capacity(operations.len());
         for operation in &operations {
             let outcome = model.apply(operation);
             persists.push(operation.is_durable_point() && outcome == Outcome::Done);
+            outcomes.push(outcome);
             states.push(model.snapshot());
         }
-        Oracle { operations, states, persists }
+        Oracle { operations, states, outcomes, persists, prefix_consistent: true }
     }
 
     /// The states a recovery may show when operations `0..completed`
     /// returned and the power went in operation `completed` (or after the
-    /// end): the lowest for the namespace, and the highest.
+    /// end): the lowest for the namespace, and the highest. `completed`
+    /// counts the interrupted operation when it returned success anyway
+    /// (a persistence point that said Done is a promise, cut or not).
     fn bounds(&self, completed: usize) -> (usize, usize) {
         let low = (0..completed).rev().find(|&index| self.persists[index]).map_or(0, |index| index + 1);
         let high = (completed + 1).min(self.states.len() - 1);
@@ -167,10 +179,35 @@ impl Oracle {
             .map_or(0, |index| index + 1)
     }
 
-    /// Holds a recovered tree to `docs/SEMANTICS.md`.
-    fn judge(&self, recovered: &Snapshot, completed: usize) -> Result<(), String> {
+    /// The lowest state for `path`'s size: its data's bound, or later, the
+    /// state after its last truncate before the last persistence point (a
+    /// truncate is a metadata operation: any persistence point keeps it).
+    fn size_low(&self, path: &Path, completed: usize, low: usize) -> usize {
+        let truncated = (0..low)
+            .rev()
+            .find(|&index| matches!(&self.operations[index], Operation::Truncate { path: at, .. } if at == path))
+            .map_or(0, |index| index + 1);
+        self.data_low(path, completed).max(truncated)
+    }
+
+    /// Holds a recovered tree to `docs/SEMANTICS.md`. `returned` says
+    /// whether the operation the power went in returned success.
+    fn judge(&self, recovered: &Snapshot, completed: usize, returned: bool) -> Result<(), String> {
+        let completed = if returned && completed < self.operations.len() { completed + 1 } else { completed };
         let (low, high) = self.bounds(completed);
         let window = &self.states[low..=high];
+        if self.prefix_consistent {
+            let shape = |snapshot: &Snapshot| -> Vec<(Path, Kind)> {
+                snapshot.0.iter().map(|(path, entry)| (path.clone(), entry.kind)).collect()
+            };
+            let found = shape(recovered);
+            if !window.iter().any(|state| shape(state) == found) {
+                return Err(format!(
+                    "the recovered namespace is no single state since the last persistence point: {} paths",
+                    found.len()
+                ));
+            }
+        }
         let mut paths: BTreeSet<&Path> = recovered.0.keys().collect();
         for state in window {
             paths.extend(state.0.keys());
@@ -202,6 +239,21 @@ impl Oracle {
                     return Err(format!("{}: a symlink target it never had", show(path)));
                 }
                 Kind::Regular => {
+                    let size_low = self.size_low(path, completed, low).min(low);
+                    let sizes: BTreeSet<usize> = self.states[size_low..=high]
+                        .iter()
+                        .filter_map(|state| state.0.get(path))
+                        .filter(|allowed| allowed.kind == Kind::Regular)
+                        .map(|allowed| allowed.data.len())
+                        .collect();
+                    if !sizes.contains(&entry.data.len()) {
+                        return Err(format!(
+                            "{}: size {} is none of the sizes since its last persistence point, {:?}",
+                            show(path),
+                            entry.data.len(),
+                            sizes
+                        ));
+                    }
                     let data_low = self.data_low(path, completed).min(low);
                     let versions: Vec<&[u8]> = self.states[data_low..=high]
                         .iter()
@@ -295,20 +347,41 @@ impl Prepared {
         }
         let mut subject = Subject::mount(flash, clock.clone(), self.setup.options.clone())?;
         let mut completed = operations.len();
+        let mut returned = false;
         for (index, operation) in operations.iter().enumerate() {
             clock.advance(self.setup.step_ns);
-            subject.apply(operation);
+            let outcome = subject.apply(operation);
             if subject.fs.as_ref().is_none_or(|fs| fs.device().is_powered_off()) {
                 completed = index;
+                returned = outcome == Outcome::Done;
                 break;
             }
+            // Uncut, the engine must do what the model does: an operation
+            // it skipped would look like one the crash lost.
+            if cut.is_none() && outcome != oracle.outcomes[index] {
+                return Err(format!(
+                    "operation {index} {operation:?}: engine {outcome:?}, model {:?}",
+                    oracle.outcomes[index]
+                ));
+            }
+        }
+        // The workload's own device operations, before the snapshot below
+        // reads (and, letting go of what it looked up, may write).
+        let taken = subject.fs.as_ref().map(|fs| fs.device().mutating_operations() - start);
+        if cut.is_none() && subject.snapshot()? != *oracle.states.last().expect("a state") {
+            return Err("uncut, the engine's tree differs from the model's at the end".into());
         }
         let Some(fs) = subject.fs.take() else {
             return Err("the file system was lost in a remount the cut broke".into());
         };
         let mut flash = fs.into_device();
-        let taken = flash.mutating_operations() - start;
-        let Some(_) = cut else { return Ok(CutOutcome::Ran { device_operations: taken }) };
+        let taken = taken.unwrap_or(flash.mutating_operations() - start);
+        let Some(cut) = cut else { return Ok(CutOutcome::Ran { device_operations: taken }) };
+        if !flash.is_powered_off() && cut < taken {
+            return Err(format!(
+                "the cut at device operation {cut} of {taken} did not fire: the run is not deterministic"
+            ));
+        }
         if !flash.is_powered_off() {
             // The cut falls after the workload's last device operation.
             flash.cancel_power_cut();
@@ -320,7 +393,7 @@ impl Prepared {
         let mut recovered = Subject::from_fs(fs, clock, self.setup.options.clone());
         recovered.check()?;
         let snapshot = recovered.snapshot()?;
-        oracle.judge(&snapshot, completed)?;
+        oracle.judge(&snapshot, completed, returned)?;
         // And it keeps working.
         for operation in
             [Operation::Create { directory: Vec::new(), name: b"after-recovery".to_vec() }, Operation::Sync]
@@ -623,12 +696,66 @@ mod oracle_tests {
         let create = Operation::Create { directory: vec![], name: b"f".to_vec() };
         let fsynced = oracle(vec![create.clone(), Operation::Fsync { path: path("f"), data_only: false }]);
         let empty = fsynced.states[0].clone();
-        assert!(fsynced.judge(&empty, 2).is_err(), "lost after its fsync returned");
-        assert!(fsynced.judge(&empty, 1).is_ok(), "the cut fell in the fsync");
-        assert!(fsynced.judge(&fsynced.states[2], 2).is_ok());
+        assert!(fsynced.judge(&empty, 2, false).is_err(), "lost after its fsync returned");
+        assert!(fsynced.judge(&empty, 1, false).is_ok(), "the cut fell in the fsync");
+        assert!(fsynced.judge(&fsynced.states[2], 2, false).is_ok());
         let not_synced = oracle(vec![create]);
-        assert!(not_synced.judge(&empty, 1).is_ok());
-        assert!(not_synced.judge(&not_synced.states[1], 1).is_ok());
+        assert!(not_synced.judge(&empty, 1, false).is_ok());
+        assert!(not_synced.judge(&not_synced.states[1], 1, false).is_ok());
+    }
+
+    #[test]
+    fn a_rename_is_whole_or_absent_never_neither_name() {
+        let setup = vec![
+            Operation::Create { directory: vec![], name: b"a".to_vec() },
+            Operation::Sync,
+            Operation::Rename {
+                directory: vec![],
+                name: b"a".to_vec(),
+                new_directory: vec![],
+                new_name: b"b".to_vec(),
+                no_replace: false,
+                exchange: false,
+            },
+        ];
+        let oracle = oracle(setup);
+        assert!(oracle.judge(&oracle.states[2], 3, false).is_ok(), "before the rename");
+        assert!(oracle.judge(&oracle.states[3], 3, false).is_ok(), "after it");
+        let mut neither = oracle.states[3].clone();
+        neither.0.remove(&path("b"));
+        assert!(oracle.judge(&neither, 3, false).is_err(), "neither name");
+        let mut both = oracle.states[3].clone();
+        both.0.insert(path("a"), oracle.states[2].0[&path("a")].clone());
+        assert!(oracle.judge(&both, 3, false).is_err(), "both names");
+    }
+
+    #[test]
+    fn an_interrupted_fsync_that_returned_success_is_a_promise() {
+        let operations = vec![
+            Operation::Create { directory: vec![], name: b"f".to_vec() },
+            Operation::Fsync { path: path("f"), data_only: false },
+        ];
+        let oracle = oracle(operations);
+        let empty = oracle.states[0].clone();
+        assert!(oracle.judge(&empty, 1, false).is_ok(), "the fsync did not return");
+        assert!(oracle.judge(&empty, 1, true).is_err(), "the fsync returned Done");
+    }
+
+    #[test]
+    fn a_truncate_before_a_persistence_point_keeps_its_size() {
+        let operations = vec![
+            Operation::Create { directory: vec![], name: b"f".to_vec() },
+            Operation::Write { path: path("f"), offset: 0, length: 1024, fill: 1 },
+            Operation::Sync,
+            Operation::Truncate { path: path("f"), size: 0 },
+            Operation::Create { directory: vec![], name: b"g".to_vec() },
+            Operation::Fsync { path: path("g"), data_only: false },
+        ];
+        let oracle = oracle(operations);
+        let mut untruncated = oracle.states[6].clone();
+        untruncated.0.insert(path("f"), oracle.states[3].0[&path("f")].clone());
+        assert!(oracle.judge(&oracle.states[6], 6, false).is_ok());
+        assert!(oracle.judge(&untruncated, 6, false).is_err(), "the truncate was before the fsync of g");
     }
 
     #[test]
@@ -640,11 +767,11 @@ mod oracle_tests {
             Operation::Write { path: path("f"), offset: 0, length: 1024, fill: 2 },
         ];
         let oracle = oracle(operations);
-        assert!(oracle.judge(&oracle.states[3], 4).is_ok(), "the old data");
-        assert!(oracle.judge(&oracle.states[4], 4).is_ok(), "the new data");
-        assert!(oracle.judge(&oracle.states[1], 4).is_err(), "empty: older than the fsync");
+        assert!(oracle.judge(&oracle.states[3], 4, false).is_ok(), "the old data");
+        assert!(oracle.judge(&oracle.states[4], 4, false).is_ok(), "the new data");
+        assert!(oracle.judge(&oracle.states[1], 4, false).is_err(), "empty: older than the fsync");
         let mut garbage = oracle.states[4].clone();
         garbage.0.get_mut(&path("f")).expect("the file").data[700] ^= 0xff;
-        assert!(oracle.judge(&garbage, 4).is_err(), "a byte never written there");
+        assert!(oracle.judge(&garbage, 4, false).is_err(), "a byte never written there");
     }
 }
