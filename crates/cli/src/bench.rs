@@ -839,7 +839,7 @@ fn run_kernel(workload: &str, target: &str, size: Size, seed: u64, directory: &P
         run_command(&mkfs, &arguments)?;
         let mountpoint = directory.join(format!("{target}-mnt"));
         std::fs::create_dir_all(&mountpoint)?;
-        let (written_before, read_before) = block_stat(&loop_device)?;
+        let (_, read_before) = block_stat(&loop_device)?;
         run_command("mount", &[&loop_device, &mountpoint.to_string_lossy()])?;
         let (written_mounted, read_mounted) = block_stat(&loop_device)?;
         let remount = {
@@ -870,7 +870,6 @@ fn run_kernel(workload: &str, target: &str, size: Size, seed: u64, directory: &P
         run_command("umount", &[&mountpoint.to_string_lossy()])?;
         let ops = ops?;
         let (written_after, _) = block_stat(&loop_device)?;
-        let _ = written_before;
         // From the measured phase's start to after the unmount.
         let written = written_after.saturating_sub(written_at_start);
         let mut value = row(workload, target, ops, seconds, Some((written, 0, 0)));

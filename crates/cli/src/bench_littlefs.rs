@@ -134,7 +134,6 @@ pub fn run<const BLOCKS: usize>(workload: &str, size: Size, seed: u64) -> Outcom
     let file_path = |index: usize| format!("/d{:03}/f{index:06}", index % 100);
     let seconds;
     let ops: u64 = {
-        let started = Instant::now;
         match workload {
             "create_fsync" | "delete" => {
                 for directory in 0..100 {
@@ -151,7 +150,7 @@ pub fn run<const BLOCKS: usize>(workload: &str, size: Size, seed: u64) -> Outcom
                     }
                 }
                 at_start = Some(device_counters(&mut fs));
-                let start = started();
+                let start = Instant::now();
                 for index in 0..files {
                     let at = path(&file_path(index));
                     if workload == "delete" {
@@ -168,7 +167,7 @@ pub fn run<const BLOCKS: usize>(workload: &str, size: Size, seed: u64) -> Outcom
                 let every = if workload == "append_fsync10" { 10 } else { 1000 };
                 random.fill(&mut block[APPEND_BYTES / 2..]);
                 at_start = Some(device_counters(&mut fs));
-                let start = started();
+                let start = Instant::now();
                 fs.open_file_with_options_and_then(
                     |o| o.write(true).create(true),
                     &path("/log"),
@@ -197,7 +196,7 @@ pub fn run<const BLOCKS: usize>(workload: &str, size: Size, seed: u64) -> Outcom
                     fs.write(&mail(index), &message).map_err(lfs)?;
                 }
                 at_start = Some(device_counters(&mut fs));
-                let start = started();
+                let start = Instant::now();
                 let mut scratch = vec![0u8; 64 << 10];
                 for next in count..count + loops {
                     let victim = live.swap_remove(random.random_range(0..live.len()));
@@ -260,7 +259,7 @@ pub fn run<const BLOCKS: usize>(workload: &str, size: Size, seed: u64) -> Outcom
                     .map_err(lfs)?;
                 }
                 at_start = Some(device_counters(&mut fs));
-                let start = started();
+                let start = Instant::now();
                 fs.open_file_with_options_and_then(
                     |o| o.write(true).create(true),
                     &path("/large"),
