@@ -4,7 +4,7 @@
 #![no_main]
 
 use flintfs_format::{
-    decode_inode_pack, encode_inode_pack, parse_packed, Checkpoint, ChunkHeader, Node, PageHeader, RecordAssembler,
+    decode_inode_pack, encode_inode_pack, parse_packed, Checkpoint, ChunkHeader, LogBatch, Node, PageHeader, RecordAssembler,
     RecordKind, Superblock,
 };
 use libfuzzer_sys::fuzz_target;
@@ -29,6 +29,9 @@ fuzz_target!(|bytes: &[u8]| {
     }
     if let Ok(checkpoint) = Checkpoint::decode(data) {
         assert_eq!(Checkpoint::decode(&checkpoint.encode()), Ok(checkpoint));
+    }
+    if let Ok(batch) = LogBatch::decode(data) {
+        assert_eq!(LogBatch::decode(&batch.encode()), Ok(batch));
     }
     if let Ok(superblock) = Superblock::decode(data) {
         assert_eq!(Superblock::decode(&superblock.encode()), Ok(superblock));

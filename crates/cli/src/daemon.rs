@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::Args;
-use flintfs_core::FsOptions;
+use flintfs_core::{FsOptions, FsyncMode};
 use flintfs_flash::{Counters, FlashDevice, ImageFlash};
 use flintfs_fuse::{FlintFuse, Shared};
 
@@ -41,7 +41,8 @@ pub struct MountArguments {
     #[arg(short = 'f', long)]
     pub foreground: bool,
     /// Options: node_cache=SIZE, data_buffer=SIZE, read_cache=SIZE,
-    /// checkpoint_interval=SECONDS, fsync=wp-check, allow_other.
+    /// checkpoint_interval=SECONDS, fsync=wp-check|ordered|unchecked,
+    /// nobarrier, allow_other.
     #[arg(short = 'o', value_delimiter = ',')]
     pub options: Vec<String>,
     /// (internal) Print a ready line on stdout once mounted.
@@ -78,20 +79,22 @@ fn parse_options(options: &[String]) -> Outcome<MountOptions> {
                 parsed.fs.checkpoint_interval_ns = seconds.saturating_mul(1_000_000_000);
             }
             "allow_other" if value.is_none() => parsed.allow_other = true,
-            // The checkpoint engine has one way to make fsync durable; the
-            // metadata log (issue 4) brings ordered and unchecked, and
-            // nobarrier for devices with power-loss protection.
-            "fsync" if value == Some("wp-check") => {}
-            "fsync" => fail!(
-                "option fsync={}: only wp-check until the metadata log lands (ordered and unchecked come with it)",
-                value.unwrap_or("")
-            ),
-            "nobarrier" => {
-                fail!("option nobarrier comes with the metadata log: fsync is a checkpoint, which must flush")
+            "fsync" => {
+                parsed.fs.fsync_mode = match value {
+                    Some("wp-check") => FsyncMode::WpCheck,
+                    Some("ordered") => FsyncMode::Ordered,
+                    // Recovery that trusts every address: it exists to
+                    // show what the check is for, never for data.
+                    Some("unchecked") => FsyncMode::Unchecked,
+                    _ => fail!("option fsync={}: wp-check, ordered or unchecked", value.unwrap_or("")),
+                }
             }
+            // For devices whose write buffer survives power loss: fsync
+            // issues no flush.
+            "nobarrier" if value.is_none() => parsed.fs.barrier = false,
             _ => fail!(
                 "unknown mount option {option:?} (known: node_cache=SIZE, data_buffer=SIZE, read_cache=SIZE, \
-                 checkpoint_interval=SECONDS, fsync=wp-check, allow_other)"
+                 checkpoint_interval=SECONDS, fsync=wp-check|ordered|unchecked, nobarrier, allow_other)"
             ),
         }
     }

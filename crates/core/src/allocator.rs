@@ -43,23 +43,27 @@ impl<D: FlashDevice> Volume<D> {
     /// Programs pages consecutively in one zone of `role`'s head (a
     /// multi-page record must not straddle zones) and returns where each went.
     pub fn append_run(&mut self, role: ZoneRole, pages: &[(PageMeta, &[u8])]) -> Result<Vec<PageAddress>> {
+        self.append_pages(role, pages.len() as u32, |_| {
+            pages.iter().map(|(meta, data)| (*meta, std::borrow::Cow::Borrowed(*data))).collect()
+        })
+    }
+
+    /// Programs `needed` pages consecutively in one zone of `role`'s head,
+    /// built by `build` from the sequence number the first will carry (a
+    /// record's header names it), and returns where each went.
+    pub fn append_pages<'a>(
+        &mut self,
+        role: ZoneRole,
+        needed: u32,
+        mut build: impl FnMut(u64) -> Vec<(PageMeta, std::borrow::Cow<'a, [u8]>)>,
+    ) -> Result<Vec<PageAddress>> {
         if !role.is_log_head() {
             return Err(Error::invalid(format!("{role:?} has no log head")));
         }
-        if pages.is_empty() {
+        if needed == 0 {
             return Ok(Vec::new());
         }
         let geometry = self.device.geometry();
-        for (meta, data) in pages {
-            if data.len() != geometry.page_size_bytes as usize
-                || meta.length as usize > data.len()
-                || (meta.kind != PageKind::DataBlock && meta.inverted != InvertedIndex::default())
-                || (meta.end_of_record && !meta.kind.is_record())
-            {
-                return Err(Error::invalid(format!("a page that cannot be written: {meta:?}, {} bytes", data.len())));
-            }
-        }
-        let needed = pages.len() as u32;
         if u64::from(needed) > geometry.zone_pages() {
             return Err(Error::invalid(format!("{needed} pages cannot fit in one zone of {}", geometry.zone_pages())));
         }
@@ -71,6 +75,21 @@ impl<D: FlashDevice> Volume<D> {
             attempt += 1;
             let head = self.head_with_room(role, needed)?;
             let generation = self.checkpoint.zones[head.zone as usize].generation;
+            let pages = build(self.checkpoint.sequence_next);
+            for (meta, data) in &pages {
+                if pages.len() != needed as usize
+                    || data.len() != geometry.page_size_bytes as usize
+                    || meta.length as usize > data.len()
+                    || (meta.kind != PageKind::DataBlock && meta.inverted != InvertedIndex::default())
+                    || (meta.end_of_record && !meta.kind.is_record())
+                {
+                    return Err(Error::invalid(format!(
+                        "a page that cannot be written: {meta:?}, {} bytes, {} of {needed} pages",
+                        data.len(),
+                        pages.len()
+                    )));
+                }
+            }
             let mut addresses = Vec::with_capacity(pages.len());
             for (index, (meta, data)) in pages.iter().enumerate() {
                 let address = PageAddress::new(head.zone, head.write_pointer + index as u32);

@@ -21,9 +21,10 @@ pub use cache::{Dirty, Evicted, PageCache};
 pub use check::CheckReport;
 pub use error::{errno, Error, Result};
 pub use fs::{
-    Attributes, CleanerCounters, Clock, DirectoryEntry, Fs, FsCounters, FsOptions, ManualClock, RenameFlags,
-    SetAttributes, StatFs, XattrFlags, CACHE_PAGES_MIN, CLEAN_IDLE_WATER_ZONES, CLEAN_LOW_WATER_ZONES,
-    CLEAN_ZONES_PER_OPERATION_MAX, WEAR_SPREAD_MAX,
+    Attributes, CleanerCounters, Clock, DirectoryEntry, Fs, FsCounters, FsOptions, FsyncMode, ManualClock,
+    RecoveryReport, RenameFlags, SetAttributes, StatFs, XattrFlags, CACHE_PAGES_MIN, CLEAN_IDLE_WATER_ZONES,
+    CLEAN_LOW_WATER_ZONES, CLEAN_ZONES_PER_OPERATION_MAX, LOG_BUFFER_BYTES_MAX, LOG_PENDING_BLOCKS_MAX,
+    LOG_RECORD_PAGES_MAX, LOG_ZONES_PER_CHECKPOINT, WEAR_SPREAD_MAX,
 };
 pub use volume::{
     mkfs, slots_max, zones_min, MkfsOptions, MountReport, Volume, LOG_HEAD_ROLES, OPEN_ZONES_NEEDED, RESERVE_ZONES,

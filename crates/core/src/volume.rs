@@ -75,6 +75,8 @@ pub struct MountReport {
     /// hold. Always zero: a checkpoint is programmed only after everything
     /// before it was flushed. Anything else means the medium lost pages.
     pub head_pages_missing: u64,
+    /// What recovery did, after an unclean stop.
+    pub recovery: Option<crate::fs::RecoveryReport>,
 }
 
 impl MountReport {
@@ -460,8 +462,20 @@ impl<D: FlashDevice> Volume<D> {
             checkpoint.heads.iter().map(|head| (head.zone, head.write_pointer)).collect();
         written_since.extend(checkpoint.unindexed.iter().map(|&zone| (zone, 0)));
         let mut orphans = Vec::new();
+        let sequence_at_checkpoint = checkpoint.sequence_next;
         for (zone, recorded) in written_since {
             let write_pointer = device.report_zone(zone)?.write_pointer;
+            let in_head = checkpoint.heads.iter().any(|head| head.zone == zone);
+            if write_pointer > recorded && !in_head {
+                // A declared zone is taken (and reset) before it is written,
+                // but a zone freed by the checkpoint keeps its old pages
+                // until then: only pages numbered after the checkpoint were
+                // written since.
+                let first = read_verified(&mut device, PageAddress::new(zone, 0), None, &mut report.pages_read);
+                if matches!(first, Ok((header, _)) if header.sequence < sequence_at_checkpoint) {
+                    continue;
+                }
+            }
             if write_pointer > recorded {
                 orphans.push((zone, recorded, write_pointer));
             }

@@ -20,6 +20,11 @@ impl<'a> Reader<'a> {
         self.position
     }
 
+    /// Bytes not yet read.
+    pub fn remaining(&self) -> usize {
+        self.bytes.len().saturating_sub(self.position)
+    }
+
     pub fn error(&self, reason: impl Into<String>) -> DecodeError {
         DecodeError { structure: self.structure, reason: reason.into() }
     }

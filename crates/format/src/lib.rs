@@ -14,6 +14,7 @@
 mod checkpoint;
 mod chunk;
 mod codec;
+mod log;
 mod node;
 mod page;
 mod record;
@@ -27,6 +28,10 @@ pub use chunk::{
     parse_packed, ChunkHeader, ChunkKind, Compression, PackedPage, CHUNK_HEADER_BYTES, CHUNK_LOGICAL_BYTES_MAX,
 };
 pub use codec::{Reader, Writer};
+pub use log::{
+    LogBatch, LogOperation, LogRecord, SetAttributes, LOG_BATCH_HEADER_BYTES, LOG_BLOCKS_PER_RECORD_MAX,
+    LOG_CONTENT_BYTES_MAX, LOG_RECORD_HEADER_BYTES,
+};
 pub use node::{
     array_capacity, bucket_area_bytes, decode_inode_pack, directory_area_bytes, encode_inode_pack, inline_bytes_max,
     inode_record_bytes, is_inode_pack, name_hash, validate_name, xattr_bytes_max, DirectoryContent, Entry, FileContent,
@@ -45,7 +50,7 @@ pub use superblock::{
 
 /// The on-flash format version this build reads and writes. An image of
 /// another version is refused with a message naming both.
-pub const FORMAT_VERSION: u16 = 2;
+pub const FORMAT_VERSION: u16 = 3;
 
 /// Why some bytes are not a valid structure.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]

@@ -273,15 +273,18 @@ fn superblock_round_trips_and_refuses_foreign_or_other_versions() {
     foreign[0] = b'X';
     assert!(Superblock::decode(&foreign).unwrap_err().reason.contains("not a flintfs file system"));
     let mut newer = bytes;
-    newer[8] = 3;
+    newer[8] = 4;
     let message = Superblock::decode(&newer).unwrap_err().to_string();
-    assert!(message.contains("version 3") && message.contains("reads version 2"), "{message}");
-    // Version 1 (before the namespace) kept zeros where version 2 keeps the
-    // tree roots: its images are refused by name, not misread.
-    let mut older = bytes;
-    older[8] = 1;
-    let message = Superblock::decode(&older).unwrap_err().to_string();
-    assert!(message.contains("version 1") && message.contains("reads version 2"), "{message}");
+    assert!(message.contains("version 4") && message.contains("reads version 3"), "{message}");
+    // Versions 1 (before the namespace) and 2 (before the metadata log)
+    // are refused by name, not misread: a version 2 image that crashed
+    // would be recovered without its log.
+    for version in [1u8, 2] {
+        let mut older = bytes;
+        older[8] = version;
+        let message = Superblock::decode(&older).unwrap_err().to_string();
+        assert!(message.contains(&format!("version {version}")) && message.contains("reads version 3"), "{message}");
+    }
     for offset in 10..bytes.len() {
         let mut damaged = bytes;
         damaged[offset] ^= 0x10;

@@ -26,7 +26,7 @@ use flintfs_flash::MemoryFlash;
 use rand::{Rng, SeedableRng};
 use rand_pcg::Pcg64;
 
-use crate::model::{Generator, Kind, Model, Operation, Outcome, Path, Snapshot};
+use crate::model::{Generator, Kind, Model, Operation, Outcome, Path, Snapshot, SnapshotEntry};
 use crate::runner::{Setup, Subject};
 
 /// Bytes compared at a time when a file's blocks are checked against the
@@ -46,14 +46,9 @@ pub enum Mode {
     Random,
 }
 
-/// How fsync makes data durable (issue 4). Only the checkpoint engine
-/// exists so far, which is what `wp-check` names until the log lands.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum FsyncMode {
-    WpCheck,
-    Ordered,
-    Unchecked,
-}
+/// How fsync orders data and its log record, and whether recovery checks
+/// write pointers: the engine's mount option.
+pub use flintfs_core::FsyncMode;
 
 #[derive(Clone, Debug)]
 pub struct CrashOptions {
@@ -125,6 +120,8 @@ impl Summary {
 struct Oracle {
     operations: Vec<Operation>,
     states: Vec<Snapshot>,
+    /// For each state, the object each path names.
+    identities: Vec<BTreeMap<Path, u64>>,
     /// What the model returned for each operation (the engine, uncut,
     /// must return the same).
     outcomes: Vec<Outcome>,
@@ -141,6 +138,7 @@ impl Oracle {
     fn new(start: &Model, operations: Vec<Operation>) -> Oracle {
         let mut model = start.clone();
         let mut states = vec![model.snapshot()];
+        let mut identities = vec![model.identities()];
         let mut persists = Vec::with_capacity(operations.len());
         let mut outcomes = Vec::with_capacity(operations.len());
         for operation in &operations {
@@ -148,8 +146,9 @@ impl Oracle {
             persists.push(operation.is_durable_point() && outcome == Outcome::Done);
             outcomes.push(outcome);
             states.push(model.snapshot());
+            identities.push(model.identities());
         }
-        Oracle { operations, states, outcomes, persists, prefix_consistent: true }
+        Oracle { operations, states, identities, outcomes, persists, prefix_consistent: true }
     }
 
     /// The states a recovery may show when operations `0..completed`
@@ -163,15 +162,21 @@ impl Oracle {
         (low, high)
     }
 
-    /// The lowest state for `path`'s data: after the last sync, unmount,
-    /// or fsync of `path` among the completed operations.
-    fn data_low(&self, path: &Path, completed: usize) -> usize {
+    /// The object `path` named when operation `index` ran.
+    fn identity_before(&self, index: usize, path: &Path) -> Option<u64> {
+        self.identities[index].get(path).copied()
+    }
+
+    /// The lowest state for object `id`'s data: after the last sync,
+    /// unmount, or fsync of any of its names among the completed
+    /// operations.
+    fn data_low(&self, id: u64, completed: usize) -> usize {
         (0..completed)
             .rev()
             .find(|&index| {
                 self.persists[index]
                     && match &self.operations[index] {
-                        Operation::Fsync { path: synced, .. } => synced == path,
+                        Operation::Fsync { path: synced, .. } => self.identity_before(index, synced) == Some(id),
                         Operation::Sync | Operation::Remount => true,
                         _ => false,
                     }
@@ -179,15 +184,25 @@ impl Oracle {
             .map_or(0, |index| index + 1)
     }
 
-    /// The lowest state for `path`'s size: its data's bound, or later, the
-    /// state after its last truncate before the last persistence point (a
-    /// truncate is a metadata operation: any persistence point keeps it).
-    fn size_low(&self, path: &Path, completed: usize, low: usize) -> usize {
+    /// The lowest state for object `id`'s size: its data's bound, or later,
+    /// the state after its last truncate before the last persistence point
+    /// (a truncate is a metadata operation: any persistence point keeps it).
+    fn size_low(&self, id: u64, completed: usize, low: usize) -> usize {
         let truncated = (0..low)
             .rev()
-            .find(|&index| matches!(&self.operations[index], Operation::Truncate { path: at, .. } if at == path))
+            .find(|&index| {
+                matches!(&self.operations[index], Operation::Truncate { path: at, .. }
+                    if self.identity_before(index, at) == Some(id))
+            })
             .map_or(0, |index| index + 1);
-        self.data_low(path, completed).max(truncated)
+        self.data_low(id, completed).max(truncated)
+    }
+
+    /// Object `id`'s entry in state `index`, under whichever name it has
+    /// there.
+    fn entry_of(&self, index: usize, id: u64) -> Option<&SnapshotEntry> {
+        let path = self.identities[index].iter().find(|(_, &found)| found == id).map(|(path, _)| path)?;
+        self.states[index].0.get(path)
     }
 
     /// Holds a recovered tree to `docs/SEMANTICS.md`. `returned` says
@@ -196,17 +211,18 @@ impl Oracle {
         let completed = if returned && completed < self.operations.len() { completed + 1 } else { completed };
         let (low, high) = self.bounds(completed);
         let window = &self.states[low..=high];
-        if self.prefix_consistent {
-            let shape = |snapshot: &Snapshot| -> Vec<(Path, Kind)> {
-                snapshot.0.iter().map(|(path, entry)| (path.clone(), entry.kind)).collect()
-            };
-            let found = shape(recovered);
-            if !window.iter().any(|state| shape(state) == found) {
-                return Err(format!(
-                    "the recovered namespace is no single state since the last persistence point: {} paths",
-                    found.len()
-                ));
-            }
+        let shape = |snapshot: &Snapshot| -> Vec<(Path, Kind)> {
+            snapshot.0.iter().map(|(path, entry)| (path.clone(), entry.kind)).collect()
+        };
+        let found = shape(recovered);
+        // The states whose namespace the recovered one is: they say which
+        // object each recovered path is.
+        let matching: Vec<usize> = (low..=high).filter(|&index| shape(&self.states[index]) == found).collect();
+        if self.prefix_consistent && matching.is_empty() {
+            return Err(format!(
+                "the recovered namespace is no single state since the last persistence point: {} paths",
+                found.len()
+            ));
         }
         let mut paths: BTreeSet<&Path> = recovered.0.keys().collect();
         for state in window {
@@ -239,35 +255,75 @@ impl Oracle {
                     return Err(format!("{}: a symlink target it never had", show(path)));
                 }
                 Kind::Regular => {
-                    let size_low = self.size_low(path, completed, low).min(low);
-                    let sizes: BTreeSet<usize> = self.states[size_low..=high]
-                        .iter()
-                        .filter_map(|state| state.0.get(path))
-                        .filter(|allowed| allowed.kind == Kind::Regular)
-                        .map(|allowed| allowed.data.len())
-                        .collect();
-                    if !sizes.contains(&entry.data.len()) {
-                        return Err(format!(
-                            "{}: size {} is none of the sizes since its last persistence point, {:?}",
-                            show(path),
-                            entry.data.len(),
-                            sizes
-                        ));
+                    // Judged as the file it is (its versions under any
+                    // name), in each state whose namespace was recovered;
+                    // one that fits is enough.
+                    let ids: BTreeSet<u64> =
+                        matching.iter().filter_map(|&index| self.identity_before(index, path)).collect();
+                    let mut verdict =
+                        Err(format!("{}: no state since the last persistence point names it", show(path)));
+                    for id in ids {
+                        verdict = self.judge_file(path, entry, id, completed, low, high);
+                        if verdict.is_ok() {
+                            break;
+                        }
                     }
-                    let data_low = self.data_low(path, completed).min(low);
-                    let versions: Vec<&[u8]> = self.states[data_low..=high]
-                        .iter()
-                        .filter_map(|state| state.0.get(path))
-                        .filter(|allowed| allowed.kind == Kind::Regular)
-                        .map(|allowed| allowed.data.as_slice())
-                        .collect();
-                    check_data(path, &entry.data, &versions)?;
+                    verdict?;
                 }
                 _ => {}
             }
         }
         Ok(())
     }
+}
+
+impl Oracle {
+    /// A regular file, object `id`, holds a size and data it had since its
+    /// last persistence point.
+    fn judge_file(
+        &self,
+        path: &Path,
+        entry: &SnapshotEntry,
+        id: u64,
+        completed: usize,
+        low: usize,
+        high: usize,
+    ) -> Result<(), String> {
+        let size_low = self.size_low(id, completed, low).min(low);
+        let sizes: BTreeSet<usize> = (size_low..=high)
+            .filter_map(|index| self.entry_of(index, id))
+            .filter(|allowed| allowed.kind == Kind::Regular)
+            .map(|allowed| allowed.data.len())
+            .collect();
+        if !sizes.contains(&entry.data.len()) {
+            return Err(format!(
+                "{}: size {} is none of the sizes since its last persistence point, {:?}",
+                show(path),
+                entry.data.len(),
+                sizes
+            ));
+        }
+        let data_low = self.data_low(id, completed).min(low);
+        let versions: Vec<&[u8]> = (data_low..=high)
+            .filter_map(|index| self.entry_of(index, id))
+            .filter(|allowed| allowed.kind == Kind::Regular)
+            .map(|allowed| allowed.data.as_slice())
+            .collect();
+        check_data(path, &entry.data, &versions)
+    }
+}
+
+/// Holds a tree recovered after a cut to `docs/SEMANTICS.md`: `operations`
+/// ran from `start`, the first `completed` returned, and the power went in
+/// the next (`returned`: it said Done all the same) or after the end.
+pub fn judge_recovery(
+    start: &Model,
+    operations: Vec<Operation>,
+    completed: usize,
+    returned: bool,
+    recovered: &Snapshot,
+) -> Result<(), String> {
+    Oracle::new(start, operations).judge(recovered, completed, returned)
 }
 
 /// A file's size must be one it had, and each block must be that block of
@@ -393,7 +449,12 @@ impl Prepared {
         let mut recovered = Subject::from_fs(fs, clock, self.setup.options.clone());
         recovered.check()?;
         let snapshot = recovered.snapshot()?;
-        oracle.judge(&snapshot, completed, returned)?;
+        if let Err(error) = oracle.judge(&snapshot, completed, returned) {
+            if std::env::var_os("FLINTFS_DEBUG_RECOVERY").is_some() {
+                eprintln!("cut {cut:?}: completed {completed} returned {returned}: {:?}", report.recovery);
+            }
+            return Err(error);
+        }
         // And it keeps working.
         for operation in
             [Operation::Create { directory: Vec::new(), name: b"after-recovery".to_vec() }, Operation::Sync]
@@ -562,13 +623,8 @@ fn generated_workload(start: &Model, seed: u64, operations: u64, page_size: u32)
 
 /// Runs a crashtest; `progress` is told each finished workload.
 pub fn run(options: &CrashOptions, mut progress: impl FnMut(u64, u64)) -> Result<Summary, String> {
-    if options.fsync != FsyncMode::WpCheck {
-        return Err(format!(
-            "fsync mode {:?} arrives with the metadata log (issue 4); the checkpoint engine has one mode",
-            options.fsync
-        ));
-    }
-    let setup = Setup::small();
+    let mut setup = Setup::small();
+    setup.options.fsync_mode = options.fsync;
     let page_size = setup.geometry.page_size_bytes;
     let mut summary = Summary::default();
     match options.mode {

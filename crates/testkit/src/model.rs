@@ -513,6 +513,24 @@ impl Model {
         Snapshot(out)
     }
 
+    /// Which object each path names: the identity that hard links share
+    /// and renames keep, for judging a file by what it is, not where.
+    pub fn identities(&self) -> BTreeMap<Path, u64> {
+        let mut out = BTreeMap::new();
+        let mut stack: Vec<(Path, Id)> = vec![(Vec::new(), ROOT)];
+        while let Some((path, id)) = stack.pop() {
+            if let Object::Directory { entries, .. } = &self.objects[&id] {
+                for (name, &child) in entries {
+                    let mut child_path = path.clone();
+                    child_path.push(name.clone());
+                    stack.push((child_path, child));
+                }
+            }
+            out.insert(path, id);
+        }
+        out
+    }
+
     /// Every path in the tree, directories and the rest apart.
     pub fn paths(&self) -> (Vec<Path>, Vec<Path>) {
         let snapshot = self.snapshot();

@@ -30,7 +30,7 @@ fn random_workloads_match_the_model() {
 }
 
 #[test]
-fn a_power_cut_at_every_device_operation_remounts_to_the_last_checkpoint() {
+fn a_power_cut_at_every_device_operation_recovers_as_promised() {
     let seeds = from_env("FLINTFS_CUT_SEEDS", 3);
     let operations = from_env("FLINTFS_CUT_OPERATIONS", 200);
     let setup = Setup::small();

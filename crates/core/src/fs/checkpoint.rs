@@ -50,6 +50,7 @@ impl<D: FlashDevice> Fs<D> {
                 .collect(),
         };
         self.volume.write_checkpoint()?;
+        self.log_truncated();
         self.counters.checkpoints += 1;
         self.mark_checkpointed();
         self.prune_known();

@@ -489,6 +489,7 @@ impl<D: FlashDevice> Fs<D> {
         match self.set_block_pointer(ino, block, home) {
             Ok(old) => {
                 self.release(old);
+                self.log_note_block(ino, block);
                 Ok(())
             }
             Err(error) => {
@@ -531,7 +532,10 @@ impl<D: FlashDevice> Fs<D> {
             self.counters.chunks_written += 1;
             self.volume.account(address.zone, i64::from(chunk.units) * i64::from(CHUNK_UNIT_BYTES));
             match self.set_block_pointer(chunk.ino, chunk.block, pointer) {
-                Ok(old) => self.release(old),
+                Ok(old) => {
+                    self.release(old);
+                    self.log_note_block(chunk.ino, chunk.block);
+                }
                 Err(error) => {
                     self.release(pointer);
                     self.dirty_blocks.insert((chunk.ino, chunk.block), chunk.buffer);

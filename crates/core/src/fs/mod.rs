@@ -10,9 +10,10 @@
 //! demand into a byte-bounded cache and written back when evicted or at a
 //! checkpoint; nothing else about the namespace is held in memory.
 //!
-//! Durability, until the metadata log lands: a checkpoint makes everything
-//! durable, and fsync, sync and unmount take one. After a crash the file
-//! system is exactly what the last checkpoint recorded.
+//! Durability: fsync programs the file's blocks and one record of the
+//! metadata log (see [`log`]); sync and unmount take a checkpoint, which
+//! truncates the log. After a crash the file system is the last
+//! checkpoint with the log replayed on it.
 //!
 //! Inode numbers are slots plus one (the root is 1). A directory's slot
 //! locates its page; a file with one link has a *locator* in its slot (the
@@ -28,6 +29,7 @@ mod checkpoint;
 mod cleaner;
 mod data;
 mod directory;
+mod log;
 mod nodes;
 mod ops;
 
@@ -44,6 +46,10 @@ use crate::volume::{MkfsOptions, MountReport, Volume};
 
 pub use cleaner::{
     CleanerCounters, CLEAN_IDLE_WATER_ZONES, CLEAN_LOW_WATER_ZONES, CLEAN_ZONES_PER_OPERATION_MAX, WEAR_SPREAD_MAX,
+};
+pub use log::{
+    FsyncMode, RecoveryReport, LOG_BUFFER_BYTES_MAX, LOG_PENDING_BLOCKS_MAX, LOG_RECORD_PAGES_MAX,
+    LOG_ZONES_PER_CHECKPOINT,
 };
 pub use ops::{Attributes, DirectoryEntry, RenameFlags, SetAttributes, StatFs, XattrFlags};
 
@@ -112,6 +118,10 @@ pub struct FsOptions {
     /// A checkpoint is taken at the first operation this long after the
     /// last one, if anything changed.
     pub checkpoint_interval_ns: u64,
+    pub fsync_mode: FsyncMode,
+    /// Whether fsync issues a flush. Off (`nobarrier`) only for devices
+    /// whose write buffer survives power loss.
+    pub barrier: bool,
 }
 
 impl Default for FsOptions {
@@ -121,6 +131,8 @@ impl Default for FsOptions {
             data_buffer_bytes: DATA_BUFFER_BYTES_DEFAULT,
             read_cache_bytes: READ_CACHE_BYTES_DEFAULT,
             checkpoint_interval_ns: CHECKPOINT_INTERVAL_NS_DEFAULT,
+            fsync_mode: FsyncMode::WpCheck,
+            barrier: true,
         }
     }
 }
@@ -130,12 +142,7 @@ impl FsOptions {
     /// every eviction path is taken.
     pub fn smallest(page_size_bytes: u32) -> FsOptions {
         let bytes = CACHE_PAGES_MIN * page_size_bytes as usize;
-        FsOptions {
-            node_cache_bytes: bytes,
-            data_buffer_bytes: bytes,
-            read_cache_bytes: bytes,
-            checkpoint_interval_ns: CHECKPOINT_INTERVAL_NS_DEFAULT,
-        }
+        FsOptions { node_cache_bytes: bytes, data_buffer_bytes: bytes, read_cache_bytes: bytes, ..FsOptions::default() }
     }
 
     fn validate(&self, page_size_bytes: u32) -> Result<()> {
@@ -220,6 +227,7 @@ pub struct Fs<D: FlashDevice> {
     /// Victims the cleaner could not empty this mount (see
     /// [`CleanerCounters::zones_stuck`]).
     pub(crate) cleaner_stuck: std::collections::BTreeSet<u32>,
+    pub(crate) log: log::LogState,
 }
 
 impl<D: FlashDevice> Fs<D> {
@@ -254,14 +262,106 @@ impl<D: FlashDevice> Fs<D> {
         // Files unlinked while open and directories removed while held, when
         // the last checkpoint was taken: nobody holds them now.
         let orphans = fs.volume.checkpoint.tree.orphans.clone();
+        let mut adopted = Vec::new();
         for ino in orphans {
             if fs.adopt_orphan(ino)? {
-                fs.delete_orphan(ino)?;
+                adopted.push(ino);
             }
         }
         let mut report = report;
+        if !fs.volume.orphans.is_empty() {
+            // Pages were written after the checkpoint: an unclean stop.
+            report.recovery = Some(fs.recover()?);
+        } else if !adopted.is_empty() {
+            for ino in adopted {
+                fs.delete_orphan(ino)?;
+            }
+            // The log that follows must start from a checkpoint that has
+            // freed them: replay does not run mount's work again.
+            fs.changed = true;
+            fs.checkpoint()?;
+        }
         report.pages_read += fs.volume.device().counters().pages_read - pages_before;
         Ok((fs, report))
+    }
+
+    /// Recovery after an unclean stop: the zones the crashed run took from
+    /// the declared list get back their role and generation (from their
+    /// first page), every head moves to a fresh zone (so no zone a record
+    /// may point into is written before the log is replayed: its write
+    /// pointer stays what the cut left, for a second recovery too), the log
+    /// is replayed, orphans are freed, and a checkpoint ends it.
+    fn recover(&mut self) -> Result<RecoveryReport> {
+        let mut written: std::collections::BTreeMap<u32, (u32, u32)> = std::collections::BTreeMap::new();
+        for &(zone, first, end) in &self.volume.orphans {
+            written.insert(zone, (first, end));
+        }
+        let declared = self.volume.checkpoint.unindexed.clone();
+        let mut used = 0;
+        for (position, &zone) in declared.iter().enumerate() {
+            if !written.contains_key(&zone) {
+                continue;
+            }
+            used = position + 1;
+            let mut pages_read = 0;
+            let first = crate::volume::read_verified(
+                &mut self.volume.device,
+                flintfs_flash::PageAddress::new(zone, 0),
+                None,
+                &mut pages_read,
+            );
+            if let Ok((header, _)) = first {
+                let role = match header.kind {
+                    flintfs_format::PageKind::Log => Some(flintfs_format::ZoneRole::Log),
+                    flintfs_format::PageKind::Node => Some(flintfs_format::ZoneRole::Node),
+                    flintfs_format::PageKind::DataBlock | flintfs_format::PageKind::PackedData => {
+                        Some(flintfs_format::ZoneRole::HotData)
+                    }
+                    _ => None,
+                };
+                if let Some(role) = role {
+                    let usage = &mut self.volume.checkpoint.zones[zone as usize];
+                    usage.role = role;
+                    usage.generation = header.zone_generation;
+                    usage.valid_bytes = 0;
+                }
+            }
+        }
+        self.volume.unindexed_used = used;
+        let old_heads: Vec<u32> = self.volume.checkpoint.heads.iter().map(|head| head.zone).collect();
+        self.volume.checkpoint.heads.clear();
+        let report = self.replay_log(&written);
+        let orphans: Vec<u64> = self.known.iter().filter(|(_, known)| known.orphan).map(|(&ino, _)| ino).collect();
+        for ino in orphans {
+            self.delete_orphan(ino)?;
+        }
+        self.changed = true;
+        self.checkpoint()?;
+        // Zones left part written (the old heads, what the crashed run
+        // took) are done now that nothing needs their write pointers.
+        for zone in old_heads.into_iter().chain(written.keys().copied()) {
+            let in_head = self.volume.checkpoint.heads.iter().any(|head| head.zone == zone);
+            let state = self.volume.device().report_zone(zone)?.state;
+            if !in_head && matches!(state, flintfs_flash::ZoneState::Open | flintfs_flash::ZoneState::Closed) {
+                self.volume.device_mut().finish_zone(zone)?;
+            }
+        }
+        tracing::info!(
+            batches = report.batches,
+            replayed = report.records_replayed,
+            discarded = report.records_discarded,
+            skipped = report.records_skipped,
+            log_pages_read = report.log_pages_read,
+            "recovered after an unclean stop; {}",
+            report.end
+        );
+        for failure in &report.records_failed {
+            tracing::warn!("a log record did not replay: {failure}");
+            if std::env::var_os("FLINTFS_DEBUG_RECOVERY").is_some() {
+                eprintln!("a log record did not replay: {failure}");
+            }
+        }
+        Ok(report)
     }
 
     fn assemble(volume: Volume<D>, options: FsOptions, clock: Box<dyn Clock>) -> Result<Fs<D>> {
@@ -299,6 +399,7 @@ impl<D: FlashDevice> Fs<D> {
             counters: FsCounters::default(),
             cleaner: CleanerCounters::default(),
             cleaner_stuck: std::collections::BTreeSet::new(),
+            log: log::LogState::default(),
             volume,
         })
     }
@@ -363,15 +464,22 @@ impl<D: FlashDevice> Fs<D> {
         self.known.len()
     }
 
+    /// The time of the operation running: one reading per operation, so
+    /// that replaying its record gives every field the same value.
     pub(crate) fn now(&self) -> i64 {
-        self.clock.now_ns()
+        self.log.operation_now.unwrap_or_else(|| self.clock.now_ns())
     }
 
     /// Work done at the start of every operation that changes something:
     /// a timed checkpoint, or one because the declared unindexed zones
     /// could not take what is buffered plus what this operation may write.
     pub(crate) fn begin(&mut self, data_pages: u64) -> Result<()> {
-        if self.checkpoint_due() {
+        if self.log.replaying {
+            // Recovery takes one checkpoint, at its end: one in between
+            // would start a new log before the old one was replayed.
+            return Ok(());
+        }
+        if self.checkpoint_due() || self.log_wants_checkpoint(1) {
             return self.checkpoint();
         }
         self.clean_if_low()?;
@@ -397,7 +505,8 @@ impl<D: FlashDevice> Fs<D> {
         let node_need = dirty_nodes + OPERATION_NODE_PAGES_MAX;
         let zones_for = |need: u64, free: u64| need.saturating_sub(free).div_ceil(zone_pages);
         let zones_needed = zones_for(data_need, self.volume.head_free_pages(flintfs_format::ZoneRole::HotData))
-            + zones_for(node_need, self.volume.head_free_pages(flintfs_format::ZoneRole::Node));
+            + zones_for(node_need, self.volume.head_free_pages(flintfs_format::ZoneRole::Node))
+            + zones_for(LOG_RECORD_PAGES_MAX, self.volume.head_free_pages(flintfs_format::ZoneRole::Log));
         zones_needed > self.volume.unindexed_remaining() as u64
     }
 
@@ -409,6 +518,11 @@ impl<D: FlashDevice> Fs<D> {
     /// [`CLEAN_ZONES_PER_OPERATION_MAX`] zones, when that may make the
     /// room: a full device says ENOSPC, it never spins.
     pub(crate) fn reserve_space(&mut self, data_pages: u64, node_pages: u64) -> Result<()> {
+        if self.log.replaying {
+            // The operation found the room when it first ran; recovery
+            // can neither clean nor checkpoint until the log is replayed.
+            return Ok(());
+        }
         let mut cleaned = 0;
         let mut released = false;
         loop {

@@ -6,7 +6,7 @@
 use flintfs_flash::FlashDevice;
 use flintfs_format::{
     inline_bytes_max, name_hash, validate_name, xattr_bytes_max, DirectoryContent, Entry, FileContent, FileType, Inode,
-    Node, Pointer, Target, FIRST_DYNAMIC_ZONE, NAME_BYTES_MAX, SLOT_NONE, XATTR_NAME_BYTES_MAX,
+    LogOperation, Node, Pointer, Target, FIRST_DYNAMIC_ZONE, NAME_BYTES_MAX, SLOT_NONE, XATTR_NAME_BYTES_MAX,
 };
 
 use super::directory::name_text;
@@ -39,16 +39,9 @@ pub struct Attributes {
     pub generation: u64,
 }
 
-/// What `setattr` changes; `None` leaves a field alone.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct SetAttributes {
-    pub permissions: Option<u32>,
-    pub uid: Option<u32>,
-    pub gid: Option<u32>,
-    pub size: Option<u64>,
-    pub atime_ns: Option<i64>,
-    pub mtime_ns: Option<i64>,
-}
+/// What `setattr` changes; `None` leaves a field alone (the log's record
+/// of it, as it is).
+pub use flintfs_format::SetAttributes;
 
 /// One entry of a directory listing. `offset` is the cookie that resumes
 /// the listing after this entry.
@@ -123,9 +116,19 @@ impl<D: FlashDevice> Fs<D> {
     /// is due, then the operation, then the write-backs and data flushes it
     /// left. A write-back that fails after the operation succeeded stays
     /// pending for the next one; the operation's own result is returned.
-    fn mutate<T>(&mut self, data_pages: u64, operation: impl FnOnce(&mut Fs<D>) -> Result<T>) -> Result<T> {
+    pub(crate) fn mutate<T>(&mut self, data_pages: u64, operation: impl FnOnce(&mut Fs<D>) -> Result<T>) -> Result<T> {
         self.begin(data_pages)?;
+        // One time and the version counter as the operation starts: its
+        // log record carries both, and replay runs it with them.
+        let replaying = self.log.replaying;
+        if !replaying {
+            self.log.operation_now = Some(self.clock.now_ns());
+        }
+        self.log.operation_version = self.version_next;
         let result = operation(self);
+        if !replaying {
+            self.log.operation_now = None;
+        }
         if result.is_ok() {
             self.changed = true;
         }
@@ -136,7 +139,7 @@ impl<D: FlashDevice> Fs<D> {
                 self.flush_data(None)?;
                 self.drain()?;
             }
-            Ok(())
+            self.log_spill()
         });
         result
     }
@@ -173,7 +176,7 @@ impl<D: FlashDevice> Fs<D> {
     }
 
     /// The inode of any file or directory.
-    fn inode(&mut self, ino: u64) -> Result<Inode> {
+    pub(crate) fn inode(&mut self, ino: u64) -> Result<Inode> {
         let key = self.file_key(ino)?;
         match self.node(key)? {
             Node::File { inode, .. } | Node::Directory { inode, .. } if inode.ino == ino => Ok(inode),
@@ -228,7 +231,7 @@ impl<D: FlashDevice> Fs<D> {
     }
 
     /// Registers `ino` in the table (with `add` more references).
-    fn remember_count(&mut self, ino: u64, add: u64) -> Result<()> {
+    pub(crate) fn remember_count(&mut self, ino: u64, add: u64) -> Result<()> {
         if !self.known.contains_key(&ino) {
             let key = self.file_key(ino)?;
             if !self.known.contains_key(&ino) {
@@ -317,7 +320,11 @@ impl<D: FlashDevice> Fs<D> {
             return Ok(());
         }
         if known.orphan {
-            self.mutate(0, |fs| fs.delete_orphan(ino))?;
+            self.mutate(0, |fs| {
+                fs.delete_orphan(ino)?;
+                fs.log(LogOperation::Delete { ino });
+                Ok(())
+            })?;
         } else if !self.file_has_state(ino) {
             self.known.remove(&ino);
         }
@@ -410,6 +417,19 @@ impl<D: FlashDevice> Fs<D> {
             })?;
             if !content.is_empty() {
                 fs.file_write(inode.ino, 0, content)?;
+            }
+            fs.log(LogOperation::Create {
+                parent,
+                ino: inode.ino,
+                file_type,
+                permissions: permissions & 0o7777,
+                uid,
+                gid,
+                rdev,
+                name: name.to_vec(),
+                content: content.to_vec(),
+            });
+            if !content.is_empty() {
                 return fs.getattr(inode.ino);
             }
             Ok(fs.attributes_of(&inode))
@@ -466,6 +486,7 @@ impl<D: FlashDevice> Fs<D> {
             if inode.file_type() == Some(FileType::Directory) {
                 return Err(Error::new(errno::EPERM, "directories cannot be hard-linked"));
             }
+            fs.log_pending_state(ino)?;
             if fs.inode(new_parent)?.file_type() != Some(FileType::Directory) {
                 return Err(Error::new(errno::ENOTDIR, format!("inode {new_parent} is not a directory")));
             }
@@ -498,6 +519,7 @@ impl<D: FlashDevice> Fs<D> {
                 directory.ctime_ns = now;
             })?;
             fs.remember(ino)?;
+            fs.log(LogOperation::Link { ino, new_parent, new_name: new_name.to_vec() });
             fs.getattr(ino)
         })
     }
@@ -535,13 +557,16 @@ impl<D: FlashDevice> Fs<D> {
             }
             // Found through its entry: remembered before the entry goes.
             fs.remember_count(entry.ino, 0)?;
+            let held = fs.known[&entry.ino].lookups > 0;
             fs.directory_remove(parent, name)?;
             let now = fs.now();
             fs.change_inode(parent, |directory| {
                 directory.mtime_ns = now;
                 directory.ctime_ns = now;
             })?;
-            fs.drop_link(entry.ino, now)
+            fs.drop_link(entry.ino, now)?;
+            fs.log(LogOperation::Unlink { parent, ino: entry.ino, held, name: name.to_vec() });
+            Ok(())
         });
         self.volume.reserve_allowed = false;
         result
@@ -589,6 +614,7 @@ impl<D: FlashDevice> Fs<D> {
     /// Frees a file's blocks, index and inode.
     pub(crate) fn delete_file(&mut self, ino: u64) -> Result<()> {
         self.free_blocks_from(ino, 0)?;
+        self.log_forget_file(ino);
         let keys: Vec<(u64, u64)> = self.dirty_blocks.range((ino, 0)..=(ino, u64::MAX)).map(|(key, _)| *key).collect();
         for key in keys {
             self.dirty_blocks.remove(&key);
@@ -623,6 +649,7 @@ impl<D: FlashDevice> Fs<D> {
             if entry_count > 0 {
                 return Err(Error::new(errno::ENOTEMPTY, format!("{:?} holds {entry_count} entries", name_text(name))));
             }
+            let held = fs.known.get(&entry.ino).is_some_and(|known| known.lookups > 0);
             fs.directory_remove(parent, name)?;
             fs.remove_directory(entry.ino)?;
             let now = fs.now();
@@ -630,7 +657,9 @@ impl<D: FlashDevice> Fs<D> {
                 directory.nlink = directory.nlink.saturating_sub(1);
                 directory.mtime_ns = now;
                 directory.ctime_ns = now;
-            })
+            })?;
+            fs.log(LogOperation::Rmdir { parent, ino: entry.ino, held, name: name.to_vec() });
+            Ok(())
         });
         self.volume.reserve_allowed = false;
         result
@@ -694,10 +723,14 @@ impl<D: FlashDevice> Fs<D> {
             // inodes; nothing read before may be used after.
             fs.reserve_space(0, 4)?;
             let source = fs.entry(parent, name)?;
+            fs.log_pending_state(source.ino)?;
             if fs.inode(new_parent)?.file_type() != Some(FileType::Directory) {
                 return Err(Error::new(errno::ENOTDIR, format!("inode {new_parent} is not a directory")));
             }
             let target = fs.directory_lookup(new_parent, new_name)?;
+            if let Some(target) = &target {
+                fs.log_pending_state(target.ino)?;
+            }
             if source.file_type == FileType::Directory && fs.is_within(new_parent, source.ino)? {
                 return Err(Error::invalid("a directory cannot move below itself"));
             }
@@ -718,6 +751,17 @@ impl<D: FlashDevice> Fs<D> {
                 fs.place(new_parent, new_name, &source, parent)?;
                 fs.place(parent, name, &target, new_parent)?;
                 fs.touch_parents(parent, new_parent)?;
+                fs.log(LogOperation::Rename {
+                    parent,
+                    new_parent,
+                    ino: source.ino,
+                    replaced: target.ino,
+                    replaced_held: false,
+                    no_replace: false,
+                    exchange: true,
+                    name: name.to_vec(),
+                    new_name: new_name.to_vec(),
+                });
                 return Ok(());
             }
             if (parent, name) == (new_parent, new_name) {
@@ -754,6 +798,8 @@ impl<D: FlashDevice> Fs<D> {
             if let Some(target) = &target {
                 fs.remember_moved(target)?;
             }
+            let replaced = target.as_ref().map_or(0, |target| target.ino);
+            let replaced_held = fs.known.get(&replaced).is_some_and(|known| known.lookups > 0);
             if let Some(target) = target {
                 fs.directory_remove(new_parent, new_name)?;
                 if target.file_type == FileType::Directory {
@@ -765,7 +811,19 @@ impl<D: FlashDevice> Fs<D> {
             }
             fs.directory_remove(parent, name)?;
             fs.place(new_parent, new_name, &source, parent)?;
-            fs.touch_parents(parent, new_parent)
+            fs.touch_parents(parent, new_parent)?;
+            fs.log(LogOperation::Rename {
+                parent,
+                new_parent,
+                ino: source.ino,
+                replaced,
+                replaced_held,
+                no_replace: flags.no_replace,
+                exchange: false,
+                name: name.to_vec(),
+                new_name: new_name.to_vec(),
+            });
+            Ok(())
         })
     }
 
@@ -855,6 +913,7 @@ impl<D: FlashDevice> Fs<D> {
                 _ => return Err(Error::invalid(format!("inode {ino} is not a regular file"))),
             }
             fs.file_write(ino, offset, data)?;
+            fs.log_note_write(ino);
             let now = fs.now();
             fs.change_inode(ino, |inode| {
                 inode.mtime_ns = now;
@@ -870,6 +929,9 @@ impl<D: FlashDevice> Fs<D> {
     pub fn setattr(&mut self, ino: u64, changes: &SetAttributes) -> Result<Attributes> {
         self.mutate(0, |fs| {
             let inode = fs.inode(ino)?;
+            if changes.size.is_some() && inode.file_type() == Some(FileType::Regular) {
+                fs.log_pending_state(ino)?;
+            }
             if let Some(size) = changes.size {
                 match inode.file_type() {
                     Some(FileType::Directory) => {
@@ -900,6 +962,7 @@ impl<D: FlashDevice> Fs<D> {
                 }
                 inode.ctime_ns = now;
             })?;
+            fs.log(LogOperation::SetAttributes { ino, changes: *changes });
             fs.getattr(ino)
         })
     }
@@ -978,19 +1041,23 @@ impl<D: FlashDevice> Fs<D> {
             let new_blocks = end.div_ceil(block_bytes).saturating_sub(inode.size.div_ceil(block_bytes));
             fs.check_capacity(new_blocks)?;
             fs.reserve_space(new_blocks, new_blocks / fs.index_fanout() + 1)?;
+            fs.log_pending_state(ino)?;
             if mode & FALLOC_FL_KEEP_SIZE == 0 && end > inode.size {
                 fs.truncate(ino, end)?;
                 let now = fs.now();
                 fs.change_inode(ino, |inode| inode.ctime_ns = now)?;
+                fs.log(LogOperation::Fallocate { ino, offset, length, mode });
             }
             Ok(())
         })
     }
 
-    /// Makes a file durable. Until the metadata log, that is a checkpoint.
+    /// Makes a file durable, and every operation before: its blocks and
+    /// one record of the metadata log, then one flush. fdatasync does the
+    /// same (the record is what says where the blocks are).
     pub fn fsync(&mut self, ino: u64, _datasync: bool) -> Result<()> {
         self.inode(ino)?;
-        self.checkpoint()
+        self.fsync_logged(ino)
     }
 
     /// Makes everything durable.
@@ -1082,7 +1149,15 @@ impl<D: FlashDevice> Fs<D> {
             fs.change_inode(ino, |inode| {
                 inode.xattrs = xattrs;
                 inode.ctime_ns = now;
-            })
+            })?;
+            fs.log(LogOperation::SetXattr {
+                ino,
+                create: flags.create,
+                replace: flags.replace,
+                name: name.to_vec(),
+                value: value.to_vec(),
+            });
+            Ok(())
         })
     }
 
@@ -1115,7 +1190,9 @@ impl<D: FlashDevice> Fs<D> {
             fs.change_inode(ino, |inode| {
                 inode.xattrs = xattrs;
                 inode.ctime_ns = now;
-            })
+            })?;
+            fs.log(LogOperation::RemoveXattr { ino, name: name.to_vec() });
+            Ok(())
         })
     }
 

@@ -1,0 +1,600 @@
+//! The metadata persistence log (ReconFS sections 3.2 to 3.4, OPRW).
+//!
+//! Every operation that changes the namespace or an inode's attributes
+//! appends a logical record to an in-memory batch as it completes. fsync
+//! writes the file's buffered blocks, adds the file's state (attributes,
+//! inline bytes, the addresses of the blocks written since it was last
+//! logged) and programs the batch as one log record, with no wait between
+//! the data and the record, then issues one flush. Nothing else is
+//! written: the node pages the operations dirtied stay in the cache until
+//! the next checkpoint, which truncates the log.
+//!
+//! Because a batch carries every record since the previous one, in order,
+//! what a crash leaves is the checkpoint plus a prefix of the operations
+//! (up to the last batch whose record is whole), plus the data the inode
+//! states name. Recovery replays the records through the same operations
+//! on the checkpoint's tree, with the time, the version counter and the
+//! inode numbers they chose, so it makes the same choices again.
+//!
+//! The write-pointer check (OPRW): a record is programmed without waiting
+//! for its data, so after a cut it may be durable while its data is not.
+//! Recovery discards every inode state that names a page at or past its
+//! zone's durable write pointer (or outside what was written since the
+//! checkpoint), and every later record that names an inode already
+//! discarded (the skip list). A page just below the write pointer may be
+//! the one a cut tore: those are read back and checked before they count.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use flintfs_flash::{FlashDevice, PageAddress};
+use flintfs_format::{
+    split_record, FileContent, FileType, LogBatch, LogOperation, LogRecord, Node, PageKind, RecordAssembler,
+    RecordKind, ZoneRole,
+};
+
+use super::ops::{RenameFlags, XattrFlags};
+use super::Fs;
+use crate::allocator::PageMeta;
+use crate::error::{Error, Result};
+
+/// Pages of one log record at most; a batch that would take more is made
+/// durable by a checkpoint instead (index pages are then the cheaper way
+/// to say where many blocks went).
+pub const LOG_RECORD_PAGES_MAX: u64 = 16;
+/// Bytes of buffered records at which they are programmed without waiting
+/// for an fsync (no flush: they are durable with the next one).
+pub const LOG_BUFFER_BYTES_MAX: usize = 32 << 10;
+/// Blocks written and not yet logged, over all files, at which the next
+/// operation takes a checkpoint: it bounds the memory that remembers them.
+pub const LOG_PENDING_BLOCKS_MAX: usize = 1 << 16;
+/// Log zones written since the checkpoint at which the next operation
+/// takes one (ReconFS's threshold); the idle thread takes it at half.
+pub const LOG_ZONES_PER_CHECKPOINT: u64 = 1;
+
+const _: () = assert!(LOG_BUFFER_BYTES_MAX as u64 <= 4096 * LOG_RECORD_PAGES_MAX);
+const _: () = assert!(LOG_PENDING_BLOCKS_MAX <= flintfs_format::LOG_BLOCKS_PER_RECORD_MAX);
+
+/// How fsync orders data and its record, chosen at mount.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum FsyncMode {
+    /// Data and record together, one flush; recovery checks every address
+    /// against its zone's write pointer (OPRW).
+    #[default]
+    WpCheck,
+    /// Data, a flush, then the record and a second flush (F2FS strict):
+    /// for comparison.
+    Ordered,
+    /// As `WpCheck`, but recovery trusts every address. For tests only:
+    /// it shows what the check is for.
+    Unchecked,
+}
+
+/// The log's state in memory.
+#[derive(Debug, Default)]
+pub(crate) struct LogState {
+    /// Records since the last batch was programmed.
+    pub records: Vec<LogRecord>,
+    pub buffered_bytes: usize,
+    /// The next batch's number in this epoch.
+    pub batch_next: u64,
+    /// Log pages programmed since the checkpoint.
+    pub pages_written: u64,
+    /// A batch was programmed and no flush has followed.
+    pub unflushed: bool,
+    /// Files written since they were last logged, with the blocks whose
+    /// address changed.
+    pub written: BTreeMap<u64, BTreeSet<u64>>,
+    pub written_blocks: usize,
+    /// The time and version counter the current operation runs with.
+    pub operation_now: Option<i64>,
+    pub operation_version: u64,
+    /// Recovery is replaying records: nothing is logged, nothing
+    /// checkpoints.
+    pub replaying: bool,
+}
+
+/// What recovery did with the log.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RecoveryReport {
+    pub batches: u64,
+    pub records_replayed: u64,
+    /// Inode states whose data had not reached the media.
+    pub records_discarded: u64,
+    /// Records after those that named the same inodes.
+    pub records_skipped: u64,
+    /// Records that failed to replay (damage), with why.
+    pub records_failed: Vec<String>,
+    /// Log pages read.
+    pub log_pages_read: u64,
+    /// Where and why the log ended.
+    pub end: String,
+}
+
+/// A zone's pages written since the checkpoint: `[first, end)`, `end` the
+/// durable write pointer at mount.
+type WrittenSince = BTreeMap<u32, (u32, u32)>;
+
+impl<D: FlashDevice> Fs<D> {
+    /// Appends a record of the operation that is completing.
+    pub(crate) fn log(&mut self, operation: LogOperation) {
+        if self.log.replaying {
+            return;
+        }
+        let record = LogRecord {
+            version_next: self.log.operation_version,
+            now_ns: self.log.operation_now.unwrap_or_else(|| self.clock.now_ns()),
+            operation,
+        };
+        self.log.buffered_bytes += flintfs_format::LOG_RECORD_HEADER_BYTES + 64;
+        self.log.records.push(record);
+    }
+
+    /// Notes a block whose address changed.
+    pub(crate) fn log_note_block(&mut self, ino: u64, block: u64) {
+        if self.log.written.entry(ino).or_default().insert(block) {
+            self.log.written_blocks += 1;
+        }
+    }
+
+    /// Notes a file written (its size and times changed).
+    pub(crate) fn log_note_write(&mut self, ino: u64) {
+        self.log.written.entry(ino).or_default();
+    }
+
+    /// Forgets what a deleted file had pending.
+    pub(crate) fn log_forget_file(&mut self, ino: u64) {
+        if let Some(blocks) = self.log.written.remove(&ino) {
+            self.log.written_blocks -= blocks.len();
+        }
+    }
+
+    /// A checkpoint was written: the log starts over in its epoch.
+    pub(crate) fn log_truncated(&mut self) {
+        self.log.records.clear();
+        self.log.buffered_bytes = 0;
+        self.log.batch_next = 0;
+        self.log.pages_written = 0;
+        self.log.unflushed = false;
+        self.log.written.clear();
+        self.log.written_blocks = 0;
+    }
+
+    /// Whether the log has grown to where a checkpoint should truncate it.
+    pub(crate) fn log_wants_checkpoint(&self, fraction: u64) -> bool {
+        let zone_pages = self.volume.device().geometry().zone_pages();
+        self.log.pages_written * fraction >= LOG_ZONES_PER_CHECKPOINT * zone_pages
+            || self.log.written_blocks >= LOG_PENDING_BLOCKS_MAX
+    }
+
+    /// Programs the buffered records as one log record when they pass
+    /// their bound (no flush: the next fsync's covers them).
+    pub(crate) fn log_spill(&mut self) -> Result<()> {
+        if self.log.buffered_bytes >= LOG_BUFFER_BYTES_MAX && !self.log.replaying {
+            self.log_write_batch()?;
+        }
+        Ok(())
+    }
+
+    /// Programs the buffered records as the next batch. A batch that no
+    /// zone could take leaves them buffered and says so.
+    fn log_write_batch(&mut self) -> Result<()> {
+        if self.log.records.is_empty() {
+            return Ok(());
+        }
+        let batch = LogBatch {
+            epoch: self.volume.checkpoint.number,
+            batch: self.log.batch_next,
+            records: std::mem::take(&mut self.log.records),
+        };
+        let payload = batch.encode();
+        let pages = (flintfs_format::RECORD_HEADER_BYTES + payload.len()).div_ceil(self.page_size) as u64;
+        let result = if pages > LOG_RECORD_PAGES_MAX {
+            Err(Error::invalid(format!("a log batch of {pages} pages")))
+        } else {
+            let page_size = self.page_size;
+            self.volume.append_pages(ZoneRole::Log, pages as u32, |first_sequence| {
+                split_record(RecordKind::Log, &payload, first_sequence, page_size)
+                    .into_iter()
+                    .map(|page| {
+                        let meta = PageMeta {
+                            kind: PageKind::Log,
+                            end_of_record: page.end_of_record,
+                            inverted: Default::default(),
+                            length: page.length,
+                            count: page.index,
+                        };
+                        (meta, std::borrow::Cow::Owned(page.data))
+                    })
+                    .collect()
+            })
+        };
+        match result {
+            Ok(_) => {
+                self.log.batch_next += 1;
+                self.log.pages_written += pages;
+                self.log.unflushed = true;
+                self.log.buffered_bytes = 0;
+                Ok(())
+            }
+            Err(error) => {
+                self.log.records = batch.records;
+                Err(error)
+            }
+        }
+    }
+
+    /// fsync and fdatasync through the log: the file's blocks, its state
+    /// and every buffered record, then one flush. Falls back to a
+    /// checkpoint when the log cannot say it (a zone taken outside the
+    /// declared list, which recovery would not scan; a batch too big).
+    pub(crate) fn fsync_logged(&mut self, ino: u64) -> Result<()> {
+        self.begin(0)?;
+        let inode = self.inode(ino)?;
+        let regular = inode.file_type() == Some(FileType::Regular);
+        if regular {
+            self.flush_data(Some(ino))?;
+            self.drain()?;
+        }
+        if self.volume.undeclared_zones_taken > 0 {
+            return self.checkpoint();
+        }
+        if regular && self.log.written.contains_key(&ino) {
+            self.log.operation_version = self.version_next;
+            self.log_pending_state(ino)?;
+        }
+        if self.log.records.is_empty() && !self.log.unflushed {
+            return Ok(());
+        }
+        if self.options.fsync_mode == FsyncMode::Ordered && !self.log.records.is_empty() {
+            // Strict ordering: the data is durable before its record is
+            // even issued.
+            self.volume.device_mut().flush()?;
+        }
+        if self.log_write_batch().is_err() || self.volume.undeclared_zones_taken > 0 {
+            self.changed = true;
+            return self.checkpoint();
+        }
+        if self.options.barrier {
+            self.volume.device_mut().flush()?;
+        }
+        self.log.unflushed = false;
+        Ok(())
+    }
+
+    /// Logs a file's writes before a record that names it: its blocks go
+    /// out and its inode state goes in ahead of the record, so a replay
+    /// never applies a rename, a link or a truncate to the file as it was
+    /// before writes that came first (the tree stays a prefix of the
+    /// operations, data included).
+    pub(crate) fn log_pending_state(&mut self, ino: u64) -> Result<()> {
+        if self.log.replaying || !self.log.written.contains_key(&ino) {
+            return Ok(());
+        }
+        self.flush_data(Some(ino))?;
+        let state = self.inode_state(ino)?;
+        self.log(state);
+        self.log_forget_file(ino);
+        Ok(())
+    }
+
+    /// A regular file's inode state record.
+    fn inode_state(&mut self, ino: u64) -> Result<LogOperation> {
+        let key = self.file_key(ino)?;
+        let Node::File { inode, content, .. } = self.node(key)? else {
+            return Err(Error::corrupt(format!("inode {ino} is not a file")));
+        };
+        let inline = match content {
+            FileContent::Inline(bytes) => Some(bytes),
+            FileContent::Index { .. } => None,
+        };
+        let mut blocks = Vec::new();
+        if inline.is_none() {
+            let pending: Vec<u64> =
+                self.log.written.get(&ino).map(|set| set.iter().copied().collect()).unwrap_or_default();
+            for block in pending {
+                let pointer = self.block_pointer(ino, block)?;
+                if !pointer.is_null() {
+                    blocks.push((block, pointer));
+                }
+            }
+        }
+        Ok(LogOperation::InodeState {
+            ino,
+            born: inode.born,
+            current: inode.current,
+            mode: inode.mode,
+            uid: inode.uid,
+            gid: inode.gid,
+            size: inode.size,
+            atime_ns: inode.atime_ns,
+            mtime_ns: inode.mtime_ns,
+            ctime_ns: inode.ctime_ns,
+            inline,
+            blocks,
+        })
+    }
+
+    /// Reads the log of the loaded checkpoint's epoch from the pages
+    /// written since it: the batches in order, up to the first torn,
+    /// damaged, foreign or missing one.
+    fn read_log(&mut self, written: &WrittenSince, report: &mut RecoveryReport) -> Vec<LogBatch> {
+        let epoch = self.volume.checkpoint.number;
+        // Each range's first page says whether the zone is the log's.
+        let mut ranges: Vec<(u64, u32, u32, u32)> = Vec::new();
+        for (&zone, &(first, end)) in written {
+            if first >= end {
+                continue;
+            }
+            let address = PageAddress::new(zone, first);
+            if let Ok((header, _)) = self.volume.read_page(address) {
+                report.log_pages_read += 1;
+                if header.kind == PageKind::Log {
+                    ranges.push((header.sequence, zone, first, end));
+                }
+            }
+        }
+        ranges.sort_unstable();
+        let mut batches = Vec::new();
+        let mut end = format!("the log ends after {} ranges", ranges.len());
+        'ranges: for (_, zone, first, last) in ranges {
+            let mut assembler = RecordAssembler::new(RecordKind::Log);
+            for page in first..last {
+                let address = PageAddress::new(zone, page);
+                report.log_pages_read += 1;
+                let (header, data) = match self.volume.read_page(address) {
+                    Ok(read) => read,
+                    Err(error) => {
+                        end = format!("the log stops at {address}: {}", error.message);
+                        break 'ranges;
+                    }
+                };
+                let record = match assembler.push(&header, &data) {
+                    Ok(Some((_, payload))) => payload,
+                    Ok(None) => continue,
+                    Err(error) => {
+                        end = format!("the log stops at {address}: {error}");
+                        break 'ranges;
+                    }
+                };
+                let batch = match LogBatch::decode(&record) {
+                    Ok(batch) => batch,
+                    Err(error) => {
+                        end = format!("the log stops at {address}: {error}");
+                        break 'ranges;
+                    }
+                };
+                if batch.epoch != epoch || batch.batch != batches.len() as u64 {
+                    end = format!(
+                        "the log stops at {address}: batch {} of epoch {} where batch {} of epoch {epoch} was due",
+                        batch.batch,
+                        batch.epoch,
+                        batches.len()
+                    );
+                    break 'ranges;
+                }
+                batches.push(batch);
+            }
+            if assembler.in_record() {
+                end = format!("the log stops in zone {zone}: its last record is cut short");
+                break;
+            }
+        }
+        report.batches = batches.len() as u64;
+        report.end = end;
+        batches
+    }
+
+    /// Whether an inode state's data reached the media: every address in
+    /// what was written since the checkpoint and below its zone's durable
+    /// write pointer, and a page just below it (the one a cut can tear)
+    /// read back whole.
+    fn data_durable(&mut self, operation: &LogOperation, written: &WrittenSince) -> bool {
+        let LogOperation::InodeState { ino, born, blocks, .. } = operation else { return true };
+        for &(block, pointer) in blocks {
+            let Some(&(first, end)) = written.get(&pointer.zone()) else { return false };
+            if pointer.page() < first || pointer.page() >= end {
+                return false;
+            }
+            if pointer.page() + 1 == end && self.read_block(*ino, *born, block, pointer).is_err() {
+                return false;
+            }
+        }
+        true
+    }
+
+    /// Replays the log on the loaded checkpoint's tree.
+    pub(crate) fn replay_log(&mut self, written: &WrittenSince) -> RecoveryReport {
+        let mut report = RecoveryReport::default();
+        let batches = self.read_log(written, &mut report);
+        let check = self.options.fsync_mode != FsyncMode::Unchecked;
+        let mut skipped: BTreeSet<u64> = BTreeSet::new();
+        let mut discarded = false;
+        self.log.replaying = true;
+        for batch in batches {
+            for record in batch.records {
+                let inodes = record.operation.inodes();
+                // Past a discarded record everything is skipped, not only
+                // what names its inodes: an fsync flushes before it
+                // returns, so every record after one whose data did not
+                // reach the media belongs to an fsync that never returned,
+                // and replaying some of them would leave a tree no
+                // sequence of the operations gives.
+                if discarded || inodes.iter().any(|ino| skipped.contains(ino)) {
+                    report.records_skipped += 1;
+                    skipped.extend(inodes);
+                    continue;
+                }
+                if check && !self.data_durable(&record.operation, written) {
+                    report.records_discarded += 1;
+                    skipped.extend(inodes);
+                    discarded = true;
+                    continue;
+                }
+                match self.replay_record(&record) {
+                    Ok(()) => report.records_replayed += 1,
+                    Err(error) => {
+                        report.records_failed.push(format!("{:?}: {error}", record.operation));
+                        skipped.extend(inodes);
+                    }
+                }
+            }
+        }
+        self.log.replaying = false;
+        self.log.operation_now = None;
+        report
+    }
+
+    /// Runs one record's operation again, as it first ran.
+    fn replay_record(&mut self, record: &LogRecord) -> Result<()> {
+        self.version_next = self.version_next.max(record.version_next);
+        self.log.operation_now = Some(record.now_ns);
+        let held: Vec<u64> = match &record.operation {
+            LogOperation::Unlink { ino, held: true, .. } | LogOperation::Rmdir { ino, held: true, .. } => vec![*ino],
+            LogOperation::Rename { replaced, replaced_held: true, .. } => vec![*replaced],
+            _ => Vec::new(),
+        };
+        for &ino in &held {
+            self.hold_for_replay(ino)?;
+        }
+        let result = self.replay_operation(&record.operation);
+        // Nobody holds anything during recovery: what the original held is
+        // an orphan now, freed at the end unless a record frees it first.
+        for known in self.known.values_mut() {
+            known.lookups = 0;
+        }
+        result
+    }
+
+    fn hold_for_replay(&mut self, ino: u64) -> Result<()> {
+        self.remember_count(ino, 1)
+    }
+
+    fn replay_operation(&mut self, operation: &LogOperation) -> Result<()> {
+        match operation {
+            LogOperation::Create { parent, ino, file_type, permissions, uid, gid, rdev, name, content } => {
+                let attributes = match file_type {
+                    FileType::Directory => self.mkdir(*parent, name, *permissions, *uid, *gid)?,
+                    FileType::Symlink => self.symlink(*parent, name, content, *uid, *gid)?,
+                    _ => self.mknod(*parent, name, file_type.mode_bits() | permissions, *rdev, *uid, *gid)?,
+                };
+                if attributes.ino != *ino {
+                    return Err(Error::corrupt(format!("created as inode {}, logged as {ino}", attributes.ino)));
+                }
+            }
+            LogOperation::Link { ino, new_parent, new_name } => {
+                self.link(*ino, *new_parent, new_name)?;
+            }
+            LogOperation::Unlink { parent, ino, name, .. } => {
+                self.expect_entry(*parent, name, *ino)?;
+                self.unlink(*parent, name)?;
+            }
+            LogOperation::Rmdir { parent, ino, name, .. } => {
+                self.expect_entry(*parent, name, *ino)?;
+                self.rmdir(*parent, name)?;
+            }
+            LogOperation::Rename { parent, new_parent, ino, no_replace, exchange, name, new_name, .. } => {
+                self.expect_entry(*parent, name, *ino)?;
+                let flags = RenameFlags { no_replace: *no_replace, exchange: *exchange };
+                self.rename(*parent, name, *new_parent, new_name, flags)?;
+            }
+            LogOperation::SetAttributes { ino, changes } => {
+                self.setattr(*ino, changes)?;
+            }
+            LogOperation::SetXattr { ino, create, replace, name, value } => {
+                self.setxattr(*ino, name, value, XattrFlags { create: *create, replace: *replace })?;
+            }
+            LogOperation::RemoveXattr { ino, name } => self.removexattr(*ino, name)?,
+            LogOperation::Fallocate { ino, offset, length, mode } => self.fallocate(*ino, *offset, *length, *mode)?,
+            LogOperation::Delete { ino } => {
+                if !self.known.get(ino).is_some_and(|known| known.orphan) {
+                    return Err(Error::corrupt(format!("inode {ino} is deleted, but it is no orphan")));
+                }
+                self.mutate(0, |fs| fs.delete_orphan(*ino))?;
+            }
+            LogOperation::InodeState { .. } => self.apply_inode_state(operation)?,
+        }
+        Ok(())
+    }
+
+    /// Sets a file to the state an inode state record gives it.
+    fn apply_inode_state(&mut self, operation: &LogOperation) -> Result<()> {
+        let LogOperation::InodeState {
+            ino,
+            born,
+            current,
+            mode,
+            uid,
+            gid,
+            size,
+            atime_ns,
+            mtime_ns,
+            ctime_ns,
+            inline,
+            blocks,
+        } = operation.clone()
+        else {
+            unreachable!("called for inode states")
+        };
+        self.mutate(0, |fs| {
+            let key = fs.file_key(ino)?;
+            let Node::File { inode, content, .. } = fs.node(key)? else {
+                return Err(Error::corrupt(format!("inode {ino} is not a file")));
+            };
+            if inode.born != born {
+                return Err(Error::corrupt(format!("inode {ino} is born {}, the record says {born}", inode.born)));
+            }
+            match (inline, content) {
+                (Some(bytes), FileContent::Inline(_)) => {
+                    fs.modify(key, |node| {
+                        let Node::File { content, .. } = node else { unreachable!() };
+                        *content = FileContent::Inline(bytes);
+                    })?;
+                }
+                (Some(_), FileContent::Index { .. }) => {
+                    return Err(Error::corrupt(format!("inode {ino} holds blocks, the record inline bytes")));
+                }
+                (None, content) => {
+                    if let FileContent::Inline(_) = content {
+                        fs.inline_to_blocks(ino)?;
+                    }
+                    if inode.size > size {
+                        fs.free_blocks_from(ino, size.div_ceil(fs.block_bytes()))?;
+                    }
+                    for (block, pointer) in blocks {
+                        fs.dirty_blocks.remove(&(ino, block));
+                        let old = fs.set_block_pointer(ino, block, pointer)?;
+                        fs.release(old);
+                        let bytes = fs.pointer_bytes(pointer) as i64;
+                        fs.volume.account(pointer.zone(), bytes);
+                    }
+                }
+            }
+            fs.modify(key, |node| {
+                let Node::File { inode, .. } = node else { unreachable!() };
+                inode.current = current;
+                inode.mode = mode;
+                inode.uid = uid;
+                inode.gid = gid;
+                inode.size = size;
+                inode.atime_ns = atime_ns;
+                inode.mtime_ns = mtime_ns;
+                inode.ctime_ns = ctime_ns;
+            })?;
+            Ok(())
+        })
+    }
+
+    /// Errors unless `name` in `parent` is `ino`: a record must find the
+    /// tree as it was when it was logged.
+    fn expect_entry(&mut self, parent: u64, name: &[u8], ino: u64) -> Result<()> {
+        match self.directory_lookup(parent, name)? {
+            Some(entry) if entry.ino == ino => Ok(()),
+            Some(entry) => Err(Error::corrupt(format!(
+                "{:?} in {parent} is inode {}, the record says {ino}",
+                super::directory::name_text(name),
+                entry.ino
+            ))),
+            None => Err(Error::corrupt(format!("no {:?} in {parent}", super::directory::name_text(name)))),
+        }
+    }
+}
