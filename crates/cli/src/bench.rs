@@ -3,6 +3,8 @@
 //!
 //! Targets:
 //! - `flintfs`: the engine in-process on the memory device;
+//! - `flintfs-ordered`: the same with `fsync=ordered` (data flushed before
+//!   its log record: F2FS strict), to set the write-pointer check against;
 //! - `flintfs-fuse`: a FUSE mount of an image file;
 //! - `ext2`, `ext4`, `btrfs`, `xfs`: kernel file systems on loop devices
 //!   (root only; skipped with a note otherwise or when mkfs is missing);
@@ -23,7 +25,7 @@ use std::process::{Command, ExitCode, Stdio};
 use std::time::Instant;
 
 use clap::Args;
-use flintfs_core::{Fs, FsOptions, MkfsOptions, ROOT_INO};
+use flintfs_core::{Fs, FsOptions, FsyncMode, MkfsOptions, ROOT_INO};
 use flintfs_flash::{Counters, DeviceOptions, FlashDevice, Geometry, MemoryFlash};
 use rand::{Rng, SeedableRng};
 use rand_pcg::Pcg64Mcg;
@@ -32,9 +34,10 @@ use serde_json::{json, Value};
 use crate::{fail, Failure, Outcome};
 
 /// Workloads, in the order `all` runs them.
-pub const WORKLOADS: [&str; 11] = [
+pub const WORKLOADS: [&str; 12] = [
     "create_fsync",
     "delete",
+    "append_fsync1",
     "append_fsync10",
     "append_fsync1000",
     "varmail",
@@ -46,7 +49,10 @@ pub const WORKLOADS: [&str; 11] = [
     "large_rand_write",
 ];
 /// Targets, in the order rows are printed.
-pub const TARGETS: [&str; 7] = ["flintfs", "flintfs-fuse", "ext2", "ext4", "btrfs", "xfs", "littlefs"];
+pub const TARGETS: [&str; 8] =
+    ["flintfs", "flintfs-ordered", "flintfs-fuse", "ext2", "ext4", "btrfs", "xfs", "littlefs"];
+/// How many of [`TARGETS`] are flintfs (always run); the rest are peers.
+const FLINTFS_TARGETS: usize = 3;
 /// File counts the mount workloads (`mount_N`) mount after.
 fn mount_file_counts(quick: bool) -> &'static [usize] {
     if quick {
@@ -63,8 +69,8 @@ const CREATE_DIRECTORIES: usize = 100;
 
 #[derive(Args)]
 pub struct BenchArguments {
-    /// A workload (create_fsync, delete, append_fsync10, append_fsync1000, varmail, fileserver,
-    /// webproxy, webserver, postmark, large_seq_write, large_rand_write, mount_N) or `all`.
+    /// A workload (create_fsync, delete, append_fsync1, append_fsync10, append_fsync1000, varmail, fileserver,
+    /// webproxy, webserver, postmark, large_seq_write, large_rand_write, mount_N, recover_N) or `all`.
     pub workload: String,
     /// The quick sizes (for CI and a first look).
     #[arg(long)]
@@ -151,6 +157,10 @@ pub(crate) trait Files {
     /// A clean unmount and a mount; the pages the mount read.
     fn remount(&mut self) -> Outcome<u64> {
         fail!("this target cannot remount")
+    }
+    /// A power cut and the mount that recovers; the pages it read.
+    fn crash_remount(&mut self) -> Outcome<u64> {
+        fail!("this target cannot cut its device's power")
     }
     /// The target's device counters now (what it has written so far).
     fn counters(&mut self) -> Outcome<Option<Counters>> {
@@ -257,6 +267,8 @@ struct EngineFiles {
     fs: Option<Fs<MemoryFlash>>,
     /// Pages the last remount read (the mount workloads).
     mount_pages: Option<u64>,
+    /// What the last recovery did (the recovery workloads).
+    recovery: Option<flintfs_core::RecoveryReport>,
 }
 
 fn engine_error(error: flintfs_core::Error) -> Failure {
@@ -330,6 +342,30 @@ impl Files for EngineFiles {
         self.mount_pages = Some(report.pages_read);
         Ok(report.pages_read)
     }
+    fn crash_remount(&mut self) -> Outcome<u64> {
+        let fs = self.fs.take().expect("mounted");
+        let options = fs_options_of(&fs);
+        let mut device = fs.into_device();
+        device.power_cut(RECOVERY_CUT_SEED)?;
+        let clock = flintfs_core::ManualClock::new(1_700_000_000_000_000_000);
+        let (fs, report) = Fs::mount(device, options, Box::new(clock)).map_err(engine_error)?;
+        self.fs = Some(fs);
+        self.mount_pages = Some(report.pages_read);
+        self.recovery = report.recovery;
+        Ok(report.pages_read)
+    }
+}
+
+/// The power cut of the recovery workloads.
+const RECOVERY_CUT_SEED: u64 = 4;
+/// Files created and fsynced after the last checkpoint in the recovery
+/// workloads: what the log holds when the power goes.
+const RECOVERY_LOGGED_FILES: usize = 200;
+/// The device of the recovery workloads (issue 4: a 1 GiB image).
+const RECOVERY_DEVICE_BYTES: u64 = 1 << 30;
+
+fn fs_options_of(fs: &Fs<MemoryFlash>) -> FsOptions {
+    fs.options().clone()
 }
 
 /// Data to write: half compressible (runs of a byte), half random, as
@@ -340,6 +376,20 @@ fn data(random: &mut Pcg64Mcg, length: usize) -> Vec<u8> {
     random.fill(&mut bytes[half..]);
     bytes[..half].fill(random.random());
     bytes
+}
+
+/// The files of `mount_N` and `recover_N` (N from the workload's name), in
+/// the create workload's directories, made durable.
+fn make_files(files: &mut dyn Files, workload: &str, prefix: &str) -> Outcome {
+    let count: usize = workload[prefix.len()..].parse().map_err(|_| Failure(format!("bad workload {workload}")))?;
+    for directory in 0..CREATE_DIRECTORIES {
+        files.mkdir(&format!("d{directory:03}"))?;
+    }
+    for index in 0..count {
+        let handle = files.create(&format!("d{:03}/f{index:06}", index % CREATE_DIRECTORIES))?;
+        files.close(handle)?;
+    }
+    files.sync_all()
 }
 
 /// Untimed preparation, then the timed phase; returns the operations the
@@ -372,8 +422,12 @@ fn run_workload(name: &str, files: &mut dyn Files, size: Size, seed: u64, phase:
             phase.end();
             Ok(size.files as u64)
         }
-        "append_fsync10" | "append_fsync1000" => {
-            let every = if name == "append_fsync10" { 10 } else { 1000 };
+        "append_fsync1" | "append_fsync10" | "append_fsync1000" => {
+            let every = match name {
+                "append_fsync1" => 1,
+                "append_fsync10" => 10,
+                _ => 1000,
+            };
             let handle = files.create("log")?;
             let block = data(&mut random, APPEND_BYTES);
             phase.begin(files)?;
@@ -426,18 +480,34 @@ fn run_workload(name: &str, files: &mut dyn Files, size: Size, seed: u64, phase:
             Ok(size.varmail_loops as u64 * 13)
         }
         "fileserver" | "webproxy" | "webserver" => personality(name, files, size, &mut random, phase),
+        recover if recover.starts_with("recover_") => {
+            // Mount after a power cut, against the number of files: N files
+            // checkpointed, then files created and fsynced into the log, then
+            // the cut. One operation, the recovery.
+            make_files(files, recover, "recover_")?;
+            files.mkdir("logged")?;
+            for index in 0..RECOVERY_LOGGED_FILES {
+                let handle = files.create(&format!("logged/f{index:06}"))?;
+                files.write_at(handle, 0, &data(&mut random, APPEND_BYTES))?;
+                files.fsync(handle)?;
+                files.close(handle)?;
+            }
+            phase.begin(files)?;
+            files.crash_remount()?;
+            phase.end();
+            for index in 0..RECOVERY_LOGGED_FILES {
+                let handle = files.open(&format!("logged/f{index:06}"))?;
+                if files.size(handle)? != APPEND_BYTES as u64 {
+                    fail!("logged/f{index:06} lost its fsynced bytes in the recovery");
+                }
+                files.close(handle)?;
+            }
+            Ok(1)
+        }
         mount if mount.starts_with("mount_") => {
             // Mount after a clean unmount, against the number of files
             // (DFFS's instant mount): one operation, the mount.
-            let count: usize = mount["mount_".len()..].parse().map_err(|_| Failure(format!("bad workload {mount}")))?;
-            for directory in 0..CREATE_DIRECTORIES {
-                files.mkdir(&format!("d{directory:03}"))?;
-            }
-            for index in 0..count {
-                let handle = files.create(&file_path(index))?;
-                files.close(handle)?;
-            }
-            files.sync_all()?;
+            make_files(files, mount, "mount_")?;
             phase.begin(files)?;
             files.remount()?;
             phase.end();
@@ -676,13 +746,21 @@ fn geometry_for(size: Size) -> Geometry {
     Geometry::with_size_bytes(size.device_bytes)
 }
 
-/// The workload on the in-process engine.
-fn run_engine(workload: &str, size: Size, seed: u64) -> Outcome<Value> {
-    let device = MemoryFlash::memory(geometry_for(size), DeviceOptions::default())?;
+/// The workload on the in-process engine, with fsync in `fsync_mode`.
+fn run_engine(workload: &str, target: &str, fsync_mode: FsyncMode, size: Size, seed: u64) -> Outcome<Value> {
+    let geometry = if workload.starts_with("recover_") {
+        Geometry::with_size_bytes(RECOVERY_DEVICE_BYTES)
+    } else {
+        geometry_for(size)
+    };
+    let options = DeviceOptions::default();
+    let timing = options.timing;
+    let device = MemoryFlash::memory(geometry, options)?;
     let clock = flintfs_core::ManualClock::new(1_700_000_000_000_000_000);
     let device = Fs::format(device, &MkfsOptions::new([9; 16], 0), Box::new(clock.clone())).map_err(engine_error)?;
-    let (fs, mount) = Fs::mount(device, FsOptions::default(), Box::new(clock.clone())).map_err(engine_error)?;
-    let mut files = EngineFiles { fs: Some(fs), mount_pages: None };
+    let fs_options = FsOptions { fsync_mode, ..FsOptions::default() };
+    let (fs, mount) = Fs::mount(device, fs_options, Box::new(clock.clone())).map_err(engine_error)?;
+    let mut files = EngineFiles { fs: Some(fs), mount_pages: None, recovery: None };
     let (ops, phase) = timed_workload(workload, &mut files, size, seed);
     let (ops, seconds) = (ops?, phase.seconds);
     let fs = files.fs.take().expect("mounted");
@@ -691,7 +769,7 @@ fn run_engine(workload: &str, size: Size, seed: u64) -> Outcome<Value> {
     let counters = device.counters().since(&phase.at_start.unwrap_or_default());
     let mut value = row(
         workload,
-        "flintfs",
+        target,
         ops,
         seconds,
         Some((
@@ -702,6 +780,18 @@ fn run_engine(workload: &str, size: Size, seed: u64) -> Outcome<Value> {
     );
     value["device_time_ns_per_op"] = json!(counters.device_time_ns as f64 / ops.max(1) as f64);
     value["mount_pages_read"] = json!(files.mount_pages.unwrap_or(mount.pages_read));
+    // What issue 4's targets are measured against: a page with its spare
+    // area, and one program plus one flush of the timing model.
+    value["page_bytes"] = json!(geometry.page_size_bytes + geometry.oob_size_bytes);
+    value["program_and_flush_ns"] = json!(timing.program_ns + timing.flush_ns);
+    if let Some(recovery) = &files.recovery {
+        // Of the pages the recovery read, those of the log (and the first
+        // page of each zone written since the checkpoint); the rest are
+        // the checkpoint's, the tree's root and what replay looked up.
+        value["recovery_log_pages_read"] = json!(recovery.log_pages_read);
+        value["recovery_records_replayed"] = json!(recovery.records_replayed);
+        value["recovery_unindexed_segments"] = json!(flintfs_core::UNINDEXED_SEGMENTS_DEFAULT);
+    }
     Ok(value)
 }
 
@@ -890,7 +980,8 @@ fn run_one(arguments: &BenchArguments, target: &str) -> Outcome<ExitCode> {
     let directory = scratch_directory(std::process::id());
     std::fs::create_dir_all(&directory)?;
     let result = match target {
-        "flintfs" => run_engine(&arguments.workload, size, arguments.seed),
+        "flintfs" => run_engine(&arguments.workload, target, FsyncMode::WpCheck, size, arguments.seed),
+        "flintfs-ordered" => run_engine(&arguments.workload, target, FsyncMode::Ordered, size, arguments.seed),
         "flintfs-fuse" => run_fuse(&arguments.workload, size, arguments.seed, &directory),
         "littlefs" => {
             if arguments.quick {
@@ -923,7 +1014,7 @@ fn unavailable(target: &str) -> Option<String> {
     // SAFETY: geteuid has no preconditions.
     let root = unsafe { libc::geteuid() } == 0;
     match target {
-        "flintfs" | "littlefs" => None,
+        "flintfs" | "flintfs-ordered" | "littlefs" => None,
         "flintfs-fuse" => (!Path::new("/dev/fuse").exists()).then(|| "no /dev/fuse".to_string()),
         _ if !root => Some("kernel file systems on loop devices need root".to_string()),
         _ => {
@@ -947,6 +1038,7 @@ pub fn bench(arguments: BenchArguments) -> Outcome<ExitCode> {
     }
     let mut known: Vec<String> = WORKLOADS.iter().map(|name| name.to_string()).collect();
     known.extend(mount_file_counts(arguments.quick).iter().map(|count| format!("mount_{count}")));
+    known.extend(mount_file_counts(arguments.quick).iter().map(|count| format!("recover_{count}")));
     let workloads: Vec<&str> = if arguments.workload == "all" {
         known.iter().map(String::as_str).collect()
     } else if known.contains(&arguments.workload) {
@@ -955,8 +1047,8 @@ pub fn bench(arguments: BenchArguments) -> Outcome<ExitCode> {
         fail!("unknown workload {:?} (known: {}, all)", arguments.workload, known.join(", "));
     };
     for peer in &arguments.peers {
-        if !TARGETS[2..].contains(&peer.as_str()) {
-            fail!("unknown peer {peer:?} (known: {})", TARGETS[2..].join(", "));
+        if !TARGETS[FLINTFS_TARGETS..].contains(&peer.as_str()) {
+            fail!("unknown peer {peer:?} (known: {})", TARGETS[FLINTFS_TARGETS..].join(", "));
         }
     }
     let targets: Vec<&str> = TARGETS
@@ -989,6 +1081,11 @@ pub fn bench(arguments: BenchArguments) -> Outcome<ExitCode> {
     for workload in &workloads {
         for target in &targets {
             progress.set_message(format!("{workload} on {target}"));
+            if workload.starts_with("recover_") && !matches!(*target, "flintfs" | "flintfs-ordered") {
+                // A power cut needs the emulated device; the peers' is the host's.
+                progress.inc(1);
+                continue;
+            }
             if let Some(reason) = unavailable(target) {
                 notes.push(format!("{target} skipped: {reason}"));
                 progress.inc(1);
@@ -1151,13 +1248,13 @@ fn today() -> String {
 
 fn print_table(rows: &[Value]) {
     println!(
-        "{:<17} {:<13} {:>8} {:>11} {:>11} {:>9} {:>7} {:>10} {:>6} {:>9}",
+        "{:<17} {:<15} {:>8} {:>11} {:>11} {:>9} {:>7} {:>10} {:>6} {:>9}",
         "workload", "target", "ops", "ops/s", "bytes/op", "pages", "erases", "dev ns/op", "mount", "rss MiB"
     );
     let number = |value: &Value| value.as_f64().map_or("-".to_string(), |number| format!("{number:.0}"));
     for row in rows {
         println!(
-            "{:<17} {:<13} {:>8} {:>11} {:>11} {:>9} {:>7} {:>10} {:>6} {:>9}",
+            "{:<17} {:<15} {:>8} {:>11} {:>11} {:>9} {:>7} {:>10} {:>6} {:>9}",
             row["workload"].as_str().unwrap_or("?"),
             row["target"].as_str().unwrap_or("?"),
             number(&row["ops"]),

@@ -71,6 +71,37 @@ fn judge(rows: &[Value]) -> Vec<Judged> {
             at_most: true,
         },
     ];
+    // Issue 4: the metadata log's costs, against a page with its OOB, the
+    // data appended, and one program plus one flush.
+    let against = |workload: &str, target: &str, field: &str, unit: &str| -> Option<f64> {
+        Some(value(rows, workload, target, field)? / value(rows, workload, target, unit)?.max(1e-12))
+    };
+    judged.push(Judged {
+        what: "create+fsync bytes/op, flintfs / (one page + OOB)".into(),
+        ratio: against("create_fsync", "flintfs", "bytes_per_op", "page_bytes"),
+        bound: 1.0,
+        at_most: true,
+    });
+    judged.push(Judged {
+        what: "append 4 KiB, fsync every 10: bytes/op, flintfs / 4096 data bytes".into(),
+        ratio: value(rows, "append_fsync10", "flintfs", "bytes_per_op").map(|bytes| bytes / 4096.0),
+        bound: 1.15,
+        at_most: true,
+    });
+    for target in ["flintfs", "flintfs-ordered"] {
+        judged.push(Judged {
+            what: format!("append 4 KiB + fsync, device time/op, {target} / (one program + one flush)"),
+            ratio: against("append_fsync1", target, "device_time_ns_per_op", "program_and_flush_ns"),
+            bound: f64::INFINITY,
+            at_most: true,
+        });
+    }
+    judged.push(Judged {
+        what: "append 4 KiB + fsync, device time/op, flintfs-ordered / flintfs".into(),
+        ratio: ratio(rows, "append_fsync1", "device_time_ns_per_op", "flintfs-ordered", "flintfs"),
+        bound: f64::INFINITY,
+        at_most: true,
+    });
     for workload in ["create_fsync", "append_fsync10", "varmail"] {
         judged.push(Judged {
             what: format!("{workload} ops/s, flintfs-fuse / ext4"),
@@ -80,18 +111,27 @@ fn judge(rows: &[Value]) -> Vec<Judged> {
         });
     }
     // Flat: the most files' mount reads over the fewest's.
-    let growth = |target: &str| {
+    let growth_of = |target: &str, prefix: &str| {
         let mut points: Vec<(u64, f64)> = rows
             .iter()
             .filter(|row| row["target"] == target)
             .filter_map(|row| {
-                let files = row["workload"].as_str()?.strip_prefix("mount_")?.parse().ok()?;
+                let files = row["workload"].as_str()?.strip_prefix(prefix)?.parse().ok()?;
                 Some((files, row["mount_pages_read"].as_f64()?))
             })
             .collect();
         points.sort_by_key(|point| point.0);
         Some(points.last()?.1 / points.first()?.1.max(1.0))
     };
+    let growth = |target: &str| growth_of(target, "mount_");
+    judged.push(Judged {
+        what: "recovery pages after a cut at the most files / at the fewest, flintfs (issue 4: bounded by k \
+               segments and the log)"
+            .into(),
+        ratio: growth_of("flintfs", "recover_"),
+        bound: 1.5,
+        at_most: true,
+    });
     judged.push(Judged {
         what: "mount pages at the most files / at the fewest, flintfs (flat)".into(),
         ratio: growth("flintfs"),

@@ -273,7 +273,7 @@ fn bench_prints_a_row_per_target_with_the_fields_tools_read() {
     let rows = json(&ok(&["bench", "delete", "--quick", "--json"]));
     let rows = rows.as_array().expect("an array of rows");
     let targets: Vec<&str> = rows.iter().filter_map(|row| row["target"].as_str()).collect();
-    assert_eq!(targets, ["flintfs", "flintfs-fuse"], "{rows:?}");
+    assert_eq!(targets, ["flintfs", "flintfs-ordered", "flintfs-fuse"], "{rows:?}");
     for row in rows {
         for field in [
             "workload",

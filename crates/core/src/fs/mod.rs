@@ -440,6 +440,11 @@ impl<D: FlashDevice> Fs<D> {
         self.volume.into_device()
     }
 
+    /// The options it was mounted with.
+    pub fn options(&self) -> &FsOptions {
+        &self.options
+    }
+
     pub fn counters(&self) -> &FsCounters {
         &self.counters
     }
