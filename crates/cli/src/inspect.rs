@@ -211,11 +211,42 @@ fn page(arguments: &InspectArguments) -> Outcome<Value> {
                     }
                     Err(error) => json!({ "error": error.to_string() }),
                 },
+                PageKind::Log => log_page(&header, &data),
                 _ => Value::Null,
             };
         }
     }
     Ok(value)
+}
+
+/// A metadata-log page: the batch it holds when the record is this one page,
+/// else where the page sits in its record.
+fn log_page(header: &PageHeader, data: &[u8]) -> Value {
+    if header.count != 0 || !header.end_of_record {
+        return json!({ "log_record_page": header.count, "last": header.end_of_record });
+    }
+    let mut assembler = flintfs_format::RecordAssembler::new(flintfs_format::RecordKind::Log);
+    let batch = match assembler.push(header, data) {
+        Ok(Some((_, payload))) => flintfs_format::LogBatch::decode(&payload).map_err(|error| error.to_string()),
+        Ok(None) => Err("the record is not whole".to_string()),
+        Err(error) => Err(error.to_string()),
+    };
+    match batch {
+        Ok(batch) => json!({
+            "epoch": batch.epoch,
+            "batch": batch.batch,
+            "records": batch
+                .records
+                .iter()
+                .map(|record| json!({
+                    "version_next": record.version_next,
+                    "now_ns": record.now_ns,
+                    "operation": format!("{:?}", record.operation),
+                }))
+                .collect::<Vec<_>>(),
+        }),
+        Err(error) => json!({ "error": error }),
+    }
 }
 
 fn chunk_summary(chunk: &ChunkHeader, range: &std::ops::Range<usize>) -> Value {

@@ -495,6 +495,18 @@ impl<D: FlashDevice> Volume<D> {
         if let Some(seen) = report.sequence_seen {
             checkpoint.sequence_next = checkpoint.sequence_next.max(seen + 1);
         }
+        if !orphans.is_empty() {
+            // An unclean stop may have written zones outside the declared
+            // list (when one operation outran it), which mount does not
+            // read. A run programs each zone at most once between two
+            // checkpoints (a zone is reset only when taken, and freed only
+            // by a checkpoint), so it spent fewer sequences than twice the
+            // device's pages: numbering from past that keeps every new page
+            // after every page of the crashed run, so none of those can
+            // pass for one written since the next checkpoint.
+            let device_pages = u64::from(device.geometry().zone_count) * device.geometry().zone_pages();
+            checkpoint.sequence_next = checkpoint.sequence_next.max(sequence_at_checkpoint + 2 * device_pages);
+        }
         let volume = Volume {
             device,
             superblock,

@@ -501,6 +501,15 @@ impl LogRecord {
     }
 }
 
+impl LogRecord {
+    /// Bytes the record takes in a batch.
+    pub fn encoded_bytes(&self) -> usize {
+        let mut body = Writer::with_capacity(64);
+        self.encode_body(&mut body);
+        LOG_RECORD_HEADER_BYTES + body.len()
+    }
+}
+
 impl LogBatch {
     pub fn encode(&self) -> Vec<u8> {
         let mut writer = Writer::with_capacity(LOG_BATCH_HEADER_BYTES + 64 * self.records.len());

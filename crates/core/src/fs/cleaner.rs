@@ -190,7 +190,10 @@ impl<D: FlashDevice> Fs<D> {
     /// spare, a zone of cold data when the wear spread is past its bound.
     /// Returns whether it did anything.
     pub fn idle(&mut self) -> Result<bool> {
-        if self.checkpoint_due() {
+        // The log's checkpoint starts here, in the background, at half its
+        // threshold: an operation meets it at the whole only when the
+        // mount was never idle.
+        if self.checkpoint_due() || self.log_wants_checkpoint(2) {
             self.checkpoint()?;
             return Ok(true);
         }

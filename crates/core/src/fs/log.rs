@@ -18,11 +18,16 @@
 //!
 //! The write-pointer check (OPRW): a record is programmed without waiting
 //! for its data, so after a cut it may be durable while its data is not.
-//! Recovery discards every inode state that names a page at or past its
-//! zone's durable write pointer (or outside what was written since the
-//! checkpoint), and every later record that names an inode already
-//! discarded (the skip list). A page just below the write pointer may be
-//! the one a cut tore: those are read back and checked before they count.
+//! Recovery discards the first inode state that names a page at or past
+//! its zone's durable write pointer (or outside what was written since the
+//! checkpoint), and every record after it: OPRW's skip list drops the later
+//! records of the same inode, and here, because fsync flushes before it
+//! returns, every later record belongs to an fsync that never returned, so
+//! dropping them all loses nothing promised and keeps the tree a prefix of
+//! the operations. Pages in the erase block just below the write pointer
+//! may be torn (or, on MLC, damaged by their torn pair): those are read
+//! back and checked before they count. A record that fails to replay ends
+//! the log the same way.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -51,7 +56,7 @@ pub const LOG_PENDING_BLOCKS_MAX: usize = 1 << 16;
 /// takes one (ReconFS's threshold); the idle thread takes it at half.
 pub const LOG_ZONES_PER_CHECKPOINT: u64 = 1;
 
-const _: () = assert!(LOG_BUFFER_BYTES_MAX as u64 <= 4096 * LOG_RECORD_PAGES_MAX);
+const _: () = assert!(LOG_BUFFER_BYTES_MAX as u64 <= 4096 * LOG_RECORD_PAGES_MAX / 2);
 const _: () = assert!(LOG_PENDING_BLOCKS_MAX <= flintfs_format::LOG_BLOCKS_PER_RECORD_MAX);
 
 /// How fsync orders data and its record, chosen at mount.
@@ -91,6 +96,9 @@ pub(crate) struct LogState {
     /// Recovery is replaying records: nothing is logged, nothing
     /// checkpoints.
     pub replaying: bool,
+    /// Buffered records could not be programmed: the next operation takes
+    /// a checkpoint.
+    pub checkpoint_wanted: bool,
 }
 
 /// What recovery did with the log.
@@ -125,7 +133,7 @@ impl<D: FlashDevice> Fs<D> {
             now_ns: self.log.operation_now.unwrap_or_else(|| self.clock.now_ns()),
             operation,
         };
-        self.log.buffered_bytes += flintfs_format::LOG_RECORD_HEADER_BYTES + 64;
+        self.log.buffered_bytes += record.encoded_bytes();
         self.log.records.push(record);
     }
 
@@ -157,6 +165,7 @@ impl<D: FlashDevice> Fs<D> {
         self.log.unflushed = false;
         self.log.written.clear();
         self.log.written_blocks = 0;
+        self.log.checkpoint_wanted = false;
     }
 
     /// Whether the log has grown to where a checkpoint should truncate it.
@@ -164,13 +173,20 @@ impl<D: FlashDevice> Fs<D> {
         let zone_pages = self.volume.device().geometry().zone_pages();
         self.log.pages_written * fraction >= LOG_ZONES_PER_CHECKPOINT * zone_pages
             || self.log.written_blocks >= LOG_PENDING_BLOCKS_MAX
+            || self.log.checkpoint_wanted
+            || self.log.buffered_bytes >= LOG_BUFFER_BYTES_MAX * 2
     }
 
     /// Programs the buffered records as one log record when they pass
     /// their bound (no flush: the next fsync's covers them).
     pub(crate) fn log_spill(&mut self) -> Result<()> {
-        if self.log.buffered_bytes >= LOG_BUFFER_BYTES_MAX && !self.log.replaying {
-            self.log_write_batch()?;
+        // Half the largest record, so the fsync that follows has room for
+        // its inode state.
+        let bound = LOG_BUFFER_BYTES_MAX.min(LOG_RECORD_PAGES_MAX as usize / 2 * self.page_size);
+        if self.log.buffered_bytes >= bound && !self.log.replaying && self.log_write_batch().is_err() {
+            // No zone took it (or it grew past a record): a checkpoint
+            // makes it durable instead, before the next operation.
+            self.log.checkpoint_wanted = true;
         }
         Ok(())
     }
@@ -334,6 +350,13 @@ impl<D: FlashDevice> Fs<D> {
             }
         }
         ranges.sort_unstable();
+        // A range ends at the first page that fails its checks or a record
+        // cut short: a cut's torn tail, or the start of a batch whose page
+        // failed to program (its block retired; the batch went again in the
+        // next zone). Reading goes on in the next range, and the batch
+        // numbers say whether anything between is missing: a batch out of
+        // turn ends the log, one of another epoch (pages of an earlier use
+        // of the zone) is passed over.
         let mut batches = Vec::new();
         let mut end = format!("the log ends after {} ranges", ranges.len());
         'ranges: for (_, zone, first, last) in ranges {
@@ -345,7 +368,7 @@ impl<D: FlashDevice> Fs<D> {
                     Ok(read) => read,
                     Err(error) => {
                         end = format!("the log stops at {address}: {}", error.message);
-                        break 'ranges;
+                        continue 'ranges;
                     }
                 };
                 let record = match assembler.push(&header, &data) {
@@ -353,21 +376,24 @@ impl<D: FlashDevice> Fs<D> {
                     Ok(None) => continue,
                     Err(error) => {
                         end = format!("the log stops at {address}: {error}");
-                        break 'ranges;
+                        continue 'ranges;
                     }
                 };
                 let batch = match LogBatch::decode(&record) {
                     Ok(batch) => batch,
                     Err(error) => {
                         end = format!("the log stops at {address}: {error}");
-                        break 'ranges;
+                        continue 'ranges;
                     }
                 };
-                if batch.epoch != epoch || batch.batch != batches.len() as u64 {
+                if batch.epoch != epoch {
+                    end = format!("zone {zone} holds a batch of epoch {}, not {epoch}: passed over", batch.epoch);
+                    continue 'ranges;
+                }
+                if batch.batch != batches.len() as u64 {
                     end = format!(
-                        "the log stops at {address}: batch {} of epoch {} where batch {} of epoch {epoch} was due",
+                        "the log stops at {address}: batch {} where batch {} was due",
                         batch.batch,
-                        batch.epoch,
                         batches.len()
                     );
                     break 'ranges;
@@ -376,7 +402,6 @@ impl<D: FlashDevice> Fs<D> {
             }
             if assembler.in_record() {
                 end = format!("the log stops in zone {zone}: its last record is cut short");
-                break;
             }
         }
         report.batches = batches.len() as u64;
@@ -386,8 +411,8 @@ impl<D: FlashDevice> Fs<D> {
 
     /// Whether an inode state's data reached the media: every address in
     /// what was written since the checkpoint and below its zone's durable
-    /// write pointer, and a page just below it (the one a cut can tear)
-    /// read back whole.
+    /// write pointer, and a page in the erase block just below it (where a
+    /// cut can tear a page, and damage its MLC pair) read back whole.
     fn data_durable(&mut self, operation: &LogOperation, written: &WrittenSince) -> bool {
         let LogOperation::InodeState { ino, born, blocks, .. } = operation else { return true };
         for &(block, pointer) in blocks {
@@ -395,7 +420,12 @@ impl<D: FlashDevice> Fs<D> {
             if pointer.page() < first || pointer.page() >= end {
                 return false;
             }
-            if pointer.page() + 1 == end && self.read_block(*ino, *born, block, pointer).is_err() {
+            // A cut can tear the last page, and on MLC damage the earlier
+            // page that shares its cells, in the same erase block: every
+            // page there is read back.
+            let block_pages = self.volume.device().geometry().block_pages;
+            let in_last_block = pointer.page() / block_pages == (end - 1) / block_pages;
+            if in_last_block && self.read_block(*ino, *born, block, pointer).is_err() {
                 return false;
             }
         }
@@ -433,8 +463,11 @@ impl<D: FlashDevice> Fs<D> {
                 match self.replay_record(&record) {
                     Ok(()) => report.records_replayed += 1,
                     Err(error) => {
+                        // Damage, or a bug: whatever follows may depend on
+                        // it, so the tree stays the prefix before it.
                         report.records_failed.push(format!("{:?}: {error}", record.operation));
                         skipped.extend(inodes);
+                        discarded = true;
                     }
                 }
             }
@@ -545,6 +578,9 @@ impl<D: FlashDevice> Fs<D> {
             }
             match (inline, content) {
                 (Some(bytes), FileContent::Inline(_)) => {
+                    if bytes.len() > flintfs_format::inline_bytes_max(fs.page_size) {
+                        return Err(Error::corrupt(format!("{} inline bytes for inode {ino}", bytes.len())));
+                    }
                     fs.modify(key, |node| {
                         let Node::File { content, .. } = node else { unreachable!() };
                         *content = FileContent::Inline(bytes);

@@ -228,6 +228,9 @@ pub struct Fs<D: FlashDevice> {
     /// [`CleanerCounters::zones_stuck`]).
     pub(crate) cleaner_stuck: std::collections::BTreeSet<u32>,
     pub(crate) log: log::LogState,
+    /// The running operation reserved its room at its start: what it
+    /// calls may not clean, checkpoint or refuse for space again.
+    pub(crate) space_reserved: bool,
 }
 
 impl<D: FlashDevice> Fs<D> {
@@ -400,6 +403,7 @@ impl<D: FlashDevice> Fs<D> {
             cleaner: CleanerCounters::default(),
             cleaner_stuck: std::collections::BTreeSet::new(),
             log: log::LogState::default(),
+            space_reserved: false,
             volume,
         })
     }
@@ -523,9 +527,10 @@ impl<D: FlashDevice> Fs<D> {
     /// [`CLEAN_ZONES_PER_OPERATION_MAX`] zones, when that may make the
     /// room: a full device says ENOSPC, it never spins.
     pub(crate) fn reserve_space(&mut self, data_pages: u64, node_pages: u64) -> Result<()> {
-        if self.log.replaying {
-            // The operation found the room when it first ran; recovery
-            // can neither clean nor checkpoint until the log is replayed.
+        if self.log.replaying || self.space_reserved {
+            // The operation found the room when it first ran (or reserved
+            // it at its start); recovery can neither clean nor checkpoint
+            // until the log is replayed.
             return Ok(());
         }
         let mut cleaned = 0;

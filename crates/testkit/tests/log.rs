@@ -1,0 +1,171 @@
+//! The metadata log under bad input: a log whose tail is garbage, a record
+//! cut short, a record whose frame checks but whose payload does not
+//! decode, and a batch of another epoch. Recovery replays up to the last
+//! complete record, says where and why it stopped, and never trusts a
+//! record whose checksum fails.
+
+use flintfs_core::{Fs, RecoveryReport, ROOT_INO};
+use flintfs_flash::{FlashDevice, MemoryFlash, PageAddress, PageState};
+use flintfs_format::{split_record, InvertedIndex, LogBatch, PageHeader, PageKind, RecordKind, PAGE_HEADER_BYTES};
+use flintfs_testkit::runner::Setup;
+
+const SEED: u64 = 41;
+/// The checkpoint the crashed run's log follows: the format writes number
+/// 1 (mkfs) and number 2 (the root), and nothing checkpoints after.
+const EPOCH: u64 = 2;
+
+/// Two files created, written and fsynced; then the power goes (nothing
+/// checkpointed since the format's checkpoint).
+fn crashed_after_two_fsyncs(setup: &Setup) -> MemoryFlash {
+    let (flash, clock) = setup.formatted(SEED);
+    let (mut fs, _) = Fs::mount(flash, setup.options.clone(), Box::new(clock)).expect("mount");
+    for (name, fill) in [(b"a", 1u8), (b"b", 2u8)] {
+        let file = fs.create(ROOT_INO, name, 0o644, 0, 0).expect("create");
+        fs.write(file.ino, 0, &vec![fill; 700]).expect("write");
+        fs.fsync(file.ino, false).expect("fsync");
+    }
+    let checkpoints = fs.counters().checkpoints;
+    assert_eq!(checkpoints, 0, "the fsyncs went to the log, not to checkpoints");
+    let mut flash = fs.into_device();
+    flash.power_cut(SEED).expect("power cut");
+    flash
+}
+
+/// A page to program after the log: its data, `length` bytes of it in use,
+/// its index in its record, and whether it ends the record.
+struct Raw {
+    data: Vec<u8>,
+    length: u32,
+    count: u32,
+    end_of_record: bool,
+}
+
+fn header_of(flash: &mut MemoryFlash, address: PageAddress) -> Option<PageHeader> {
+    let geometry = flash.geometry();
+    let mut data = vec![0u8; geometry.page_size_bytes as usize];
+    let mut oob = vec![0u8; geometry.oob_size_bytes as usize];
+    match flash.read_page(address, &mut data, &mut oob) {
+        Ok(PageState::Programmed) => PageHeader::decode(&oob, &data).ok(),
+        _ => None,
+    }
+}
+
+/// Programs pages right after the log of a crashed device, in its zone and
+/// numbered after its last page, as a damaged or hostile medium might hold
+/// them. `build` gets the first page's sequence and the page size.
+fn after_the_log(mut flash: MemoryFlash, build: impl FnOnce(u64, usize) -> Vec<Raw>) -> MemoryFlash {
+    let geometry = flash.geometry();
+    let (_, zone, write_pointer) = (0..geometry.zone_count)
+        .filter_map(|zone| {
+            let write_pointer = flash.report_zone(zone).ok()?.write_pointer;
+            let first = header_of(&mut flash, PageAddress::new(zone, 0))?;
+            (first.kind == PageKind::Log).then_some((first.sequence, zone, write_pointer))
+        })
+        .max()
+        .expect("the crashed run wrote a log zone");
+    let last = header_of(&mut flash, PageAddress::new(zone, write_pointer - 1)).expect("the log's last page");
+    let pages = build(last.sequence + 1, geometry.page_size_bytes as usize);
+    for (index, raw) in pages.into_iter().enumerate() {
+        let page = write_pointer + index as u32;
+        let header = PageHeader {
+            kind: PageKind::Log,
+            end_of_record: raw.end_of_record,
+            zone_generation: last.zone_generation,
+            sequence: last.sequence + 1 + index as u64,
+            zone,
+            page,
+            inverted: InvertedIndex::default(),
+            length: raw.length,
+            count: raw.count,
+        };
+        let mut oob = vec![0u8; geometry.oob_size_bytes as usize];
+        oob[..PAGE_HEADER_BYTES].copy_from_slice(&header.encode(&raw.data));
+        flash.program_page(PageAddress::new(zone, page), &raw.data, &oob).expect("program");
+    }
+    flash.flush().expect("flush");
+    flash
+}
+
+/// A whole, well-framed log record of `payload`.
+fn framed(payload: &[u8], first_sequence: u64, page_size: usize) -> Vec<Raw> {
+    split_record(RecordKind::Log, payload, first_sequence, page_size)
+        .into_iter()
+        .map(|page| Raw { data: page.data, length: page.length, count: page.index, end_of_record: page.end_of_record })
+        .collect()
+}
+
+fn recover(setup: &Setup, flash: MemoryFlash) -> (Fs<MemoryFlash>, RecoveryReport) {
+    let clock = flintfs_core::ManualClock::new(1_800_000_000_000_000_000);
+    let (fs, report) = Fs::mount(flash, setup.options.clone(), Box::new(clock)).expect("recovery mounts");
+    (fs, report.recovery.expect("an unclean stop is recovered"))
+}
+
+fn assert_both_files(fs: &mut Fs<MemoryFlash>) {
+    for (name, fill) in [(b"a", 1u8), (b"b", 2u8)] {
+        let file = fs.lookup(ROOT_INO, name).expect("fsynced file is there");
+        assert_eq!(fs.read(file.ino, 0, 1000).expect("read"), vec![fill; 700]);
+    }
+}
+
+#[test]
+fn a_clean_log_replays_whole() {
+    let setup = Setup::small();
+    let (mut fs, report) = recover(&setup, crashed_after_two_fsyncs(&setup));
+    assert_eq!(report.records_replayed, 4, "{report:?}");
+    assert_eq!((report.records_discarded, report.records_skipped), (0, 0), "{report:?}");
+    assert!(report.records_failed.is_empty(), "{report:?}");
+    assert_both_files(&mut fs);
+}
+
+#[test]
+fn garbage_after_the_log_ends_it_there_and_says_why() {
+    let setup = Setup::small();
+    let flash = after_the_log(crashed_after_two_fsyncs(&setup), |_, page_size| {
+        let garbage: Vec<u8> = (0..page_size).map(|index| (index * 7 + 3) as u8).collect();
+        vec![Raw { data: garbage, length: page_size as u32, count: 0, end_of_record: true }]
+    });
+    let (mut fs, report) = recover(&setup, flash);
+    assert_eq!(report.records_replayed, 4, "{report:?}");
+    assert!(report.end.contains("stops at"), "{report:?}");
+    assert_both_files(&mut fs);
+}
+
+#[test]
+fn a_record_cut_short_is_dropped_whole() {
+    let setup = Setup::small();
+    let flash = after_the_log(crashed_after_two_fsyncs(&setup), |first_sequence, page_size| {
+        // The first page of a two-page record; its last never came.
+        let mut pages = framed(&vec![0x5a; page_size + 100], first_sequence, page_size);
+        pages.truncate(1);
+        pages
+    });
+    let (mut fs, report) = recover(&setup, flash);
+    assert_eq!(report.records_replayed, 4, "{report:?}");
+    assert!(report.end.contains("stops"), "{report:?}");
+    assert_both_files(&mut fs);
+}
+
+#[test]
+fn a_record_that_checks_but_does_not_decode_is_not_trusted() {
+    let setup = Setup::small();
+    let flash = after_the_log(crashed_after_two_fsyncs(&setup), |first_sequence, page_size| {
+        framed(&[0xee; 100], first_sequence, page_size)
+    });
+    let (mut fs, report) = recover(&setup, flash);
+    assert_eq!(report.records_replayed, 4, "{report:?}");
+    assert!(report.end.contains("log batch"), "the decoder's reason is given: {report:?}");
+    assert_both_files(&mut fs);
+}
+
+#[test]
+fn a_batch_out_of_turn_ends_the_log() {
+    let setup = Setup::small();
+    let flash = after_the_log(crashed_after_two_fsyncs(&setup), |first_sequence, page_size| {
+        // Of the right epoch, but numbered past a gap.
+        framed(&LogBatch { epoch: EPOCH, batch: 7, records: Vec::new() }.encode(), first_sequence, page_size)
+    });
+    let (mut fs, report) = recover(&setup, flash);
+    assert_eq!(report.records_replayed, 4, "{report:?}");
+    assert!(report.end.contains("batch 7 where batch 2 was due"), "{report:?}");
+    assert_both_files(&mut fs);
+}
