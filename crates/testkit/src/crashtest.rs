@@ -127,11 +127,6 @@ struct Oracle {
     outcomes: Vec<Outcome>,
     /// Whether operation `i` is a persistence point that succeeds.
     persists: Vec<bool>,
-    /// Also require the recovered namespace (paths and kinds) to be one
-    /// state's whole: what the checkpoint engine gives (a crash returns to
-    /// a checkpoint), and what catches a rename half done, which the
-    /// per-path checks alone cannot.
-    prefix_consistent: bool,
 }
 
 impl Oracle {
@@ -148,7 +143,7 @@ impl Oracle {
             states.push(model.snapshot());
             identities.push(model.identities());
         }
-        Oracle { operations, states, identities, outcomes, persists, prefix_consistent: true }
+        Oracle { operations, states, identities, outcomes, persists }
     }
 
     /// The states a recovery may show when operations `0..completed`
@@ -207,79 +202,129 @@ impl Oracle {
 
     /// Holds a recovered tree to `docs/SEMANTICS.md`. `returned` says
     /// whether the operation the power went in returned success.
-    fn judge(&self, recovered: &Snapshot, completed: usize, returned: bool) -> Result<(), String> {
+    fn judge(&self, recovered: &Snapshot, completed: usize, returned: bool) -> Result<usize, String> {
+        // The states run to the one after the operation the power went in,
+        // whether or not it returned.
+        let high = (completed + 1).min(self.states.len() - 1);
         let completed = if returned && completed < self.operations.len() { completed + 1 } else { completed };
-        let (low, high) = self.bounds(completed);
-        let window = &self.states[low..=high];
+        let (low, _) = self.bounds(completed);
         let shape = |snapshot: &Snapshot| -> Vec<(Path, Kind)> {
             snapshot.0.iter().map(|(path, entry)| (path.clone(), entry.kind)).collect()
         };
         let found = shape(recovered);
-        // The states whose namespace the recovered one is: they say which
-        // object each recovered path is.
+        // The states whose namespace the recovered one is. One of them must
+        // account for the whole tree: its names say which object each path
+        // is, and its metadata is what was recovered.
         let matching: Vec<usize> = (low..=high).filter(|&index| shape(&self.states[index]) == found).collect();
-        if self.prefix_consistent && matching.is_empty() {
+        if matching.is_empty() {
+            let kinds = |path: &Path| -> BTreeSet<Option<Kind>> {
+                self.states[low..=high].iter().map(|state| state.0.get(path).map(|entry| entry.kind)).collect()
+            };
+            let mut paths: BTreeSet<&Path> = recovered.0.keys().collect();
+            for state in &self.states[low..=high] {
+                paths.extend(state.0.keys());
+            }
+            for path in paths {
+                let kind = recovered.0.get(path).map(|entry| entry.kind);
+                if !kinds(path).contains(&kind) {
+                    return Err(format!(
+                        "{} is {:?}; the states since the last persistence point allow {:?}",
+                        show(path),
+                        kind,
+                        kinds(path)
+                    ));
+                }
+            }
             return Err(format!(
                 "the recovered namespace is no single state since the last persistence point: {} paths",
                 found.len()
             ));
         }
-        let mut paths: BTreeSet<&Path> = recovered.0.keys().collect();
-        for state in window {
-            paths.extend(state.0.keys());
-        }
-        for path in paths {
-            let found = recovered.0.get(path);
-            let kinds: BTreeSet<Option<Kind>> =
-                window.iter().map(|state| state.0.get(path).map(|entry| entry.kind)).collect();
-            let kind = found.map(|entry| entry.kind);
-            if !kinds.contains(&kind) {
-                return Err(format!(
-                    "{} is {:?}; the states since the last persistence point allow {:?}",
-                    show(path),
-                    kind,
-                    kinds
-                ));
+        let mut first_error = None;
+        for &state in &matching {
+            match self.judge_in(recovered, state, completed, low, high) {
+                Ok(()) => return Ok(state),
+                Err(error) => {
+                    first_error.get_or_insert(error);
+                }
             }
-            let Some(entry) = found else { continue };
-            let same_kind = || window.iter().filter_map(|state| state.0.get(path)).filter(|e| e.kind == entry.kind);
-            if !same_kind().any(|allowed| allowed.xattrs == entry.xattrs) {
+        }
+        Err(first_error.expect("a state was judged"))
+    }
+
+    /// The recovered tree as state `state`'s namespace: its xattrs, symlink
+    /// targets and link counts are that state's (metadata persists as a
+    /// prefix), the names of one file hold the same bytes, and each regular
+    /// file holds a size and data it had since what bounds it.
+    fn judge_in(
+        &self,
+        recovered: &Snapshot,
+        state: usize,
+        completed: usize,
+        low: usize,
+        high: usize,
+    ) -> Result<(), String> {
+        let expected_tree = &self.states[state];
+        let mut objects: BTreeMap<u64, (&Path, &SnapshotEntry)> = BTreeMap::new();
+        for (path, entry) in &recovered.0 {
+            let expected = expected_tree.0.get(path).expect("the same namespace");
+            if entry.xattrs != expected.xattrs {
                 return Err(format!(
-                    "{}: xattrs {:?} were never its xattrs since the last persistence point",
+                    "{}: xattrs {:?}, where the state its namespace is had {:?}",
                     show(path),
-                    entry.xattrs
+                    entry.xattrs,
+                    expected.xattrs
                 ));
             }
             match entry.kind {
-                Kind::Symlink if !same_kind().any(|allowed| allowed.data == entry.data) => {
-                    return Err(format!("{}: a symlink target it never had", show(path)));
+                Kind::Symlink if entry.data != expected.data => {
+                    return Err(format!("{}: a symlink target it did not have then", show(path)));
                 }
                 Kind::Regular => {
-                    // Judged as the file it is (its versions under any
-                    // name), in each state whose namespace was recovered;
-                    // one that fits is enough.
-                    let ids: BTreeSet<u64> =
-                        matching.iter().filter_map(|&index| self.identity_before(index, path)).collect();
-                    let mut verdict =
-                        Err(format!("{}: no state since the last persistence point names it", show(path)));
-                    for id in ids {
-                        verdict = self.judge_file(path, entry, id, completed, low, high);
-                        if verdict.is_ok() {
-                            break;
+                    if entry.nlink != expected.nlink {
+                        return Err(format!("{}: {} links where it had {}", show(path), entry.nlink, expected.nlink));
+                    }
+                    let id = self.identities[state][path];
+                    if let Some((other, first)) = objects.insert(id, (path, entry)) {
+                        if first.data != entry.data {
+                            return Err(format!("{} and {}, one file, hold different bytes", show(other), show(path)));
                         }
                     }
-                    verdict?;
+                    self.judge_file(path, entry, id, completed, low, high, state)?;
                 }
                 _ => {}
             }
         }
         Ok(())
     }
+
+    /// Whether operation `index` renamed, linked or truncated object `id`:
+    /// an operation that names a file carries the writes before it.
+    fn names_file(&self, index: usize, id: u64) -> bool {
+        if self.outcomes[index] != Outcome::Done {
+            return false;
+        }
+        let joined = |directory: &Path, name: &[u8]| -> Path {
+            let mut path = directory.clone();
+            path.push(name.to_vec());
+            path
+        };
+        let is = |path: &Path| self.identity_before(index, path) == Some(id);
+        match &self.operations[index] {
+            Operation::Rename { directory, name, new_directory, new_name, .. } => {
+                is(&joined(directory, name)) || is(&joined(new_directory, new_name))
+            }
+            Operation::Link { path, .. } | Operation::Truncate { path, .. } => is(path),
+            _ => false,
+        }
+    }
 }
 
 impl Oracle {
     /// A regular file, object `id`, holds a size and data it had since its
-    /// last persistence point.
+    /// last persistence point, and since the last operation that named it
+    /// in state `state`'s past.
+    #[allow(clippy::too_many_arguments)]
     fn judge_file(
         &self,
         path: &Path,
@@ -288,8 +333,10 @@ impl Oracle {
         completed: usize,
         low: usize,
         high: usize,
+        state: usize,
     ) -> Result<(), String> {
-        let size_low = self.size_low(id, completed, low).min(low);
+        let named = (0..state).rev().find(|&index| self.names_file(index, id)).unwrap_or(0);
+        let size_low = self.size_low(id, completed, low).min(low).max(named);
         let sizes: BTreeSet<usize> = (size_low..=high)
             .filter_map(|index| self.entry_of(index, id))
             .filter(|allowed| allowed.kind == Kind::Regular)
@@ -303,7 +350,7 @@ impl Oracle {
                 sizes
             ));
         }
-        let data_low = self.data_low(id, completed).min(low);
+        let data_low = self.data_low(id, completed).min(low).max(named);
         let versions: Vec<&[u8]> = (data_low..=high)
             .filter_map(|index| self.entry_of(index, id))
             .filter(|allowed| allowed.kind == Kind::Regular)
@@ -316,13 +363,14 @@ impl Oracle {
 /// Holds a tree recovered after a cut to `docs/SEMANTICS.md`: `operations`
 /// ran from `start`, the first `completed` returned, and the power went in
 /// the next (`returned`: it said Done all the same) or after the end.
+/// Returns the state (operations applied) whose namespace was recovered.
 pub fn judge_recovery(
     start: &Model,
     operations: Vec<Operation>,
     completed: usize,
     returned: bool,
     recovered: &Snapshot,
-) -> Result<(), String> {
+) -> Result<usize, String> {
     Oracle::new(start, operations).judge(recovered, completed, returned)
 }
 

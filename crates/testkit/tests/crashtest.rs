@@ -67,4 +67,10 @@ fn without_the_write_pointer_check_recovery_trusts_data_that_never_arrived() {
     let summary = crashtest::run(&options, |_, _| {}).expect("crashtest runs");
     eprintln!("{}", crashtest::summary_json(&options, &summary));
     assert!(summary.violations > 0, "unchecked recovery passed {} cuts", summary.cuts);
+    // Violations of the data promises, not a mount or checker failure.
+    assert!(
+        summary.failures.iter().any(|failure| failure.what.contains("never there") || failure.what.contains("size")),
+        "{}",
+        crashtest::summary_json(&options, &summary)
+    );
 }

@@ -6,7 +6,9 @@
 
 use flintfs_core::{Fs, RecoveryReport, ROOT_INO};
 use flintfs_flash::{FlashDevice, MemoryFlash, PageAddress, PageState};
-use flintfs_format::{split_record, InvertedIndex, LogBatch, PageHeader, PageKind, RecordKind, PAGE_HEADER_BYTES};
+use flintfs_format::{
+    split_record, InvertedIndex, LogBatch, LogOperation, LogRecord, PageHeader, PageKind, RecordKind, PAGE_HEADER_BYTES,
+};
 use flintfs_testkit::runner::Setup;
 
 const SEED: u64 = 41;
@@ -134,14 +136,64 @@ fn garbage_after_the_log_ends_it_there_and_says_why() {
 fn a_record_cut_short_is_dropped_whole() {
     let setup = Setup::small();
     let flash = after_the_log(crashed_after_two_fsyncs(&setup), |first_sequence, page_size| {
-        // The first page of a two-page record; its last never came.
-        let mut pages = framed(&vec![0x5a; page_size + 100], first_sequence, page_size);
-        pages.truncate(1);
+        // A good next batch, two pages or more; its last page never came.
+        let mut pages = framed(&xattr_batch(2, page_size).encode(), first_sequence, page_size);
+        assert!(pages.len() >= 2);
+        pages.pop();
         pages
     });
     let (mut fs, report) = recover(&setup, flash);
     assert_eq!(report.records_replayed, 4, "{report:?}");
-    assert!(report.end.contains("stops"), "{report:?}");
+    assert!(report.end.contains("cut short"), "{report:?}");
+    assert!(fs.getxattr(ROOT_INO, b"user.logged").is_err(), "nothing of the cut record");
+    assert_both_files(&mut fs);
+}
+
+/// The next batch of the crashed run's epoch: an xattr set on the root
+/// directory, set again until the batch takes more than `page_size` bytes.
+fn xattr_batch(batch: u64, page_size: usize) -> LogBatch {
+    let record = LogRecord {
+        version_next: 0,
+        now_ns: 1_700_000_000_000_000_000,
+        operation: LogOperation::SetXattr {
+            ino: ROOT_INO,
+            create: false,
+            replace: false,
+            name: b"user.logged".to_vec(),
+            value: vec![9; 16],
+        },
+    };
+    let mut records = vec![record.clone()];
+    while records.iter().map(LogRecord::encoded_bytes).sum::<usize>() <= page_size {
+        records.push(record.clone());
+    }
+    LogBatch { epoch: EPOCH, batch, records }
+}
+
+#[test]
+fn a_whole_batch_after_the_log_is_replayed() {
+    let setup = Setup::small();
+    let flash = after_the_log(crashed_after_two_fsyncs(&setup), |first_sequence, page_size| {
+        framed(&xattr_batch(2, page_size).encode(), first_sequence, page_size)
+    });
+    let (mut fs, report) = recover(&setup, flash);
+    assert!(report.records_replayed > 4, "{report:?}");
+    assert_eq!(fs.getxattr(ROOT_INO, b"user.logged").expect("replayed"), vec![9; 16]);
+    assert_both_files(&mut fs);
+}
+
+#[test]
+fn a_batch_of_another_epoch_is_passed_over() {
+    let setup = Setup::small();
+    let flash = after_the_log(crashed_after_two_fsyncs(&setup), |first_sequence, page_size| {
+        let mut stale = xattr_batch(2, page_size);
+        stale.epoch = EPOCH - 1;
+        framed(&stale.encode(), first_sequence, page_size)
+    });
+    let (mut fs, report) = recover(&setup, flash);
+    assert_eq!(report.records_replayed, 4, "{report:?}");
+    assert!(report.end.contains("passed over"), "{report:?}");
+    assert!(fs.getxattr(ROOT_INO, b"user.logged").is_err(), "nothing of the stale batch");
     assert_both_files(&mut fs);
 }
 
