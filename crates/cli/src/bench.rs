@@ -166,6 +166,10 @@ pub(crate) trait Files {
     fn counters(&mut self) -> Outcome<Option<Counters>> {
         Ok(None)
     }
+    /// Metadata-log pages the engine has programmed so far.
+    fn log_pages(&mut self) -> Option<u64> {
+        None
+    }
 }
 
 /// A directory of a mounted file system, through std::fs.
@@ -333,6 +337,9 @@ impl Files for EngineFiles {
     }
     fn counters(&mut self) -> Outcome<Option<Counters>> {
         Ok(Some(self.fs().device().counters()))
+    }
+    fn log_pages(&mut self) -> Option<u64> {
+        Some(self.fs().counters().log_pages_written)
     }
     fn remount(&mut self) -> Outcome<u64> {
         let device = self.fs.take().expect("mounted").unmount().map_err(engine_error)?;
@@ -704,12 +711,15 @@ pub(crate) struct Phase {
     started: Option<Instant>,
     pub seconds: f64,
     pub at_start: Option<Counters>,
+    /// The engine's log pages written before the measured phase.
+    pub log_pages_at_start: Option<u64>,
 }
 
 impl Phase {
     /// Counters first (a FUSE target asks its daemon), then the clock.
     fn begin(&mut self, files: &mut dyn Files) -> Outcome {
         self.at_start = files.counters()?;
+        self.log_pages_at_start = files.log_pages();
         self.started = Some(Instant::now());
         Ok(())
     }
@@ -763,6 +773,9 @@ fn run_engine(workload: &str, target: &str, fsync_mode: FsyncMode, size: Size, s
     let mut files = EngineFiles { fs: Some(fs), mount_pages: None, recovery: None };
     let (ops, phase) = timed_workload(workload, &mut files, size, seed);
     let (ops, seconds) = (ops?, phase.seconds);
+    // The log pages of the measured phase: what fsync itself programmed,
+    // apart from the checkpoints that truncate the log.
+    let log_pages = files.log_pages().zip(phase.log_pages_at_start).map(|(now, before)| now - before);
     let fs = files.fs.take().expect("mounted");
     let device = fs.unmount().map_err(engine_error)?;
     // From the measured phase's start to after the unmount checkpoint.
@@ -784,6 +797,7 @@ fn run_engine(workload: &str, target: &str, fsync_mode: FsyncMode, size: Size, s
     // area, and one program plus one flush of the timing model.
     value["page_bytes"] = json!(geometry.page_size_bytes + geometry.oob_size_bytes);
     value["program_and_flush_ns"] = json!(timing.program_ns + timing.flush_ns);
+    value["log_pages_programmed"] = json!(log_pages);
     if let Some(recovery) = &files.recovery {
         // Of the pages the recovery read, those of the log (and the first
         // page of each zone written since the checkpoint); the rest are

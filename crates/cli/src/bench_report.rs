@@ -83,6 +83,14 @@ fn judge(rows: &[Value]) -> Vec<Judged> {
         at_most: true,
     });
     judged.push(Judged {
+        what: "create+fsync: log pages the fsyncs programmed per operation, flintfs (one page and its OOB each; \
+               the rest of the bytes/op above is checkpoints)"
+            .into(),
+        ratio: against("create_fsync", "flintfs", "log_pages_programmed", "ops"),
+        bound: 1.0,
+        at_most: true,
+    });
+    judged.push(Judged {
         what: "append 4 KiB, fsync every 10: bytes/op, flintfs / 4096 data bytes".into(),
         ratio: value(rows, "append_fsync10", "flintfs", "bytes_per_op").map(|bytes| bytes / 4096.0),
         bound: 1.15,

@@ -228,6 +228,8 @@ impl<D: FlashDevice> Fs<D> {
             Ok(_) => {
                 self.log.batch_next += 1;
                 self.log.pages_written += pages;
+                self.counters.log_pages_written += pages;
+                self.counters.log_batches_written += 1;
                 self.log.unflushed = true;
                 self.log.buffered_bytes = 0;
                 Ok(())

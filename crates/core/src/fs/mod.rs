@@ -189,6 +189,9 @@ pub(crate) struct Known {
 pub struct FsCounters {
     pub checkpoints: u64,
     pub node_pages_written: u64,
+    /// Metadata-log pages and records (batches) programmed.
+    pub log_pages_written: u64,
+    pub log_batches_written: u64,
     pub node_pages_read: u64,
     pub data_pages_written: u64,
     pub chunks_written: u64,
