@@ -221,3 +221,64 @@ fn a_batch_out_of_turn_ends_the_log() {
     assert!(report.end.contains("batch 7 where batch 2 was due"), "{report:?}");
     assert_both_files(&mut fs);
 }
+
+/// A power cut at every device operation of a recovery (its replay's
+/// writes, its checkpoint, the zones it finishes), then the next mount:
+/// the fsynced files are there, and the checker finds nothing. On an image
+/// file, so the device outlives the mount that the cut broke.
+#[test]
+fn a_power_cut_at_every_device_operation_of_a_recovery_is_recovered_too() {
+    use flintfs_flash::{DeviceOptions, FaultConfig, ImageFlash};
+    let setup = Setup::small();
+    let directory = std::env::temp_dir().join(format!("flintfs-log-test-{}", std::process::id()));
+    std::fs::create_dir_all(&directory).expect("a scratch directory");
+    let base = directory.join("crashed.img");
+    let work = directory.join("work.img");
+    let options = || DeviceOptions { faults: FaultConfig::none(SEED), ..DeviceOptions::default() };
+    let clock = || Box::new(flintfs_core::ManualClock::new(1_800_000_000_000_000_000));
+    {
+        let device = ImageFlash::create_image(&base, setup.geometry, options()).expect("an image");
+        let mkfs = flintfs_core::MkfsOptions {
+            unindexed_segments: setup.unindexed_segments,
+            ..flintfs_core::MkfsOptions::new([7; 16], 0)
+        };
+        let device = Fs::format(device, &mkfs, clock()).expect("format");
+        let (mut fs, _) = Fs::mount(device, setup.options.clone(), clock()).expect("mount");
+        for (name, fill) in [(b"a", 1u8), (b"b", 2u8)] {
+            let file = fs.create(ROOT_INO, name, 0o644, 0, 0).expect("create");
+            fs.write(file.ino, 0, &vec![fill; 700]).expect("write");
+            fs.fsync(file.ino, false).expect("fsync");
+        }
+        fs.into_device().power_cut(SEED).expect("power cut");
+    }
+    // How many device operations an uncut recovery takes.
+    std::fs::copy(&base, &work).expect("copy");
+    let operations = {
+        let device = ImageFlash::open_image(&work, options()).expect("open");
+        let start = device.mutating_operations();
+        let (fs, _) = Fs::mount(device, setup.options.clone(), clock()).expect("recovery");
+        fs.device().mutating_operations() - start
+    };
+    assert!(operations > 0, "recovery writes its checkpoint");
+    eprintln!("a cut at each of the {operations} device operations of a recovery");
+    for cut in 0..operations {
+        std::fs::copy(&base, &work).expect("copy");
+        {
+            let mut device = ImageFlash::open_image(&work, options()).expect("open");
+            let start = device.mutating_operations();
+            device.schedule_power_cut(start + cut, SEED + cut).expect("schedule");
+            assert!(Fs::mount(device, setup.options.clone(), clock()).is_err(), "cut {cut} of {operations} fired");
+        }
+        let device = ImageFlash::open_image(&work, options()).expect("open after the cut");
+        let (fs, _) = Fs::mount(device, setup.options.clone(), clock())
+            .unwrap_or_else(|error| panic!("cut {cut} of {operations}: the next recovery failed: {error}"));
+        let mut fs = fs;
+        for (name, fill) in [(b"a", 1u8), (b"b", 2u8)] {
+            let file = fs.lookup(ROOT_INO, name).unwrap_or_else(|error| panic!("cut {cut}: {error}"));
+            assert_eq!(fs.read(file.ino, 0, 1000).expect("read"), vec![fill; 700], "cut {cut}");
+        }
+        let report = fs.check().expect("check");
+        assert!(report.findings.is_empty(), "cut {cut}: {:?}", report.findings);
+    }
+    let _ = std::fs::remove_dir_all(&directory);
+}
