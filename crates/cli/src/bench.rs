@@ -351,7 +351,7 @@ impl Files for EngineFiles {
     }
     fn crash_remount(&mut self) -> Outcome<u64> {
         let fs = self.fs.take().expect("mounted");
-        let options = fs_options_of(&fs);
+        let options = fs.options().clone();
         let mut device = fs.into_device();
         device.power_cut(RECOVERY_CUT_SEED)?;
         let clock = flintfs_core::ManualClock::new(1_700_000_000_000_000_000);
@@ -370,10 +370,6 @@ const RECOVERY_CUT_SEED: u64 = 4;
 const RECOVERY_LOGGED_FILES: usize = 200;
 /// The device of the recovery workloads (issue 4: a 1 GiB image).
 const RECOVERY_DEVICE_BYTES: u64 = 1 << 30;
-
-fn fs_options_of(fs: &Fs<MemoryFlash>) -> FsOptions {
-    fs.options().clone()
-}
 
 /// Data to write: half compressible (runs of a byte), half random, as
 /// filebench's `dedupgran`/compression settings produce.

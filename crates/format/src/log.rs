@@ -502,25 +502,42 @@ impl LogRecord {
 }
 
 impl LogRecord {
-    /// Bytes the record takes in a batch.
-    pub fn encoded_bytes(&self) -> usize {
+    /// The record as it sits in a batch (header and body), appended to
+    /// `out`: a batch is its header and records encoded one by one, so an
+    /// engine can buffer records encoded once, as they happen.
+    pub fn encode_into(&self, out: &mut Vec<u8>) {
         let mut body = Writer::with_capacity(64);
         self.encode_body(&mut body);
-        LOG_RECORD_HEADER_BYTES + body.len()
+        let body = body.finish();
+        let mut header = Writer::with_capacity(LOG_RECORD_HEADER_BYTES);
+        header.u8(self.operation.tag()).zeros(3).u32(body.len() as u32);
+        header.u64(self.version_next).u64(self.now_ns as u64);
+        out.extend_from_slice(&header.finish());
+        out.extend_from_slice(&body);
+    }
+
+    /// Bytes the record takes in a batch.
+    pub fn encoded_bytes(&self) -> usize {
+        let mut out = Vec::new();
+        self.encode_into(&mut out);
+        out.len()
     }
 }
 
 impl LogBatch {
     pub fn encode(&self) -> Vec<u8> {
-        let mut writer = Writer::with_capacity(LOG_BATCH_HEADER_BYTES + 64 * self.records.len());
-        writer.u64(self.epoch).u64(self.batch).u32(self.records.len() as u32).zeros(4);
+        let mut records = Vec::with_capacity(64 * self.records.len());
         for record in &self.records {
-            let mut body = Writer::with_capacity(64);
-            record.encode_body(&mut body);
-            let body = body.finish();
-            writer.u8(record.operation.tag()).zeros(3).u32(body.len() as u32);
-            writer.u64(record.version_next).u64(record.now_ns as u64).bytes(&body);
+            record.encode_into(&mut records);
         }
+        LogBatch::encode_encoded(self.epoch, self.batch, self.records.len() as u32, &records)
+    }
+
+    /// A batch of `count` records already encoded back to back
+    /// ([`LogRecord::encode_into`]).
+    pub fn encode_encoded(epoch: u64, batch: u64, count: u32, records: &[u8]) -> Vec<u8> {
+        let mut writer = Writer::with_capacity(LOG_BATCH_HEADER_BYTES + records.len());
+        writer.u64(epoch).u64(batch).u32(count).zeros(4).bytes(records);
         writer.finish()
     }
 

@@ -498,10 +498,14 @@ impl Prepared {
         recovered.check()?;
         let snapshot = recovered.snapshot()?;
         if let Err(error) = oracle.judge(&snapshot, completed, returned) {
-            if std::env::var_os("FLINTFS_DEBUG_RECOVERY").is_some() {
-                eprintln!("cut {cut:?}: completed {completed} returned {returned}: {:?}", report.recovery);
-            }
-            return Err(error);
+            // What recovery did says where to look.
+            let recovery = report.recovery.map_or(String::new(), |recovery| {
+                format!(
+                    "; recovery replayed {}, discarded {}, failed {:?}; {}",
+                    recovery.records_replayed, recovery.records_discarded, recovery.records_failed, recovery.end
+                )
+            });
+            return Err(format!("{error}{recovery}"));
         }
         // And it keeps working.
         for operation in

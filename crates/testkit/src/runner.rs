@@ -219,13 +219,7 @@ impl Subject {
                 }
                 self.fs().shut_down().map_err(code)?;
                 let flash = self.fs.take().expect("mounted").into_device();
-                let (fs, _) =
-                    Fs::mount(flash, self.options.clone(), Box::new(self.clock.clone())).map_err(|error| {
-                        if std::env::var_os("FLINTFS_DEBUG_RECOVERY").is_some() {
-                            eprintln!("remount: {error}");
-                        }
-                        code(error)
-                    })?;
+                let (fs, _) = Fs::mount(flash, self.options.clone(), Box::new(self.clock.clone())).map_err(code)?;
                 self.fs = Some(fs);
             }
         }

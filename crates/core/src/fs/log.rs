@@ -77,9 +77,10 @@ pub enum FsyncMode {
 /// The log's state in memory.
 #[derive(Debug, Default)]
 pub(crate) struct LogState {
-    /// Records since the last batch was programmed.
-    pub records: Vec<LogRecord>,
-    pub buffered_bytes: usize,
+    /// Records since the last batch was programmed, encoded as a batch
+    /// holds them, and how many.
+    pub records: Vec<u8>,
+    pub record_count: u32,
     /// The next batch's number in this epoch.
     pub batch_next: u64,
     /// Log pages programmed since the checkpoint.
@@ -133,8 +134,8 @@ impl<D: FlashDevice> Fs<D> {
             now_ns: self.log.operation_now.unwrap_or_else(|| self.clock.now_ns()),
             operation,
         };
-        self.log.buffered_bytes += record.encoded_bytes();
-        self.log.records.push(record);
+        record.encode_into(&mut self.log.records);
+        self.log.record_count += 1;
     }
 
     /// Notes a block whose address changed.
@@ -159,7 +160,7 @@ impl<D: FlashDevice> Fs<D> {
     /// A checkpoint was written: the log starts over in its epoch.
     pub(crate) fn log_truncated(&mut self) {
         self.log.records.clear();
-        self.log.buffered_bytes = 0;
+        self.log.record_count = 0;
         self.log.batch_next = 0;
         self.log.pages_written = 0;
         self.log.unflushed = false;
@@ -174,7 +175,7 @@ impl<D: FlashDevice> Fs<D> {
         self.log.pages_written * fraction >= LOG_ZONES_PER_CHECKPOINT * zone_pages
             || self.log.written_blocks >= LOG_PENDING_BLOCKS_MAX
             || self.log.checkpoint_wanted
-            || self.log.buffered_bytes >= LOG_BUFFER_BYTES_MAX * 2
+            || self.log.records.len() >= LOG_BUFFER_BYTES_MAX * 2
     }
 
     /// Programs the buffered records as one log record when they pass
@@ -183,7 +184,7 @@ impl<D: FlashDevice> Fs<D> {
         // Half the largest record, so the fsync that follows has room for
         // its inode state.
         let bound = LOG_BUFFER_BYTES_MAX.min(LOG_RECORD_PAGES_MAX as usize / 2 * self.page_size);
-        if self.log.buffered_bytes >= bound && !self.log.replaying && self.log_write_batch().is_err() {
+        if self.log.records.len() >= bound && !self.log.replaying && self.log_write_batch().is_err() {
             // No zone took it (or it grew past a record): a checkpoint
             // makes it durable instead, before the next operation.
             self.log.checkpoint_wanted = true;
@@ -194,15 +195,15 @@ impl<D: FlashDevice> Fs<D> {
     /// Programs the buffered records as the next batch. A batch that no
     /// zone could take leaves them buffered and says so.
     fn log_write_batch(&mut self) -> Result<()> {
-        if self.log.records.is_empty() {
+        if self.log.record_count == 0 {
             return Ok(());
         }
-        let batch = LogBatch {
-            epoch: self.volume.checkpoint.number,
-            batch: self.log.batch_next,
-            records: std::mem::take(&mut self.log.records),
-        };
-        let payload = batch.encode();
+        let payload = LogBatch::encode_encoded(
+            self.volume.checkpoint.number,
+            self.log.batch_next,
+            self.log.record_count,
+            &self.log.records,
+        );
         let pages = (flintfs_format::RECORD_HEADER_BYTES + payload.len()).div_ceil(self.page_size) as u64;
         let result = if pages > LOG_RECORD_PAGES_MAX {
             Err(Error::invalid(format!("a log batch of {pages} pages")))
@@ -224,21 +225,16 @@ impl<D: FlashDevice> Fs<D> {
                     .collect()
             })
         };
-        match result {
-            Ok(_) => {
-                self.log.batch_next += 1;
-                self.log.pages_written += pages;
-                self.counters.log_pages_written += pages;
-                self.counters.log_batches_written += 1;
-                self.log.unflushed = true;
-                self.log.buffered_bytes = 0;
-                Ok(())
-            }
-            Err(error) => {
-                self.log.records = batch.records;
-                Err(error)
-            }
-        }
+        // On an error the records stay buffered.
+        result?;
+        self.log.batch_next += 1;
+        self.log.pages_written += pages;
+        self.counters.log_pages_written += pages;
+        self.counters.log_batches_written += 1;
+        self.log.unflushed = true;
+        self.log.records.clear();
+        self.log.record_count = 0;
+        Ok(())
     }
 
     /// fsync and fdatasync through the log: the file's blocks, its state
@@ -246,8 +242,8 @@ impl<D: FlashDevice> Fs<D> {
     /// checkpoint when the log cannot say it (a zone taken outside the
     /// declared list, which recovery would not scan; a batch too big).
     pub(crate) fn fsync_logged(&mut self, ino: u64) -> Result<()> {
-        self.begin(0)?;
         let inode = self.inode(ino)?;
+        self.begin(0)?;
         let regular = inode.file_type() == Some(FileType::Regular);
         if regular {
             self.flush_data(Some(ino))?;
@@ -260,10 +256,10 @@ impl<D: FlashDevice> Fs<D> {
             self.log.operation_version = self.version_next;
             self.log_pending_state(ino)?;
         }
-        if self.log.records.is_empty() && !self.log.unflushed {
+        if self.log.record_count == 0 && !self.log.unflushed {
             return Ok(());
         }
-        if self.options.fsync_mode == FsyncMode::Ordered && !self.log.records.is_empty() {
+        if self.options.fsync_mode == FsyncMode::Ordered && self.log.record_count > 0 {
             // Strict ordering: the data is durable before its record is
             // even issued.
             self.volume.device_mut().flush()?;

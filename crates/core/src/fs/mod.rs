@@ -363,9 +363,6 @@ impl<D: FlashDevice> Fs<D> {
         );
         for failure in &report.records_failed {
             tracing::warn!("a log record did not replay: {failure}");
-            if std::env::var_os("FLINTFS_DEBUG_RECOVERY").is_some() {
-                eprintln!("a log record did not replay: {failure}");
-            }
         }
         Ok(report)
     }

@@ -1063,7 +1063,6 @@ impl<D: FlashDevice> Fs<D> {
     /// one record of the metadata log, then one flush. fdatasync does the
     /// same (the record is what says where the blocks are).
     pub fn fsync(&mut self, ino: u64, _datasync: bool) -> Result<()> {
-        self.inode(ino)?;
         self.fsync_logged(ino)
     }
 
