@@ -205,6 +205,14 @@ impl<D: FlashDevice> Volume<D> {
     /// crash before the next checkpoint loses anyway.
     fn take_unindexed_zone(&mut self, role: ZoneRole) -> Result<u32> {
         let zone = if self.unindexed_used < self.checkpoint.unindexed.len() {
+            // Of the declared zones left, the one that starts farthest from
+            // the dies the other heads program next: an fsync programs the
+            // data head and the log head together, and two programs on one
+            // die take twice as long. The list is a set to recovery (it
+            // finds each zone's use from the zone's first page), so taking
+            // one out of turn is safe.
+            let chosen = self.die_farthest_from_heads(role, &self.checkpoint.unindexed[self.unindexed_used..]);
+            self.checkpoint.unindexed.swap(self.unindexed_used, self.unindexed_used + chosen);
             let zone = self.checkpoint.unindexed[self.unindexed_used];
             self.unindexed_used += 1;
             zone
@@ -233,6 +241,21 @@ impl<D: FlashDevice> Volume<D> {
         usage.role = role;
         usage.valid_bytes = 0;
         Ok(zone)
+    }
+
+    /// The index in `candidates` of the zone whose first page's die is
+    /// farthest from the next page of every head but `role`'s.
+    fn die_farthest_from_heads(&self, role: ZoneRole, candidates: &[u32]) -> usize {
+        let busy: Vec<u32> = self
+            .checkpoint
+            .heads
+            .iter()
+            .filter(|head| head.role != role)
+            .filter_map(|head| self.device.die_of(PageAddress::new(head.zone, head.write_pointer)))
+            .collect();
+        let starts: Vec<Option<u32>> =
+            candidates.iter().map(|&zone| self.device.die_of(PageAddress::new(zone, 0))).collect();
+        farthest_die(self.device.die_count(), &busy, &starts)
     }
 
     /// Free zones allocation can hand out (the reserve apart, unless
@@ -320,5 +343,62 @@ impl<D: FlashDevice> Volume<D> {
         let allowed = std::mem::replace(&mut self.reserve_allowed, false);
         checkpoint.unindexed = self.allocatable_zones(checkpoint).into_iter().take(k).collect();
         self.reserve_allowed = allowed;
+    }
+}
+
+/// Of `candidates` (each a die, or `None` where the device does not say),
+/// the index of the one farthest around the ring of `dies` from the
+/// nearest of `busy`; the first on a tie, so the declared order (least
+/// worn first) decides when the dies do not.
+fn farthest_die(dies: u32, busy: &[u32], candidates: &[Option<u32>]) -> usize {
+    if dies <= 1 || busy.is_empty() {
+        return 0;
+    }
+    let distance = |die: u32| {
+        busy.iter()
+            .map(|&other| {
+                let apart = die.abs_diff(other) % dies;
+                apart.min(dies - apart)
+            })
+            .min()
+            .unwrap_or(0)
+    };
+    let mut best: (usize, Option<u32>) = (0, None);
+    for (index, die) in candidates.iter().enumerate() {
+        let Some(die) = *die else { continue };
+        let apart = distance(die);
+        if best.1.is_none_or(|best_apart| apart > best_apart) {
+            best = (index, Some(apart));
+        }
+    }
+    best.0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::farthest_die;
+
+    #[test]
+    fn the_zone_starting_farthest_from_every_busy_die_is_chosen() {
+        // 32 dies, the data head on die 3: a zone starting on die 19 is
+        // half the ring away, one on die 0 three dies away.
+        assert_eq!(farthest_die(32, &[3], &[Some(0), Some(16), Some(19), Some(4)]), 2);
+        // Distance wraps around the ring: die 31 is two from die 1.
+        assert_eq!(farthest_die(32, &[1], &[Some(31), Some(5)]), 1);
+        // The nearest busy die counts: 8 is 8 from 0 and 8 from 16; 24
+        // is 8 from 16 and 8 from 0; 12 is only 4 from 16.
+        assert_eq!(farthest_die(32, &[0, 16], &[Some(12), Some(8), Some(24)]), 1);
+    }
+
+    #[test]
+    fn ties_and_silent_devices_keep_the_declared_order() {
+        // Equal distances: the first, the least worn.
+        assert_eq!(farthest_die(32, &[0], &[Some(16), Some(16)]), 0);
+        // One die, no other head, or no die known: the first.
+        assert_eq!(farthest_die(1, &[0], &[Some(0), Some(0)]), 0);
+        assert_eq!(farthest_die(32, &[], &[Some(0), Some(16)]), 0);
+        assert_eq!(farthest_die(32, &[0], &[None, None]), 0);
+        // A candidate the device says nothing of is passed over.
+        assert_eq!(farthest_die(32, &[0], &[None, Some(2)]), 1);
     }
 }

@@ -1228,6 +1228,16 @@ impl<B: Backend> FlashDevice for FlashEmulator<B> {
         self.geometry
     }
 
+    fn die_count(&self) -> u32 {
+        self.clock.die_count()
+    }
+
+    fn die_of(&self, address: PageAddress) -> Option<u32> {
+        let zone = self.zones.get(address.zone as usize)?;
+        let block_offset = *zone.block_map.get((address.page / self.geometry.block_pages) as usize)?;
+        Some(self.clock.die_of_block(self.block_id(address.zone, block_offset)))
+    }
+
     fn read_page(&mut self, address: PageAddress, data: &mut [u8], oob: &mut [u8]) -> Result<PageState> {
         Self::check_buffer("page data", self.geometry.page_size_bytes, data.len())?;
         Self::check_buffer("page OOB", self.geometry.oob_size_bytes, oob.len())?;

@@ -252,4 +252,16 @@ pub trait FlashDevice {
 
     /// Lets simulated time pass while the device is idle.
     fn advance_time(&mut self, duration_ns: u64);
+
+    /// How many dies work in parallel (raw NAND's LUNs; a device that does
+    /// not say has one). Programs to one die queue behind each other.
+    fn die_count(&self) -> u32 {
+        1
+    }
+
+    /// The die that holds the page at `address`, where the device says;
+    /// `None` for a page outside its zone's capacity.
+    fn die_of(&self, _address: PageAddress) -> Option<u32> {
+        Some(0)
+    }
 }

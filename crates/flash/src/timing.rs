@@ -94,6 +94,15 @@ impl Clock {
         self.now_ns
     }
 
+    pub(crate) fn die_count(&self) -> u32 {
+        self.die_free_ns.len() as u32
+    }
+
+    /// The die an erase block sits on (blocks round-robin over dies).
+    pub(crate) fn die_of_block(&self, block: u64) -> u32 {
+        (block % self.die_free_ns.len() as u64) as u32
+    }
+
     fn die_and_channel(&self, block: u64) -> (usize, usize) {
         let die = (block % self.die_free_ns.len() as u64) as usize;
         (die, die % self.channel_free_ns.len())

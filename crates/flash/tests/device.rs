@@ -365,3 +365,34 @@ fn a_scheduled_cut_fires_in_the_named_operation_and_keeps_the_device_off() {
         }
     }
 }
+
+#[test]
+fn dies_follow_erase_blocks_round_robin_and_two_programs_on_one_die_queue() {
+    let geometry = Geometry::default();
+    let device = MemoryFlash::memory(geometry, flintfs_flash::DeviceOptions::default()).unwrap();
+    let dies = device.die_count();
+    assert_eq!(dies, 32, "8 channels of 4 dies");
+    // A zone's blocks sit on consecutive dies; a block's pages on one.
+    let block = |zone: u32, block: u32| PageAddress::new(zone, block * geometry.block_pages);
+    assert_eq!(device.die_of(block(0, 0)), Some(0));
+    assert_eq!(device.die_of(PageAddress::new(0, geometry.block_pages - 1)), Some(0));
+    assert_eq!(device.die_of(block(0, 1)), Some(1));
+    assert_eq!(device.die_of(block(1, 0)), Some(geometry.zone_blocks % dies));
+    assert_eq!(device.die_of(PageAddress::new(0, geometry.zone_pages() as u32)), None);
+    assert_eq!(device.die_of(PageAddress::new(geometry.zone_count, 0)), None);
+    // The reason the engine asks: two pages and a flush take about one
+    // program on two dies, and two programs on one.
+    let program_and_flush = |second: PageAddress| {
+        let mut device = MemoryFlash::memory(geometry, flintfs_flash::DeviceOptions::default()).unwrap();
+        let page = vec![0u8; geometry.page_size_bytes as usize];
+        let oob = vec![0u8; geometry.oob_size_bytes as usize];
+        let started = device.now_ns();
+        device.program_page(PageAddress::new(0, 0), &page, &oob).unwrap();
+        device.program_page(second, &page, &oob).unwrap();
+        device.flush().unwrap();
+        device.now_ns() - started
+    };
+    let apart = program_and_flush(PageAddress::new(1, 0));
+    let together = program_and_flush(PageAddress::new(0, 1));
+    assert!(together > apart + 500_000, "one die {together} ns, two dies {apart} ns");
+}
