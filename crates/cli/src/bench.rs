@@ -63,14 +63,15 @@ fn mount_file_counts(quick: bool) -> &'static [usize] {
 }
 
 /// Bytes of one append.
-const APPEND_BYTES: usize = 4096;
+pub(crate) const APPEND_BYTES: usize = 4096;
 /// Directories the create workload spreads its files over (ReconFS).
-const CREATE_DIRECTORIES: usize = 100;
+pub(crate) const CREATE_DIRECTORIES: usize = 100;
 
 #[derive(Args)]
 pub struct BenchArguments {
     /// A workload (create_fsync, delete, append_fsync1, append_fsync10, append_fsync1000, varmail, fileserver,
-    /// webproxy, webserver, postmark, large_seq_write, large_rand_write, mount_N, recover_N) or `all`.
+    /// webproxy, webserver, postmark, large_seq_write, large_rand_write, dir_N, near_full_P, large_seq_read,
+    /// large_rand_read, large_reread, ram_N, mount_N, recover_N) or `all`.
     pub workload: String,
     /// The quick sizes (for CI and a first look).
     #[arg(long)]
@@ -98,6 +99,8 @@ pub struct BenchArguments {
 /// Sizes of a workload.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Size {
+    /// The quick sizes.
+    pub quick: bool,
     pub files: usize,
     pub appends: usize,
     pub varmail_files: usize,
@@ -114,6 +117,7 @@ impl Size {
     fn of(quick: bool) -> Size {
         if quick {
             Size {
+                quick: true,
                 files: 2_000,
                 appends: 2_000,
                 varmail_files: 200,
@@ -127,6 +131,7 @@ impl Size {
         } else {
             // The personalities' own file counts (filebench's defaults).
             Size {
+                quick: false,
                 files: 100_000,
                 appends: 100_000,
                 varmail_files: 1_000,
@@ -137,6 +142,25 @@ impl Size {
                 large_file_bytes: 512 << 20,
                 device_bytes: 2 << 30,
             }
+        }
+    }
+}
+
+#[cfg(test)]
+impl Size {
+    /// Small enough for the unit tests' debug builds.
+    pub(crate) fn tiny() -> Size {
+        Size {
+            quick: true,
+            files: 200,
+            appends: 200,
+            varmail_files: 20,
+            varmail_loops: 20,
+            personality_files: [20, 20, 20],
+            personality_loops: 20,
+            postmark_transactions: 100,
+            large_file_bytes: 4 << 20,
+            device_bytes: 128 << 20,
         }
     }
 }
@@ -162,6 +186,21 @@ pub(crate) trait Files {
     fn crash_remount(&mut self) -> Outcome<u64> {
         fail!("this target cannot cut its device's power")
     }
+    /// Bytes used and bytes of capacity (statfs: blocks less free ones,
+    /// and blocks).
+    fn space(&mut self) -> Outcome<(u64, u64)>;
+    /// Reads up to `length` bytes at `offset`; the bytes read.
+    fn read_at(&mut self, handle: u64, offset: u64, length: usize) -> Outcome<usize>;
+    /// Simulated device time so far, where the device model runs in this
+    /// process (cheap enough to ask around every operation).
+    fn device_time_ns(&mut self) -> Option<u64> {
+        None
+    }
+    /// The memory the file system holds now; what each target counts is
+    /// said where it is implemented and in the report.
+    fn memory_bytes(&mut self) -> Outcome<Option<u64>> {
+        Ok(None)
+    }
     /// The target's device counters now (what it has written so far).
     fn counters(&mut self) -> Outcome<Option<Counters>> {
         Ok(None)
@@ -182,6 +221,9 @@ struct DirectoryFiles {
     mount_pages: Option<u64>,
     /// The device's counters now (the daemon's, or the loop device's).
     snapshot: Option<Box<dyn FnMut() -> Outcome<Counters>>>,
+    /// The file system's memory now (the daemon's heap, or the kernel's
+    /// slab growth since the mount).
+    memory: Option<Box<dyn FnMut() -> Outcome<u64>>>,
 }
 
 impl DirectoryFiles {
@@ -197,6 +239,7 @@ impl DirectoryFiles {
             remount: Some(remount),
             mount_pages: None,
             snapshot: Some(snapshot),
+            memory: None,
         }
     }
 
@@ -250,6 +293,35 @@ impl Files for DirectoryFiles {
         unsafe { libc::sync() };
         Ok(())
     }
+    fn space(&mut self) -> Outcome<(u64, u64)> {
+        let path = std::ffi::CString::new(self.root.as_os_str().as_encoded_bytes())?;
+        // SAFETY: statvfs only writes the structure it is given.
+        let mut stat: libc::statvfs = unsafe { std::mem::zeroed() };
+        // SAFETY: a NUL-terminated path and a valid structure.
+        if unsafe { libc::statvfs(path.as_ptr(), &mut stat) } != 0 {
+            fail!("statvfs {}: {}", self.root.display(), std::io::Error::last_os_error());
+        }
+        let fragment = stat.f_frsize as u64;
+        Ok(((stat.f_blocks as u64 - stat.f_bfree as u64) * fragment, stat.f_blocks as u64 * fragment))
+    }
+    fn read_at(&mut self, handle: u64, offset: u64, length: usize) -> Outcome<usize> {
+        let mut bytes = vec![0u8; length];
+        let file = self.file(handle)?;
+        let mut done = 0;
+        while done < length {
+            match file.read_at(&mut bytes[done..], offset + done as u64)? {
+                0 => break,
+                read => done += read,
+            }
+        }
+        Ok(done)
+    }
+    fn memory_bytes(&mut self) -> Outcome<Option<u64>> {
+        match self.memory.as_mut() {
+            Some(memory) => memory().map(Some),
+            None => Ok(None),
+        }
+    }
     fn remount(&mut self) -> Outcome<u64> {
         self.open.clear();
         let Some(remount) = self.remount.as_mut() else { fail!("this target cannot remount") };
@@ -273,6 +345,13 @@ struct EngineFiles {
     mount_pages: Option<u64>,
     /// What the last recovery did (the recovery workloads).
     recovery: Option<flintfs_core::RecoveryReport>,
+    /// This process's heap just before the last mount: the device and
+    /// the bench, without the file system.
+    heap_before_mount_bytes: usize,
+}
+
+fn heap_live_bytes() -> usize {
+    crate::HEAP_LIVE_BYTES.load(std::sync::atomic::Ordering::Relaxed)
 }
 
 fn engine_error(error: flintfs_core::Error) -> Failure {
@@ -335,6 +414,22 @@ impl Files for EngineFiles {
     fn sync_all(&mut self) -> Outcome {
         self.fs().sync().map_err(engine_error)
     }
+    fn space(&mut self) -> Outcome<(u64, u64)> {
+        let stat = self.fs().statfs().map_err(engine_error)?;
+        let block = stat.block_size as u64;
+        Ok(((stat.blocks - stat.blocks_free) * block, stat.blocks * block))
+    }
+    fn read_at(&mut self, handle: u64, offset: u64, length: usize) -> Outcome<usize> {
+        Ok(self.fs().read(handle, offset, length as u64).map_err(engine_error)?.len())
+    }
+    fn device_time_ns(&mut self) -> Option<u64> {
+        Some(self.fs().device().counters().device_time_ns)
+    }
+    /// The heap the engine grew by since its mount (its caches, tables
+    /// and buffers): the process's heap less what it was before.
+    fn memory_bytes(&mut self) -> Outcome<Option<u64>> {
+        Ok(Some(heap_live_bytes().saturating_sub(self.heap_before_mount_bytes) as u64))
+    }
     fn counters(&mut self) -> Outcome<Option<Counters>> {
         Ok(Some(self.fs().device().counters()))
     }
@@ -344,6 +439,7 @@ impl Files for EngineFiles {
     fn remount(&mut self) -> Outcome<u64> {
         let device = self.fs.take().expect("mounted").unmount().map_err(engine_error)?;
         let clock = flintfs_core::ManualClock::new(1_700_000_000_000_000_000);
+        self.heap_before_mount_bytes = heap_live_bytes();
         let (fs, report) = Fs::mount(device, FsOptions::default(), Box::new(clock)).map_err(engine_error)?;
         self.fs = Some(fs);
         self.mount_pages = Some(report.pages_read);
@@ -373,7 +469,7 @@ const RECOVERY_DEVICE_BYTES: u64 = 1 << 30;
 
 /// Data to write: half compressible (runs of a byte), half random, as
 /// filebench's `dedupgran`/compression settings produce.
-fn data(random: &mut Pcg64Mcg, length: usize) -> Vec<u8> {
+pub(crate) fn data(random: &mut Pcg64Mcg, length: usize) -> Vec<u8> {
     let mut bytes = vec![0u8; length];
     let half = length / 2;
     random.fill(&mut bytes[half..]);
@@ -517,6 +613,7 @@ fn run_workload(name: &str, files: &mut dyn Files, size: Size, seed: u64, phase:
             Ok(1)
         }
         "postmark" => postmark(files, size, &mut random, phase),
+        staged if crate::bench_staged::is_staged(staged) => crate::bench_staged::run(staged, files, size, seed, phase),
         "large_seq_write" | "large_rand_write" => {
             // RCFFS's table 2: one file much larger than any cache, written
             // in 4 KiB requests, in order or at random block offsets.
@@ -709,18 +806,20 @@ pub(crate) struct Phase {
     pub at_start: Option<Counters>,
     /// The engine's log pages written before the measured phase.
     pub log_pages_at_start: Option<u64>,
+    /// A workload's own figures, added to its row.
+    pub fields: Vec<(String, Value)>,
 }
 
 impl Phase {
     /// Counters first (a FUSE target asks its daemon), then the clock.
-    fn begin(&mut self, files: &mut dyn Files) -> Outcome {
+    pub(crate) fn begin(&mut self, files: &mut dyn Files) -> Outcome {
         self.at_start = files.counters()?;
         self.log_pages_at_start = files.log_pages();
         self.started = Some(Instant::now());
         Ok(())
     }
 
-    fn end(&mut self) {
+    pub(crate) fn end(&mut self) {
         if let Some(started) = self.started {
             self.seconds = started.elapsed().as_secs_f64();
         }
@@ -732,6 +831,22 @@ pub(crate) fn timed_workload(workload: &str, files: &mut dyn Files, size: Size, 
     let mut phase = Phase::default();
     let ops = run_workload(workload, files, size, seed, &mut phase);
     (ops, phase)
+}
+
+/// A workload's own figures, into its row.
+fn add_fields(value: &mut Value, phase: &Phase) {
+    for (name, field) in &phase.fields {
+        value[name.as_str()] = field.clone();
+    }
+}
+
+/// The kernel's slab memory now (dentries, inodes and the file systems'
+/// own caches live there), from /proc/meminfo.
+fn slab_bytes() -> Outcome<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo")?;
+    let line = text.lines().find(|line| line.starts_with("Slab:")).ok_or("/proc/meminfo has no Slab line")?;
+    let kib: u64 = line.split_whitespace().nth(1).and_then(|number| number.parse().ok()).ok_or("bad Slab line")?;
+    Ok(kib * 1024)
 }
 
 /// One row of results.
@@ -753,7 +868,7 @@ fn geometry_for(size: Size) -> Geometry {
 }
 
 /// The workload on the in-process engine, with fsync in `fsync_mode`.
-fn run_engine(workload: &str, target: &str, fsync_mode: FsyncMode, size: Size, seed: u64) -> Outcome<Value> {
+pub(crate) fn run_engine(workload: &str, target: &str, fsync_mode: FsyncMode, size: Size, seed: u64) -> Outcome<Value> {
     let geometry = if workload.starts_with("recover_") {
         Geometry::with_size_bytes(RECOVERY_DEVICE_BYTES)
     } else {
@@ -765,8 +880,9 @@ fn run_engine(workload: &str, target: &str, fsync_mode: FsyncMode, size: Size, s
     let clock = flintfs_core::ManualClock::new(1_700_000_000_000_000_000);
     let device = Fs::format(device, &MkfsOptions::new([9; 16], 0), Box::new(clock.clone())).map_err(engine_error)?;
     let fs_options = FsOptions { fsync_mode, ..FsOptions::default() };
+    let heap_before_mount_bytes = heap_live_bytes();
     let (fs, mount) = Fs::mount(device, fs_options, Box::new(clock.clone())).map_err(engine_error)?;
-    let mut files = EngineFiles { fs: Some(fs), mount_pages: None, recovery: None };
+    let mut files = EngineFiles { fs: Some(fs), mount_pages: None, recovery: None, heap_before_mount_bytes };
     let (ops, phase) = timed_workload(workload, &mut files, size, seed);
     let (ops, seconds) = (ops?, phase.seconds);
     // The log pages of the measured phase: what fsync itself programmed,
@@ -787,6 +903,7 @@ fn run_engine(workload: &str, target: &str, fsync_mode: FsyncMode, size: Size, s
             counters.erases,
         )),
     );
+    add_fields(&mut value, &phase);
     value["device_time_ns_per_op"] = json!(counters.device_time_ns as f64 / ops.max(1) as f64);
     value["mount_pages_read"] = json!(files.mount_pages.unwrap_or(mount.pages_read));
     // What issue 4's targets are measured against: a page with its spare
@@ -805,10 +922,21 @@ fn run_engine(workload: &str, target: &str, fsync_mode: FsyncMode, size: Size, s
     Ok(value)
 }
 
-fn rss_of(pid: u32) -> Option<u64> {
+/// A process's `field` of /proc/PID/status, in bytes.
+fn status_bytes(pid: u32, field: &str) -> Option<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let line = status.lines().find(|line| line.starts_with("VmHWM:"))?;
+    let line = status.lines().find(|line| line.starts_with(field))?;
     line.split_whitespace().nth(1)?.parse::<u64>().ok().map(|kib| kib * 1024)
+}
+
+/// Peak resident memory.
+fn rss_of(pid: u32) -> Option<u64> {
+    status_bytes(pid, "VmHWM:")
+}
+
+/// Resident memory now.
+fn resident_of(pid: u32) -> Option<u64> {
+    status_bytes(pid, "VmRSS:")
 }
 
 /// The workload on a FUSE mount of an image.
@@ -834,12 +962,18 @@ fn run_fuse(workload: &str, size: Size, seed: u64, directory: &Path) -> Outcome<
         let output = Command::new(&flintfs).arg("stat").arg(target).arg("--json").output()?;
         serde_json::from_slice(&output.stdout).map_err(|error| Failure(format!("stat {}: {error}", target.display())))
     };
+    // The image's lifetime counters when the running daemon mounted it: a
+    // daemon counts from its mount, so a remount moves this on.
+    let at_mount = std::rc::Rc::new(std::cell::RefCell::new(counters_of(&before)?));
     let remount = {
         let (flintfs, image, mountpoint) = (flintfs.clone(), image.clone(), mountpoint.clone());
+        let at_mount = at_mount.clone();
         move || -> Outcome<u64> {
             if !Command::new("umount").arg(&mountpoint).status()?.success() {
                 fail!("umount for a remount failed");
             }
+            let output = Command::new(&flintfs).arg("stat").arg(&image).arg("--json").output()?;
+            *at_mount.borrow_mut() = counters_of(&serde_json::from_slice(&output.stdout)?)?;
             if !Command::new(&flintfs).arg("mount").arg(&image).arg(&mountpoint).status()?.success() {
                 fail!("mount for a remount failed");
             }
@@ -848,15 +982,28 @@ fn run_fuse(workload: &str, size: Size, seed: u64, directory: &Path) -> Outcome<
             Ok(live["mount_pages_read"].as_u64().unwrap_or(0))
         }
     };
-    // The daemon's counters since its mount.
+    // The image's lifetime counters now: those at the daemon's mount and
+    // the daemon's since.
     let snapshot = {
         let (flintfs, mountpoint) = (flintfs.clone(), mountpoint.clone());
         move || -> Outcome<Counters> {
             let output = Command::new(&flintfs).arg("stat").arg(&mountpoint).arg("--json").output()?;
-            counters_of(&serde_json::from_slice(&output.stdout)?)
+            let since_mount = counters_of(&serde_json::from_slice(&output.stdout)?)?;
+            Ok(at_mount.borrow().plus(&since_mount))
         }
     };
     let mut files = DirectoryFiles::new(&mountpoint, Box::new(remount), Box::new(snapshot));
+    // The daemon's resident memory (the engine, the FUSE session's
+    // buffers, the program itself).
+    files.memory = Some({
+        let (flintfs, mountpoint) = (flintfs.clone(), mountpoint.clone());
+        Box::new(move || -> Outcome<u64> {
+            let output = Command::new(&flintfs).arg("stat").arg(&mountpoint).arg("--json").output()?;
+            let live: Value = serde_json::from_slice(&output.stdout)?;
+            let pid = live["pid"].as_u64().ok_or_else(|| Failure("stat: no daemon pid".into()))?;
+            resident_of(pid as u32).ok_or_else(|| Failure(format!("no VmRSS for the daemon (pid {pid})")))
+        })
+    });
     let (ops, phase) = timed_workload(workload, &mut files, size, seed);
     let seconds = phase.seconds;
     let remounted_pages = files.mount_pages;
@@ -873,13 +1020,14 @@ fn run_fuse(workload: &str, size: Size, seed: u64, directory: &Path) -> Outcome<
     // those before the mount and what the mount did before the phase.
     let after = stat(&image)?;
     let number = |value: &Value, name: &str| value[name].as_u64().unwrap_or(0);
-    let at_start = phase.at_start.unwrap_or_default();
-    let at_start: std::collections::HashMap<&str, u64> = at_start.fields().into_iter().collect();
-    let since = |name: &str| {
-        number(&after, name)
-            .saturating_sub(number(&before, name))
-            .saturating_sub(at_start.get(name).copied().unwrap_or(0))
+    // The image's lifetime counters when the phase began (at the first
+    // mount, for a workload that never began one).
+    let at_start = match phase.at_start {
+        Some(counters) => counters,
+        None => counters_of(&before)?,
     };
+    let at_start: std::collections::HashMap<&str, u64> = at_start.fields().into_iter().collect();
+    let since = |name: &str| number(&after, name).saturating_sub(at_start.get(name).copied().unwrap_or(0));
     let mut value = row(
         workload,
         "flintfs-fuse",
@@ -894,6 +1042,7 @@ fn run_fuse(workload: &str, size: Size, seed: u64, directory: &Path) -> Outcome<
     value["device_time_ns_per_op"] = json!(since("device_time_ns") as f64 / ops.max(1) as f64);
     value["mount_pages_read"] = json!(remounted_pages.unwrap_or(number(&live, "mount_pages_read")));
     value["peak_rss_bytes"] = json!(rss);
+    add_fields(&mut value, &phase);
     Ok(value)
 }
 
@@ -942,8 +1091,12 @@ fn run_kernel(workload: &str, target: &str, size: Size, seed: u64, directory: &P
         let (_, read_before) = block_stat(&loop_device)?;
         run_command("mount", &[&loop_device, &mountpoint.to_string_lossy()])?;
         let (written_mounted, read_mounted) = block_stat(&loop_device)?;
+        // The slab after the last mount: the kernel's memory for the file
+        // system is its growth from there.
+        let slab_at_mount = std::rc::Rc::new(std::cell::Cell::new(slab_bytes()?));
         let remount = {
             let (device, mountpoint) = (loop_device.clone(), mountpoint.to_string_lossy().into_owned());
+            let slab_at_mount = slab_at_mount.clone();
             move || -> Outcome<u64> {
                 run_command("umount", &[&mountpoint])?;
                 // Cold: nothing of the file system left in the page cache.
@@ -951,6 +1104,7 @@ fn run_kernel(workload: &str, target: &str, size: Size, seed: u64, directory: &P
                 let (_, before) = block_stat(&device)?;
                 run_command("mount", &[&device, &mountpoint])?;
                 let (_, after) = block_stat(&device)?;
+                slab_at_mount.set(slab_bytes()?);
                 Ok((after - before) / 4096)
             }
         };
@@ -962,6 +1116,7 @@ fn run_kernel(workload: &str, target: &str, size: Size, seed: u64, directory: &P
             }
         };
         let mut files = DirectoryFiles::new(&mountpoint, Box::new(remount), Box::new(snapshot));
+        files.memory = Some(Box::new(move || Ok(slab_bytes()?.saturating_sub(slab_at_mount.get()))));
         let (ops, phase) = timed_workload(workload, &mut files, size, seed);
         let seconds = phase.seconds;
         let written_at_start = phase.at_start.map_or(written_mounted, |counters| counters.data_bytes_programmed);
@@ -977,6 +1132,7 @@ fn run_kernel(workload: &str, target: &str, size: Size, seed: u64, directory: &P
         value["erases"] = Value::Null;
         value["device_time_ns_per_op"] = Value::Null;
         value["mount_pages_read"] = json!(remounted_pages.unwrap_or((read_mounted - read_before) / 4096));
+        add_fields(&mut value, &phase);
         Ok(value)
     })();
     let _ = run_command("losetup", &["-d", &loop_device]);
@@ -1047,6 +1203,7 @@ pub fn bench(arguments: BenchArguments) -> Outcome<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     let mut known: Vec<String> = WORKLOADS.iter().map(|name| name.to_string()).collect();
+    known.extend(crate::bench_staged::names(mount_file_counts(arguments.quick)));
     known.extend(mount_file_counts(arguments.quick).iter().map(|count| format!("mount_{count}")));
     known.extend(mount_file_counts(arguments.quick).iter().map(|count| format!("recover_{count}")));
     let workloads: Vec<&str> = if arguments.workload == "all" {
@@ -1169,18 +1326,32 @@ enum Child {
 /// Runs a child with a time limit (60 s quick, 300 s full); its stderr
 /// passes through.
 fn run_child(mut command: Command, limit: std::time::Duration) -> Outcome<Child> {
-    let mut child = command.stdout(Stdio::piped()).stderr(Stdio::inherit()).spawn()?;
+    let mut child = command.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn()?;
     let mut stdout = child.stdout.take().expect("piped");
     let reader = std::thread::spawn(move || {
         let mut text = String::new();
         let _ = stdout.read_to_string(&mut text);
         text
     });
+    // The child's error message, for the note of a failed run. A daemon the
+    // child started may hold the pipe open, so it is waited for briefly.
+    let mut stderr = child.stderr.take().expect("piped");
+    let (errors_sender, errors) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = stderr.read_to_string(&mut text);
+        let _ = errors_sender.send(text);
+    });
     let start = Instant::now();
     loop {
         if let Some(status) = child.try_wait()? {
             let text = reader.join().unwrap_or_default();
-            return Ok(if status.success() { Child::Finished(text) } else { Child::Failed(text) });
+            if status.success() {
+                return Ok(Child::Finished(text));
+            }
+            let errors = errors.recv_timeout(std::time::Duration::from_secs(2)).unwrap_or_default();
+            let last = errors.lines().rev().find(|line| !line.trim().is_empty()).unwrap_or("(no message)");
+            return Ok(Child::Failed(format!("{} {last} ({status})", text.trim())));
         }
         if start.elapsed() > limit {
             let pid = child.id();

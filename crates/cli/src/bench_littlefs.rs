@@ -121,6 +121,9 @@ fn lfs(error: Error) -> crate::Failure {
 
 /// Runs `workload` on littlefs; the row as the other targets give it.
 pub fn run<const BLOCKS: usize>(workload: &str, size: Size, seed: u64) -> Outcome<Value> {
+    if crate::bench_staged::is_staged(workload) {
+        return run_staged::<BLOCKS>(workload, size, seed);
+    }
     let (files, appends, varmail) = (size.files, size.appends, (size.varmail_files, size.varmail_loops));
     let mut storage = LittleStorage::<BLOCKS>::new()?;
     Filesystem::format(&mut storage).map_err(lfs)?;
@@ -330,6 +333,46 @@ pub fn run<const BLOCKS: usize>(workload: &str, size: Size, seed: u64) -> Outcom
     }))
 }
 
+/// A staged workload (see `bench_staged`): its preparation on one mount,
+/// its measured half on the next.
+fn run_staged<const BLOCKS: usize>(workload: &str, size: Size, seed: u64) -> Outcome<Value> {
+    let mut storage = LittleStorage::<BLOCKS>::new()?;
+    Filesystem::format(&mut storage).map_err(lfs)?;
+    let mut staged = crate::bench_staged::Staged::new(workload, size, seed)?;
+    let mut phase = crate::bench::Phase::default();
+    {
+        let mut allocation = Filesystem::allocate();
+        let mut fs = Filesystem::mount(&mut allocation, &mut storage).map_err(lfs)?;
+        let mut files = LittleFiles { fs: &mut fs, paths: std::collections::HashMap::new(), next: 0 };
+        staged.prepare(&mut files, &mut phase)?;
+    }
+    let before_mount = storage.device.counters();
+    let mut allocation = Filesystem::allocate();
+    let mut fs = Filesystem::mount(&mut allocation, &mut storage).map_err(lfs)?;
+    let mount_reads = device_counters(&mut fs).pages_read - before_mount.pages_read;
+    let ops = {
+        let mut files = LittleFiles { fs: &mut fs, paths: std::collections::HashMap::new(), next: 0 };
+        staged.measure(&mut files, &mut phase)?
+    };
+    let _ = fs;
+    let programmed = storage.device.counters().since(&phase.at_start.unwrap_or(before_mount));
+    let mut value = json!({
+        "workload": workload,
+        "target": "littlefs",
+        "ops": ops,
+        "ops_per_s": ops as f64 / phase.seconds.max(1e-9),
+        "bytes_per_op": (programmed.data_bytes_programmed + programmed.oob_bytes_programmed) as f64 / ops.max(1) as f64,
+        "pages_programmed": programmed.pages_programmed,
+        "erases": programmed.erases,
+        "device_time_ns_per_op": programmed.device_time_ns as f64 / ops.max(1) as f64,
+        "mount_pages_read": mount_reads,
+    });
+    for (name, field) in &phase.fields {
+        value[name.as_str()] = field.clone();
+    }
+    Ok(value)
+}
+
 /// The generic workloads' file operations on littlefs, one open and close
 /// per operation (littlefs2's files live inside a closure). A write closes
 /// its file, which is a littlefs sync: fsync is then free.
@@ -414,6 +457,40 @@ impl<const BLOCKS: usize> Files for LittleFiles<'_, '_, BLOCKS> {
     }
     fn sync_all(&mut self) -> Outcome {
         Ok(())
+    }
+    fn space(&mut self) -> Outcome<(u64, u64)> {
+        let total = self.fs.total_space() as u64;
+        let available = self.fs.available_space().map_err(lfs)? as u64;
+        Ok((total.saturating_sub(available), total))
+    }
+    fn read_at(&mut self, handle: u64, offset: u64, length: usize) -> Outcome<usize> {
+        let at = self.path_of(handle)?;
+        let mut bytes = vec![0u8; length];
+        self.fs
+            .open_file_and_then(&at, |file| {
+                file.seek(SeekFrom::Start(offset as u32))?;
+                let mut done = 0;
+                while done < length {
+                    match file.read(&mut bytes[done..])? {
+                        0 => break,
+                        read => done += read,
+                    }
+                }
+                Ok(done)
+            })
+            .map_err(lfs)
+    }
+    fn device_time_ns(&mut self) -> Option<u64> {
+        Some(device_counters(self.fs).device_time_ns)
+    }
+    /// littlefs allocates nothing: its memory is the mount's buffers (read
+    /// and program caches, lookahead) and one open file's, whatever the
+    /// number of files.
+    fn memory_bytes(&mut self) -> Outcome<Option<u64>> {
+        Ok(Some(
+            (std::mem::size_of::<littlefs2::fs::Allocation<LittleStorage<BLOCKS>>>()
+                + std::mem::size_of::<littlefs2::fs::FileAllocation<LittleStorage<BLOCKS>>>()) as u64,
+        ))
     }
     fn counters(&mut self) -> Outcome<Option<flintfs_flash::Counters>> {
         Ok(Some(device_counters(self.fs)))

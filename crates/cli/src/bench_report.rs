@@ -173,6 +173,144 @@ fn cell(row: &Value, field: &str, decimals: usize) -> String {
     row[field].as_f64().map_or("-".into(), |number| format!("{number:.decimals$}"))
 }
 
+/// One column of a section's table: its heading, the row's field, a
+/// scale the field is divided by, and the decimals shown.
+struct Column {
+    heading: &'static str,
+    field: &'static str,
+    divisor: f64,
+    decimals: usize,
+}
+
+const fn column(heading: &'static str, field: &'static str, divisor: f64, decimals: usize) -> Column {
+    Column { heading, field, divisor, decimals }
+}
+
+/// A table of the rows whose workload is `wanted`, workload and target
+/// first; empty when no row is.
+fn section_table(rows: &[Value], wanted: impl Fn(&str) -> bool, columns: &[Column]) -> String {
+    let chosen: Vec<&Value> = rows.iter().filter(|row| row["workload"].as_str().is_some_and(&wanted)).collect();
+    if chosen.is_empty() {
+        return String::new();
+    }
+    let mut text = String::from("| workload | target |");
+    let mut rule = String::from("|---|---|");
+    for column in columns {
+        text.push_str(&format!(" {} |", column.heading));
+        rule.push_str("---:|");
+    }
+    text.push('\n');
+    text.push_str(&rule);
+    text.push('\n');
+    for row in chosen {
+        text.push_str(&format!(
+            "| {} | {} |",
+            row["workload"].as_str().unwrap_or("?"),
+            row["target"].as_str().unwrap_or("?")
+        ));
+        for column in columns {
+            let shown = row[column.field]
+                .as_f64()
+                .map_or("-".into(), |number| format!("{:.*}", column.decimals, number / column.divisor));
+            text.push_str(&format!(" {shown} |"));
+        }
+        text.push('\n');
+    }
+    text
+}
+
+/// A section of the report for workloads measured after a mount in the
+/// middle (`bench_staged`): its title, what it measures, the prefix of its
+/// workloads, and the figures its paper reports.
+struct Section {
+    title: &'static str,
+    prose: &'static str,
+    prefix: &'static str,
+    columns: &'static [Column],
+}
+
+const SECTIONS: [Section; 4] = [
+    Section {
+        title: "Metadata operations in directories of N files (DFFS)",
+        prose: "Mean latency of a create, of an open (lookup and open, then close) and of an unlink, in directories \
+         of 50, 100 and 200 files. Opens and unlinks run cold, after a clean unmount and mount, in a random \
+         order over their own set of directories. Host time for every target; simulated device time where the \
+         device model runs in the bench's process. A create is buffered, so its device time is what it forced \
+         out.",
+        prefix: "dir_",
+        columns: &[
+            column("create µs", "create_us", 1.0, 1),
+            column("open µs", "open_us", 1.0, 1),
+            column("unlink µs", "delete_us", 1.0, 1),
+            column("create device µs", "create_device_us", 1.0, 1),
+            column("open device µs", "open_device_us", 1.0, 1),
+            column("unlink device µs", "delete_device_us", 1.0, 1),
+        ],
+    },
+    Section {
+        title: "Memory against the number of files",
+        prose: "After a clean unmount and mount, a walk opens and sizes every file; then the file system's memory is \
+         read. flintfs in-process: the heap it grew by since its mount (caches, tables, buffers; the process \
+         counts its allocations). flintfs-fuse: the daemon's resident memory (VmRSS: the engine, the FUSE \
+         session's buffers and the program). Kernel peers: the growth of the kernel's slab since the mount \
+         (dentries, inodes, the file system's caches; system-wide, so noisy). littlefs: its mount's and one \
+         open file's buffers, which it allocates once whatever the file count.",
+        prefix: "ram_",
+        columns: &[column("memory KiB", "memory_bytes", 1024.0, 0), column("walk ops/s", "ops_per_s", 1.0, 0)],
+    },
+    Section {
+        title: "Writes near full",
+        prose: "The file system filled with 1 MiB files to the fullness shown (its own statfs), unmounted and \
+         mounted; then 4 KiB overwrites at random places in the fill, each with an fsync: as many as the free \
+         space holds, up to 3,000 quick and 25,000 full, and no more than 20 s (quick) or 120 s (full) of \
+         host time, so a slow target makes fewer. Latencies of the write and fsync together; the first is the \
+         first write after the mount. Host time, and simulated device time where the device model runs in \
+         the bench's process. In-process host time includes the emulator's own work: the memory device fills \
+         a zone's 4 MiB with erased bytes the first time it is programmed. Timing flintfs's first write after \
+         a mount step by step put its extra host time in the emulator's flush (storing the programmed pages), \
+         not in the engine; its device time is the same as the other writes'.",
+        prefix: "near_full_",
+        columns: &[
+            column("full %", "full_percent", 1.0, 1),
+            column("writes", "ops", 1.0, 0),
+            column("of planned", "writes_planned", 1.0, 0),
+            column("first µs", "first_write_us", 1.0, 0),
+            column("p50 µs", "p50_us", 1.0, 0),
+            column("p99 µs", "p99_us", 1.0, 0),
+            column("max µs", "max_us", 1.0, 0),
+            column("first device µs", "first_write_device_us", 1.0, 0),
+            column("p50 device µs", "p50_device_us", 1.0, 0),
+            column("p99 device µs", "p99_device_us", 1.0, 0),
+            column("max device µs", "max_device_us", 1.0, 0),
+        ],
+    },
+    Section {
+        title: "Large file (RCFFS table 2)",
+        prose:
+            "One file written in 4 KiB requests in order and at random (the write rows), and read in 4 KiB requests \
+         cold in order, cold at random, and warm again (re-read), each read after a clean unmount and mount. \
+         Space used is what the file took from the file system's statfs.",
+        prefix: "large_",
+        columns: &[
+            column("ops/s", "ops_per_s", 1.0, 0),
+            column("device µs/op", "device_time_ns_per_op", 1000.0, 1),
+            column("space used MiB", "space_used_bytes", 1048576.0, 1),
+            column("file MiB", "file_bytes", 1048576.0, 0),
+        ],
+    },
+];
+
+fn staged_sections(rows: &[Value]) -> String {
+    let mut text = String::new();
+    for section in &SECTIONS {
+        let table = section_table(rows, |name| name.starts_with(section.prefix), section.columns);
+        if !table.is_empty() {
+            text.push_str(&format!("\n## {}\n\n{}\n\n{table}", section.title, section.prose));
+        }
+    }
+    text
+}
+
 /// Writes `directory`: README.md, rows.json and the charts.
 pub fn write(directory: &Path, rows: &[Value], header: &str, notes: &[String]) -> Outcome {
     std::fs::create_dir_all(directory).map_err(|error| format!("{}: {error}", directory.display()))?;
@@ -185,7 +323,9 @@ pub fn write(directory: &Path, rows: &[Value], header: &str, notes: &[String]) -
     // recovery workloads have no peer to be a ratio to (a table row only).
     let is = |row: &Value, prefix: &str| row["workload"].as_str().is_some_and(|name| name.starts_with(prefix));
     let mounts: Vec<Value> = rows.iter().filter(|row| is(row, "mount_")).cloned().collect();
-    let others: Vec<Value> = rows.iter().filter(|row| !is(row, "mount_") && !is(row, "recover_")).cloned().collect();
+    let memories: Vec<Value> = rows.iter().filter(|row| is(row, "ram_")).cloned().collect();
+    let others: Vec<Value> =
+        rows.iter().filter(|row| !is(row, "mount_") && !is(row, "recover_") && !is(row, "ram_")).cloned().collect();
     for (field, title, file) in [
         (
             "bytes_per_op",
@@ -200,9 +340,14 @@ pub fn write(directory: &Path, rows: &[Value], header: &str, notes: &[String]) -
         }
     }
     let title = "pages read by a mount after a clean unmount, against the number of files (log scale)";
-    match mount_chart(&directory.join("mount_pages.png"), &mounts, title) {
+    match curve_chart(&directory.join("mount_pages.png"), &mounts, "mount_", "mount_pages_read", "pages read", title) {
         Ok(()) => charts.push((title, "mount_pages.png")),
         Err(error) => eprintln!("bench: chart mount_pages.png: {}", error.0),
+    }
+    let title = "memory after a mount and a walk of every file, against the number of files (log scale)";
+    match curve_chart(&directory.join("memory.png"), &memories, "ram_", "memory_bytes", "bytes", title) {
+        Ok(()) => charts.push((title, "memory.png")),
+        Err(error) => eprintln!("bench: chart memory.png: {}", error.0),
     }
     let mut text = String::new();
     text.push_str("# flintfs benchmarks\n\n");
@@ -230,6 +375,7 @@ pub fn write(directory: &Path, rows: &[Value], header: &str, notes: &[String]) -
             row["peak_rss_bytes"].as_f64().map_or("-".into(), |bytes| format!("{:.1}", bytes / 1048576.0)),
         ));
     }
+    text.push_str(&staged_sections(rows));
     for (title, file) in &charts {
         text.push_str(&format!("\n### {title}\n\n![{title}]({file})\n"));
     }
@@ -254,24 +400,25 @@ pub fn render(directory: &Path) -> Outcome {
     write(directory, &rows, &read("header.md")?, &notes)
 }
 
-/// Mount pages against the file count, one line per target, log scale.
-fn mount_chart(path: &Path, rows: &[Value], title: &str) -> Outcome {
+/// `field` against the file count of `prefix`N workloads, one line per
+/// target, log scales.
+fn curve_chart(path: &Path, rows: &[Value], prefix: &str, field: &str, y_description: &str, title: &str) -> Outcome {
     register_font()?;
     let mut lines: Vec<(String, Vec<(f64, f64)>)> = Vec::new();
     for row in rows {
         let (Some(workload), Some(target), Some(pages)) =
-            (row["workload"].as_str(), row["target"].as_str(), row["mount_pages_read"].as_f64())
+            (row["workload"].as_str(), row["target"].as_str(), row[field].as_f64())
         else {
             continue;
         };
-        let Ok(files) = workload["mount_".len()..].parse::<f64>() else { continue };
+        let Some(Ok(files)) = workload.strip_prefix(prefix).map(str::parse::<f64>) else { continue };
         match lines.iter_mut().find(|(name, _)| name == target) {
             Some((_, points)) => points.push((files, pages.max(1.0))),
             None => lines.push((target.to_string(), vec![(files, pages.max(1.0))])),
         }
     }
     if lines.is_empty() {
-        return Err(crate::Failure("no mount rows".into()));
+        return Err(crate::Failure(format!("no {prefix}N rows")));
     }
     let most_files = lines.iter().flat_map(|(_, points)| points.iter().map(|point| point.0)).fold(100.0, f64::max);
     let most_pages = lines.iter().flat_map(|(_, points)| points.iter().map(|point| point.1)).fold(10.0, f64::max);
@@ -285,7 +432,7 @@ fn mount_chart(path: &Path, rows: &[Value], title: &str) -> Outcome {
         .y_label_area_size(70)
         .build_cartesian_2d((50.0..most_files * 2.0).log_scale(), (1.0..most_pages * 2.0).log_scale())
         .map_err(draw)?;
-    chart.configure_mesh().x_desc("files").y_desc("pages read").draw().map_err(draw)?;
+    chart.configure_mesh().x_desc("files").y_desc(y_description).draw().map_err(draw)?;
     for (index, (target, points)) in lines.iter().enumerate() {
         let color = Palette99::pick(index).to_rgba();
         let mut points = points.clone();

@@ -302,10 +302,14 @@ fn run_daemon(arguments: MountArguments) -> Outcome<ExitCode> {
         let mut code = ExitCode::SUCCESS;
         if STOP.load(Ordering::SeqCst) {
             if let Some(fs) = shared.take() {
-                match fs.unmount() {
-                    Ok(device) => drop(device),
-                    Err(error) => {
-                        tracing::error!("unmount on a stop signal failed: {}", error.message);
+                match fs
+                    .unmount()
+                    .map_err(|error| error.message)
+                    .and_then(|device| device.close().map_err(|error| flintfs_core::Error::from(error).message))
+                {
+                    Ok(()) => {}
+                    Err(message) => {
+                        tracing::error!("unmount on a stop signal failed: {message}");
                         code = ExitCode::FAILURE;
                     }
                 }
@@ -333,7 +337,9 @@ fn run_daemon(arguments: MountArguments) -> Outcome<ExitCode> {
     };
     match outcome {
         Ok(device) => {
-            drop(device);
+            if let Err(error) = device.close() {
+                fail!("unmount: closing the image: {error}");
+            }
             tracing::info!("unmounted cleanly");
             Ok(ExitCode::SUCCESS)
         }

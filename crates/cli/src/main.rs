@@ -7,16 +7,65 @@
 mod bench;
 mod bench_littlefs;
 mod bench_report;
+mod bench_staged;
 mod crashtest;
 mod daemon;
 mod demo;
 mod image;
 mod inspect;
 
+use std::alloc::{GlobalAlloc, Layout, System};
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use clap::{Parser, Subcommand};
+
+/// Heap bytes allocated and not yet freed, by this process: what the
+/// bench reports as a flintfs target's memory (the in-process engine's
+/// growth over its mount, a FUSE daemon's whole heap). A relaxed counter
+/// on the system allocator costs an atomic add per allocation.
+pub static HEAP_LIVE_BYTES: AtomicUsize = AtomicUsize::new(0);
+
+struct CountingAllocator;
+
+// SAFETY: every call is passed to the system allocator unchanged; only the
+// counter is added to.
+unsafe impl GlobalAlloc for CountingAllocator {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        // SAFETY: the caller's contract, passed on.
+        let pointer = unsafe { System.alloc(layout) };
+        if !pointer.is_null() {
+            HEAP_LIVE_BYTES.fetch_add(layout.size(), Ordering::Relaxed);
+        }
+        pointer
+    }
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        // SAFETY: the caller's contract, passed on.
+        let pointer = unsafe { System.alloc_zeroed(layout) };
+        if !pointer.is_null() {
+            HEAP_LIVE_BYTES.fetch_add(layout.size(), Ordering::Relaxed);
+        }
+        pointer
+    }
+    unsafe fn dealloc(&self, pointer: *mut u8, layout: Layout) {
+        // SAFETY: the caller's contract, passed on.
+        unsafe { System.dealloc(pointer, layout) };
+        HEAP_LIVE_BYTES.fetch_sub(layout.size(), Ordering::Relaxed);
+    }
+    unsafe fn realloc(&self, pointer: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        // SAFETY: the caller's contract, passed on.
+        let moved = unsafe { System.realloc(pointer, layout, new_size) };
+        if !moved.is_null() {
+            HEAP_LIVE_BYTES.fetch_add(new_size, Ordering::Relaxed);
+            HEAP_LIVE_BYTES.fetch_sub(layout.size(), Ordering::Relaxed);
+        }
+        moved
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: CountingAllocator = CountingAllocator;
 
 /// A failed command: the message, already worded for the user.
 #[derive(Debug)]

@@ -32,6 +32,12 @@ macro_rules! counters {
                 Counters { $( $field: self.$field.saturating_sub(earlier.$field), )* }
             }
 
+            /// `self + later`, field by field (saturating): lifetime totals
+            /// from those at a mount and the counts since.
+            pub fn plus(&self, later: &Counters) -> Counters {
+                Counters { $( $field: self.$field.saturating_add(later.$field), )* }
+            }
+
             /// Name and value pairs, for printing.
             pub fn fields(&self) -> Vec<(&'static str, u64)> {
                 vec![$((stringify!($field), self.$field)),*]

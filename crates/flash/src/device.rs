@@ -484,6 +484,17 @@ impl<B: Backend> FlashEmulator<B> {
         Ok(Some((data, oob)))
     }
 
+    /// The host lets go of the device: the summary (lifetime counters
+    /// and clock) is written even if nothing was programmed since the
+    /// last flush, so reads and their device time are not lost from an
+    /// image's totals. A device without power has nothing to write.
+    pub fn close(mut self) -> Result<()> {
+        match self.power {
+            Power::On => self.commit_metadata(),
+            Power::Off => Ok(()),
+        }
+    }
+
     fn check_powered(&self, operation: &'static str) -> Result<()> {
         match self.power {
             Power::On => Ok(()),
