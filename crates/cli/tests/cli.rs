@@ -270,7 +270,7 @@ fn bench_prints_a_row_per_target_with_the_fields_tools_read() {
     if !fuse_available() {
         return;
     }
-    let rows = json(&ok(&["bench", "delete", "--quick", "--json"]));
+    let rows = json(&ok(&["bench", "create_fsync", "--quick", "--json"]));
     let rows = rows.as_array().expect("an array of rows");
     let targets: Vec<&str> = rows.iter().filter_map(|row| row["target"].as_str()).collect();
     assert_eq!(targets, ["flintfs", "flintfs-ordered", "flintfs-fuse"], "{rows:?}");
