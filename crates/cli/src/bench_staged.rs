@@ -38,17 +38,18 @@ const FILL_FILES_PER_LOOK: usize = 8;
 /// A fill never writes more than this many times the device, even if the
 /// file system never says it is full enough (compression, a leak).
 const FILL_DEVICE_MULTIPLE_MAX: u64 = 4;
-/// Most overwrites a `near_full_P` run makes: as many 4 KiB writes as the
-/// file system has free space for, up to these. At full size the ones at
-/// 80% and 90% write more than is free, so a log-structured file system
-/// must clean while they run.
+/// Most overwrites a `near_full_P` run makes: twice as many 4 KiB writes
+/// as the file system has free space for, up to these. On the 512 MiB
+/// device of these workloads, the full-size runs at 80% and 90% overwrite
+/// more than is free, so a log-structured file system must clean while
+/// they run (the row's erases say whether it did).
 const NEAR_FULL_WRITES_QUICK: usize = 3_000;
-const NEAR_FULL_WRITES_FULL: usize = 25_000;
+const NEAR_FULL_WRITES_FULL: usize = 30_000;
 /// Host time a `near_full_P` run's overwrites may take; a target slower
 /// than that (littlefs rewrites a file's tail on every overwrite) stops
 /// early, its latencies over the writes it made.
 const NEAR_FULL_SECONDS_QUICK: f64 = 20.0;
-const NEAR_FULL_SECONDS_FULL: f64 = 120.0;
+const NEAR_FULL_SECONDS_FULL: f64 = 60.0;
 /// The large file is written in requests of this size when it is only
 /// being prepared (its write is measured by `large_seq_write`).
 const PREPARE_WRITE_BYTES: usize = 1 << 20;
@@ -269,6 +270,9 @@ impl Staged {
                     }
                     reached = fullness(files)?;
                 }
+                if self.paths.is_empty() {
+                    fail!("the file system was already {:.1}% full before the fill", reached * 100.0);
+                }
                 files.sync_all()?;
                 phase.fields.push(("full_percent".into(), json!(fullness(files)? * 100.0)));
             }
@@ -337,7 +341,8 @@ impl Staged {
                 let block = data(&mut self.random, APPEND_BYTES);
                 let blocks_per_file = (FILL_FILE_BYTES / APPEND_BYTES) as u64;
                 let (used, total) = files.space()?;
-                let writes = writes_max.min((total.saturating_sub(used) / APPEND_BYTES as u64) as usize).max(1);
+                let free_blocks = total.saturating_sub(used) / APPEND_BYTES as u64;
+                let writes = writes_max.min(2 * free_blocks as usize).max(1);
                 let seconds_max = if self.size.quick { NEAR_FULL_SECONDS_QUICK } else { NEAR_FULL_SECONDS_FULL };
                 let mut latencies = Latencies::default();
                 phase.begin(files)?;
@@ -376,9 +381,14 @@ impl Staged {
                         files.read_at(handle, index * APPEND_BYTES as u64, APPEND_BYTES)?;
                     }
                 }
+                // At random: every block once, in a shuffled order, so no
+                // read finds what an earlier one brought into a cache.
+                let mut order: Vec<u64> = (0..blocks).collect();
+                if random {
+                    order.shuffle(&mut self.random);
+                }
                 phase.begin(files)?;
-                for index in 0..blocks {
-                    let at = if random { self.random.random_range(0..blocks) } else { index };
+                for at in order {
                     let read = files.read_at(handle, at * APPEND_BYTES as u64, APPEND_BYTES)?;
                     if read != APPEND_BYTES {
                         fail!("read {read} bytes of block {at} of the large file, not {APPEND_BYTES}");
@@ -436,8 +446,11 @@ mod tests {
     fn near_full_fills_to_the_percentage_and_times_every_write() {
         let row = run("near_full_50");
         assert!((50.0..60.0).contains(&number(&row, "full_percent")), "{row}");
+        // Twice the free space's blocks, up to the quick size's 3,000; a
+        // run that hit the time cap makes fewer.
         let writes = number(&row, "ops");
-        assert!(writes > 0.0 && writes == number(&row, "writes_planned"), "{row}");
+        assert_eq!(number(&row, "writes_planned"), 3000.0, "{row}");
+        assert!(writes > 0.0 && writes <= 3000.0, "{row}");
         let (p50, p99, max) =
             (number(&row, "p50_device_us"), number(&row, "p99_device_us"), number(&row, "max_device_us"));
         assert!(0.0 < p50 && p50 <= p99 && p99 <= max, "{row}");
@@ -449,8 +462,10 @@ mod tests {
         for workload in ["large_seq_read", "large_rand_read", "large_reread"] {
             let row = run(workload);
             assert_eq!(number(&row, "ops"), (4 << 20) as f64 / 4096.0);
-            let space = number(&row, "space_used_bytes");
-            assert!(space >= number(&row, "file_bytes") * 0.4, "{row}");
+            // What the file takes: its bytes (no compression yet) and the
+            // pages that index them, not a multiple of that.
+            let (space, file) = (number(&row, "space_used_bytes"), number(&row, "file_bytes"));
+            assert!(space >= file * 0.4 && space <= file * 1.1, "{row}");
         }
         // Cold reads reach the device.
         assert!(number(&run("large_seq_read"), "device_time_ns_per_op") > 0.0);

@@ -21,10 +21,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use clap::{Parser, Subcommand};
 
-/// Heap bytes allocated and not yet freed, by this process: what the
-/// bench reports as a flintfs target's memory (the in-process engine's
-/// growth over its mount, a FUSE daemon's whole heap). A relaxed counter
-/// on the system allocator costs an atomic add per allocation.
+/// Heap bytes allocated and not yet freed, by this process: the bench
+/// reports the in-process engine's memory as this counter's growth over
+/// its mount. A relaxed counter on the system allocator costs an atomic
+/// add per allocation.
 pub static HEAP_LIVE_BYTES: AtomicUsize = AtomicUsize::new(0);
 
 struct CountingAllocator;
