@@ -855,7 +855,7 @@ pub(crate) fn timed_workload(workload: &str, files: &mut dyn Files, size: Size, 
 }
 
 /// A workload's own figures, into its row.
-fn add_fields(value: &mut Value, phase: &Phase) {
+pub(crate) fn add_fields(value: &mut Value, phase: &Phase) {
     for (name, field) in &phase.fields {
         value[name.as_str()] = field.clone();
     }

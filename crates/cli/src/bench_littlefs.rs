@@ -320,7 +320,12 @@ pub fn run<const BLOCKS: usize>(workload: &str, size: Size, seed: u64) -> Outcom
     };
     // The mount workloads time the mount itself.
     let seconds = if workload.starts_with("mount_") { mount_started.elapsed().as_secs_f64() } else { seconds };
-    Ok(json!({
+    Ok(row(workload, ops, seconds, &programmed, mount_reads))
+}
+
+/// A littlefs row, as the other targets give theirs.
+fn row(workload: &str, ops: u64, seconds: f64, programmed: &flintfs_flash::Counters, mount_reads: u64) -> Value {
+    json!({
         "workload": workload,
         "target": "littlefs",
         "ops": ops,
@@ -330,7 +335,7 @@ pub fn run<const BLOCKS: usize>(workload: &str, size: Size, seed: u64) -> Outcom
         "erases": programmed.erases,
         "device_time_ns_per_op": programmed.device_time_ns as f64 / ops.max(1) as f64,
         "mount_pages_read": mount_reads,
-    }))
+    })
 }
 
 /// A staged workload (see `bench_staged`): its preparation on one mount,
@@ -356,20 +361,8 @@ fn run_staged<const BLOCKS: usize>(workload: &str, size: Size, seed: u64) -> Out
     };
     let _ = fs;
     let programmed = storage.device.counters().since(&phase.at_start.unwrap_or(before_mount));
-    let mut value = json!({
-        "workload": workload,
-        "target": "littlefs",
-        "ops": ops,
-        "ops_per_s": ops as f64 / phase.seconds.max(1e-9),
-        "bytes_per_op": (programmed.data_bytes_programmed + programmed.oob_bytes_programmed) as f64 / ops.max(1) as f64,
-        "pages_programmed": programmed.pages_programmed,
-        "erases": programmed.erases,
-        "device_time_ns_per_op": programmed.device_time_ns as f64 / ops.max(1) as f64,
-        "mount_pages_read": mount_reads,
-    });
-    for (name, field) in &phase.fields {
-        value[name.as_str()] = field.clone();
-    }
+    let mut value = row(workload, ops, phase.seconds, &programmed, mount_reads);
+    crate::bench::add_fields(&mut value, &phase);
     Ok(value)
 }
 
