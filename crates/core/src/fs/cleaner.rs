@@ -14,6 +14,14 @@
 //! what the tree references. A liveness mistake can leave a zone
 //! uncleaned, never free a page still in use.
 //!
+//! Two victim choices. The background cleaner (an idle file system)
+//! chooses by cost-benefit, which leaves young zones to empty themselves.
+//! The foreground cleaner, run because free zones are short, chooses the
+//! emptiest zone (greedy, as F2FS's foreground cleaning does): it must give
+//! back the most space for what it moves now, and an old, nearly full zone
+//! that cost-benefit prefers can give back less than the checkpoint that
+//! follows the move consumes.
+//!
 //! Static wear levelling: when the spread of erase counts passes
 //! [`WEAR_SPREAD_MAX`], the least worn zone holding data is cleaned
 //! whatever its score, so its cold data moves and the zone goes back into
@@ -32,13 +40,48 @@ use super::Fs;
 use crate::allocator::PageMeta;
 use crate::error::{errno, Result};
 
-/// Free zones below which operations clean first (in the foreground).
+/// Free zones below which operations clean first (in the foreground), on
+/// top of the zones the next checkpoint needs for what is buffered.
 pub const CLEAN_LOW_WATER_ZONES: usize = 3;
-/// Free zones below which an idle file system cleans (in the background).
+/// Free zones below which an idle file system cleans (in the background),
+/// on top of the zones the next checkpoint needs for what is buffered.
 pub const CLEAN_IDLE_WATER_ZONES: usize = 6;
+const _: () = assert!(CLEAN_LOW_WATER_ZONES < CLEAN_IDLE_WATER_ZONES);
+
+/// The state [`Fs::zone_scan`]'s hint was taken in: when any of it moves,
+/// the free zones or the wear spread may have.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct ZoneScanKey {
+    checkpoint_number: u64,
+    unindexed_used: usize,
+    undeclared_zones_taken: u64,
+    erases: u64,
+    zone_resets: u64,
+    failures: u64,
+    zones_stuck: usize,
+    reserve_allowed: bool,
+}
+
+/// How the cleaner chooses a victim when it cleans for space.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum VictimChoice {
+    /// Free space gained times age, over the cost (LFS): in the background.
+    CostBenefit,
+    /// The fewest valid bytes: in the foreground, when space is short.
+    Greedy,
+}
 /// Zones one operation cleans at most before it gives up with ENOSPC: the
-/// bound on a foreground stall.
+/// bound on a foreground stall. Also the batch the foreground cleaner
+/// takes when free zones run low: every batch ends with a checkpoint,
+/// which writes every dirty node, and moving an inode dirties the
+/// directory page whose entry points at it, so a batch of one zone can
+/// write back more than the zone gives (a million small files over a
+/// hundred directories did, until ENOSPC at 5% full).
 pub const CLEAN_ZONES_PER_OPERATION_MAX: usize = 4;
+/// Zones kept free, beyond what the buffered work needs, before the
+/// cleaner takes another victim into a batch.
+const CLEAN_HEADROOM_ZONES: usize = 2;
+const _: () = assert!(CLEAN_HEADROOM_ZONES <= CLEAN_LOW_WATER_ZONES);
 /// Spread of erase counts (most worn zone minus least worn) past which
 /// static wear levelling moves cold data.
 pub const WEAR_SPREAD_MAX: u32 = 16;
@@ -74,7 +117,9 @@ impl<D: FlashDevice> Fs<D> {
     /// The zone the cleaner would take next, and whether for wear. Wear
     /// levelling is left out when cleaning for space (`wear_allowed`
     /// false): moving a zone of cold data frees nothing net.
-    fn choose_victim(&self, wear_allowed: bool) -> Option<(u32, bool)> {
+    /// Zones in `taken` are already in this batch: their moves are still
+    /// buffered, so their counts have not dropped yet.
+    fn choose_victim(&self, wear_allowed: bool, choice: VictimChoice, taken: &[u32]) -> Option<(u32, bool)> {
         let reports = self.volume.device().report_zones();
         let checkpoint = &self.volume.checkpoint;
         let page_size = self.page_size as u64;
@@ -89,6 +134,7 @@ impl<D: FlashDevice> Fs<D> {
                     && report.capacity_pages > 0
                     && usage.valid_bytes > 0
                     && !self.cleaner_stuck.contains(&report.zone)
+                    && !taken.contains(&report.zone)
             })
             .collect();
         // Wear first: the least worn zone holding data, when the spread is
@@ -124,34 +170,53 @@ impl<D: FlashDevice> Fs<D> {
                     return None;
                 }
                 // Cost-benefit: (1 - u) * age / (1 + u), with u in
-                // thousandths to stay in integers.
+                // thousandths to stay in integers. Greedy: the free bytes.
                 let used = (valid.saturating_mul(1000) / capacity.max(1)).min(1000);
-                let age = sequence_now.saturating_sub(usage.last_sequence) + 1;
-                let score = u128::from(1000 - used) * u128::from(age) / u128::from(1000 + used);
+                let score = match choice {
+                    VictimChoice::CostBenefit => {
+                        let age = sequence_now.saturating_sub(usage.last_sequence) + 1;
+                        u128::from(1000 - used) * u128::from(age) / u128::from(1000 + used)
+                    }
+                    VictimChoice::Greedy => u128::from(capacity - valid),
+                };
                 Some((score, std::cmp::Reverse(report.zone)))
             })
             .max()
             .map(|(_, std::cmp::Reverse(zone))| (zone, false))
     }
 
-    /// Cleans up to `zones` zones for space; returns how many it cleaned.
-    /// Ends with a checkpoint, after which the cleaned zones are free.
+    /// Cleans up to `zones` zones for space, choosing by cost-benefit (the
+    /// background cleaner's choice); returns how many it cleaned. Ends with
+    /// a checkpoint, after which the cleaned zones are free.
     pub fn clean(&mut self, zones: usize) -> Result<usize> {
-        self.clean_with(zones, false)
+        self.clean_with(zones, false, VictimChoice::CostBenefit)
     }
 
-    fn clean_with(&mut self, zones: usize, wear_allowed: bool) -> Result<usize> {
+    /// Cleans up to `zones` zones because space is short now: the emptiest
+    /// first.
+    pub(crate) fn clean_for_space(&mut self, zones: usize) -> Result<usize> {
+        self.clean_with(zones, false, VictimChoice::Greedy)
+    }
+
+    fn clean_with(&mut self, zones: usize, wear_allowed: bool, choice: VictimChoice) -> Result<usize> {
         let reserve = self.volume.reserve_allowed;
         self.volume.reserve_allowed = true;
-        let result = self.clean_zones(zones, wear_allowed);
+        let result = self.clean_zones(zones, wear_allowed, choice);
         self.volume.reserve_allowed = reserve;
         result
     }
 
-    fn clean_zones(&mut self, zones: usize, wear_allowed: bool) -> Result<usize> {
+    fn clean_zones(&mut self, zones: usize, wear_allowed: bool, choice: VictimChoice) -> Result<usize> {
         let mut cleaned = Vec::new();
         for _ in 0..zones {
-            let Some((victim, for_wear)) = self.choose_victim(wear_allowed) else { break };
+            // What moves is buffered until the checkpoint that ends the
+            // batch, and only that checkpoint frees the victims: take
+            // another only while the checkpoint, and the next victim's
+            // moves, still fit.
+            if !cleaned.is_empty() && self.free_zones() < self.buffered_zones() + CLEAN_HEADROOM_ZONES {
+                break;
+            }
+            let Some((victim, for_wear)) = self.choose_victim(wear_allowed, choice, &cleaned) else { break };
             if let Err(error) = self.move_live(victim) {
                 // Never picked again this mount: one bad zone must not stop
                 // every operation that needs cleaning.
@@ -197,12 +262,15 @@ impl<D: FlashDevice> Fs<D> {
             self.checkpoint()?;
             return Ok(true);
         }
-        let free = self.free_zones();
-        if free < CLEAN_IDLE_WATER_ZONES {
+        let (free, wear) = self.zone_scan();
+        let buffered = self.buffered_zones();
+        if free < CLEAN_LOW_WATER_ZONES + buffered {
+            return Ok(self.clean_for_space(CLEAN_ZONES_PER_OPERATION_MAX)? > 0);
+        }
+        if free < CLEAN_IDLE_WATER_ZONES + buffered {
             return Ok(self.clean(1)? > 0);
         }
-        let wear = self.choose_victim(true).is_some_and(|(_, for_wear)| for_wear);
-        Ok(wear && self.clean_with(1, true)? > 0)
+        Ok(wear && self.clean_with(1, true, VictimChoice::CostBenefit)? > 0)
     }
 
     /// Foreground cleaning before an operation: a zone for space when free
@@ -212,13 +280,59 @@ impl<D: FlashDevice> Fs<D> {
         // Best effort: an operation that cannot be helped by cleaning (an
         // unlink, say) must not fail because cleaning did. What needs the
         // space finds out in `reserve_space`.
-        let free = self.free_zones();
-        if free < CLEAN_LOW_WATER_ZONES {
-            let _ = self.clean(1);
-        } else if free >= CLEAN_IDLE_WATER_ZONES && self.choose_victim(true).is_some_and(|(_, for_wear)| for_wear) {
-            let _ = self.clean_with(1, true);
+        let (free, wear) = self.zone_scan();
+        let buffered = self.buffered_zones();
+        if free < CLEAN_LOW_WATER_ZONES + buffered {
+            let _ = self.clean_for_space(CLEAN_ZONES_PER_OPERATION_MAX);
+        } else if free >= CLEAN_IDLE_WATER_ZONES + buffered && wear {
+            let _ = self.clean_with(1, true, VictimChoice::CostBenefit);
         }
         Ok(())
+    }
+
+    /// The free zones and whether the wear spread calls for a zone of cold
+    /// data, from the last scan while nothing that changes them happened
+    /// since. Both change only when a zone is taken, reset, released (at
+    /// a checkpoint), found bad or given up on; an operation between those
+    /// need not read every zone's report again. A hint, never a decision:
+    /// what cleans re-chooses, and `reserve_space` counts afresh.
+    fn zone_scan(&mut self) -> (usize, bool) {
+        let counters = self.volume.device().counters();
+        let key = ZoneScanKey {
+            checkpoint_number: self.volume.checkpoint.number,
+            unindexed_used: self.volume.unindexed_used,
+            undeclared_zones_taken: self.volume.undeclared_zones_taken,
+            erases: counters.erases,
+            zone_resets: counters.zone_resets,
+            failures: counters.program_failures_injected + counters.erase_failures_injected,
+            zones_stuck: self.cleaner_stuck.len(),
+            reserve_allowed: self.volume.reserve_allowed,
+        };
+        if let Some((cached, free, wear)) = self.zone_scan_hint {
+            if cached == key {
+                return (free, wear);
+            }
+        }
+        let free = self.free_zones();
+        let wear = self.choose_victim(true, VictimChoice::CostBenefit, &[]).is_some_and(|(_, for_wear)| for_wear);
+        self.zone_scan_hint = Some((key, free, wear));
+        (free, wear)
+    }
+
+    /// Zones the next checkpoint may fill with what is buffered now (dirty
+    /// nodes and data blocks). Cleaning ends with a checkpoint, so it must
+    /// start while they are still free: a cleaner that waits until the
+    /// free zones are fewer than these can no longer finish.
+    fn buffered_zones(&self) -> usize {
+        let zone_pages = self.volume.device().geometry().zone_pages().max(1);
+        // Data and nodes go to different heads, each with room left in
+        // its zone.
+        let data_pages =
+            (self.dirty_blocks.len() as u64).saturating_sub(self.volume.head_free_pages(ZoneRole::HotData));
+        let node_pages = ((self.nodes.dirty_count() + self.pending.len() + self.map_pages.len()) as u64
+            + super::OPERATION_NODE_PAGES_MAX)
+            .saturating_sub(self.volume.head_free_pages(ZoneRole::Node));
+        (data_pages.div_ceil(zone_pages) + node_pages.div_ceil(zone_pages)) as usize
     }
 
     /// Moves everything live out of `zone`.

@@ -230,6 +230,8 @@ pub struct Fs<D: FlashDevice> {
     /// Victims the cleaner could not empty this mount (see
     /// [`CleanerCounters::zones_stuck`]).
     pub(crate) cleaner_stuck: std::collections::BTreeSet<u32>,
+    /// The last zone scan before an operation (see `Fs::zone_scan`).
+    pub(crate) zone_scan_hint: Option<(cleaner::ZoneScanKey, usize, bool)>,
     pub(crate) log: log::LogState,
     /// The running operation reserved its room at its start: what it
     /// calls may not clean, checkpoint or refuse for space again.
@@ -402,6 +404,7 @@ impl<D: FlashDevice> Fs<D> {
             counters: FsCounters::default(),
             cleaner: CleanerCounters::default(),
             cleaner_stuck: std::collections::BTreeSet::new(),
+            zone_scan_hint: None,
             log: log::LogState::default(),
             space_reserved: false,
             volume,
@@ -542,6 +545,11 @@ impl<D: FlashDevice> Fs<D> {
                 .saturating_sub(self.volume.head_free_pages(flintfs_format::ZoneRole::HotData));
             let node_need = (dirty_nodes + node_pages + margin)
                 .saturating_sub(self.volume.head_free_pages(flintfs_format::ZoneRole::Node));
+            if data_need == 0 && node_need == 0 {
+                // The heads hold it all: no zone list to read (the common
+                // case, before every write).
+                return Ok(());
+            }
             // Smallest zones first: a zone shrunk by bad blocks counts for
             // what it holds, and the estimate errs towards ENOSPC.
             let mut capacities = self.volume.allocatable_capacities().into_iter();
@@ -570,7 +578,7 @@ impl<D: FlashDevice> Fs<D> {
             // checkpoint for all of them, whose own pages would otherwise eat
             // what small zones give back.
             let more = if cleaned < CLEAN_ZONES_PER_OPERATION_MAX {
-                self.clean(CLEAN_ZONES_PER_OPERATION_MAX - cleaned).unwrap_or(0)
+                self.clean_for_space(CLEAN_ZONES_PER_OPERATION_MAX - cleaned).unwrap_or(0)
             } else {
                 0
             };
