@@ -366,6 +366,9 @@ struct EngineFiles {
     /// This process's heap just before the last mount: the device and
     /// the bench, without the file system.
     heap_before_mount_bytes: usize,
+    /// Log pages the mounts before this one wrote: a remount starts the
+    /// engine's counters again, and the phase counts across it.
+    log_pages_earlier_mounts: u64,
 }
 
 fn heap_live_bytes() -> usize {
@@ -452,10 +455,11 @@ impl Files for EngineFiles {
         Ok(Some(self.fs().device().counters()))
     }
     fn log_pages(&mut self) -> Option<u64> {
-        Some(self.fs().counters().log_pages_written)
+        Some(self.log_pages_earlier_mounts + self.fs().counters().log_pages_written)
     }
     fn remount(&mut self) -> Outcome<u64> {
         let fs = self.fs.take().expect("mounted");
+        self.log_pages_earlier_mounts += fs.counters().log_pages_written;
         // The same options (flintfs-ordered stays ordered).
         let options = fs.options().clone();
         let device = fs.unmount().map_err(engine_error)?;
@@ -468,6 +472,7 @@ impl Files for EngineFiles {
     }
     fn crash_remount(&mut self) -> Outcome<u64> {
         let fs = self.fs.take().expect("mounted");
+        self.log_pages_earlier_mounts += fs.counters().log_pages_written;
         let options = fs.options().clone();
         let mut device = fs.into_device();
         device.power_cut(RECOVERY_CUT_SEED)?;
@@ -911,7 +916,13 @@ pub(crate) fn run_engine(workload: &str, target: &str, fsync_mode: FsyncMode, si
     let fs_options = FsOptions { fsync_mode, ..FsOptions::default() };
     let heap_before_mount_bytes = heap_live_bytes();
     let (fs, mount) = Fs::mount(device, fs_options, Box::new(clock.clone())).map_err(engine_error)?;
-    let mut files = EngineFiles { fs: Some(fs), mount_pages: None, recovery: None, heap_before_mount_bytes };
+    let mut files = EngineFiles {
+        fs: Some(fs),
+        mount_pages: None,
+        recovery: None,
+        heap_before_mount_bytes,
+        log_pages_earlier_mounts: 0,
+    };
     let (ops, phase) = timed_workload(workload, &mut files, size, seed);
     let (ops, seconds) = (ops?, phase.seconds);
     // The log pages of the measured phase: what fsync itself programmed,
