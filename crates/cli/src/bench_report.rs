@@ -37,9 +37,18 @@ impl Judged {
                 let met = if self.at_most { ratio <= self.bound } else { ratio >= self.bound };
                 // How far off: the factor the measured ratio must improve by.
                 let factor = if self.at_most { ratio / self.bound } else { self.bound / ratio.max(1e-12) };
-                let verdict = if met { "met".to_string() } else { format!("missed by {factor:.2}x") };
+                // A miss too small for three places shows six, so the
+                // figure and the verdict never seem to disagree.
+                let places = if !met && format!("{factor:.2}") == "1.00" { 6 } else { 3 };
+                let verdict = if met {
+                    "met".to_string()
+                } else if places == 6 {
+                    format!("missed by {:.4}%", (factor - 1.0) * 100.0)
+                } else {
+                    format!("missed by {factor:.2}x")
+                };
                 format!(
-                    "| {} | {:.3} (bound {}{:.2}) | {} |",
+                    "| {} | {:.places$} (bound {}{:.2}) | {} |",
                     self.what,
                     ratio,
                     if self.at_most { "<= " } else { ">= " },
@@ -562,4 +571,23 @@ fn chart(path: &Path, rows: &[Value], field: &str, title: &str) -> Outcome {
         .map_err(draw)?;
     root.present().map_err(draw)?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Judged;
+
+    fn judged(ratio: f64, bound: f64, at_most: bool) -> String {
+        Judged { what: "x".to_string(), ratio: Some(ratio), bound, at_most }.line()
+    }
+
+    #[test]
+    fn a_verdict_agrees_with_its_figure() {
+        assert_eq!(judged(0.5, 1.0, true), "| x | 0.500 (bound <= 1.00) | met |");
+        assert_eq!(judged(1.0, 1.0, true), "| x | 1.000 (bound <= 1.00) | met |");
+        assert_eq!(judged(2.0, 1.0, true), "| x | 2.000 (bound <= 1.00) | missed by 2.00x |");
+        // 100,001 pages for 100,000 operations: a miss, and it shows.
+        assert_eq!(judged(1.00001, 1.0, true), "| x | 1.000010 (bound <= 1.00) | missed by 0.0010% |");
+        assert_eq!(judged(5.0, 10.0, false), "| x | 5.000 (bound >= 10.00) | missed by 2.00x |");
+    }
 }
