@@ -21,7 +21,7 @@ fn fill_delete_refill_on_a_small_device() {
     let setup = FillSetup {
         geometry,
         options: FsOptions::smallest(4096),
-        cycles: 8,
+        cycles: 12,
         fill_per_mille: 950,
         file_blocks_max: 12,
         check: true,

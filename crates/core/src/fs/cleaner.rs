@@ -78,9 +78,9 @@ enum VictimChoice {
 /// write back more than the zone gives (a million small files over a
 /// hundred directories did, until ENOSPC at 5% full).
 pub const CLEAN_ZONES_PER_OPERATION_MAX: usize = 4;
-/// Zones kept free, beyond what the buffered work needs, before the
-/// cleaner takes another victim into a batch.
-const CLEAN_HEADROOM_ZONES: usize = 2;
+/// Zones kept free, beyond what the buffered work and the victim's moves
+/// need, before the cleaner takes another victim into a batch.
+const CLEAN_HEADROOM_ZONES: usize = 1;
 const _: () = assert!(CLEAN_HEADROOM_ZONES <= CLEAN_LOW_WATER_ZONES);
 /// Spread of erase counts (most worn zone minus least worn) past which
 /// static wear levelling moves cold data.
@@ -209,19 +209,25 @@ impl<D: FlashDevice> Fs<D> {
     fn clean_zones(&mut self, zones: usize, wear_allowed: bool, choice: VictimChoice) -> Result<usize> {
         let mut cleaned = Vec::new();
         for _ in 0..zones {
+            let Some((victim, for_wear)) = self.choose_victim(wear_allowed, choice, &cleaned) else { break };
             // What moves is buffered until the checkpoint that ends the
             // batch, and only that checkpoint frees the victims: take
-            // another only while the checkpoint, and the next victim's
-            // moves, still fit.
-            if !cleaned.is_empty() && self.free_zones() < self.buffered_zones() + CLEAN_HEADROOM_ZONES {
+            // another only while the checkpoint, with what this one
+            // moves, still fits. (The first goes ahead: the reserve is
+            // kept for it.)
+            if !cleaned.is_empty()
+                && self.free_zones() < self.buffered_zones() + self.move_cost_zones(victim) + CLEAN_HEADROOM_ZONES
+            {
                 break;
             }
-            let Some((victim, for_wear)) = self.choose_victim(wear_allowed, choice, &cleaned) else { break };
             if let Err(error) = self.move_live(victim) {
                 // Never picked again this mount: one bad zone must not stop
-                // every operation that needs cleaning.
-                self.cleaner_stuck.insert(victim);
-                self.cleaner.zones_stuck += 1;
+                // every operation that needs cleaning. Running out of room
+                // says nothing about the zone.
+                if error.errno != errno::ENOSPC {
+                    self.cleaner_stuck.insert(victim);
+                    self.cleaner.zones_stuck += 1;
+                }
                 if cleaned.is_empty() {
                     return Err(error);
                 }
@@ -270,7 +276,7 @@ impl<D: FlashDevice> Fs<D> {
         if free < CLEAN_IDLE_WATER_ZONES + buffered {
             return Ok(self.clean(1)? > 0);
         }
-        Ok(wear && self.clean_with(1, true, VictimChoice::CostBenefit)? > 0)
+        Ok(self.wear_confirmed(wear) && self.clean_with(1, true, VictimChoice::CostBenefit)? > 0)
     }
 
     /// Foreground cleaning before an operation: a zone for space when free
@@ -284,10 +290,17 @@ impl<D: FlashDevice> Fs<D> {
         let buffered = self.buffered_zones();
         if free < CLEAN_LOW_WATER_ZONES + buffered {
             let _ = self.clean_for_space(CLEAN_ZONES_PER_OPERATION_MAX);
-        } else if free >= CLEAN_IDLE_WATER_ZONES + buffered && wear {
+        } else if free >= CLEAN_IDLE_WATER_ZONES + buffered && self.wear_confirmed(wear) {
             let _ = self.clean_with(1, true, VictimChoice::CostBenefit);
         }
         Ok(())
+    }
+
+    /// Whether the wear spread still calls for a zone of cold data, when
+    /// the hint says so: the zone it found may have emptied since, and
+    /// cleaning for wear with none would clean for space instead.
+    fn wear_confirmed(&self, hint: bool) -> bool {
+        hint && self.choose_victim(true, VictimChoice::CostBenefit, &[]).is_some_and(|(_, for_wear)| for_wear)
     }
 
     /// The free zones and whether the wear spread calls for a zone of cold
@@ -317,6 +330,19 @@ impl<D: FlashDevice> Fs<D> {
         let wear = self.choose_victim(true, VictimChoice::CostBenefit, &[]).is_some_and(|(_, for_wear)| for_wear);
         self.zone_scan_hint = Some((key, free, wear));
         (free, wear)
+    }
+
+    /// Zones moving `zone`'s live contents fills directly: its valid bytes,
+    /// rewritten densely. Not counted: for a node zone, the directory page
+    /// each moved inode's entry dirties, which the checkpoint writes; how
+    /// many distinct pages that is depends on the tree, and counting one a
+    /// record (the bound) stops batches at one zone, the case that ran out
+    /// of space (see the test `many_small_files_over_many_directories...`).
+    fn move_cost_zones(&self, zone: u32) -> usize {
+        let usage = &self.volume.checkpoint.zones[zone as usize];
+        let pages = usage.valid_bytes.div_ceil(self.page_size as u64);
+        let zone_pages = self.volume.device().geometry().zone_pages().max(1);
+        pages.div_ceil(zone_pages) as usize
     }
 
     /// Zones the next checkpoint may fill with what is buffered now (dirty
