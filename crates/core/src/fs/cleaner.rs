@@ -333,11 +333,14 @@ impl<D: FlashDevice> Fs<D> {
     }
 
     /// Zones moving `zone`'s live contents fills directly: its valid bytes,
-    /// rewritten densely. Not counted: for a node zone, the directory page
-    /// each moved inode's entry dirties, which the checkpoint writes; how
-    /// many distinct pages that is depends on the tree, and counting one a
-    /// record (the bound) stops batches at one zone, the case that ran out
-    /// of space (see the test `many_small_files_over_many_directories...`).
+    /// rewritten densely. A victim is at most 97% valid, so this is one
+    /// zone unless its count is damaged: the check keeps a zone of room
+    /// per victim. Not counted: the index or directory page each moved
+    /// block or inode dirties, which the checkpoint writes (the next
+    /// victim's check sees them in `buffered_zones`). How many distinct
+    /// pages that is depends on the tree; counting one a record, the
+    /// bound, stops batches at one zone, the case that ran out of space
+    /// (the test `many_small_files_over_many_directories...`).
     fn move_cost_zones(&self, zone: u32) -> usize {
         let usage = &self.volume.checkpoint.zones[zone as usize];
         let pages = usage.valid_bytes.div_ceil(self.page_size as u64);
