@@ -7,19 +7,24 @@ use flintfs_core::FsOptions;
 use flintfs_flash::Geometry;
 use flintfs_testkit::fill::{run_fill, FillSetup};
 
-#[test]
-fn fill_delete_refill_on_a_small_device() {
-    let geometry = Geometry {
+/// 4 KiB pages in 16-page blocks: zones of `zone_blocks` blocks, small
+/// enough that the cleaner runs within a test's time.
+fn small_geometry(zone_blocks: u32, zone_count: u32) -> Geometry {
+    Geometry {
         page_size_bytes: 4096,
         oob_size_bytes: 64,
         block_pages: 16,
-        zone_blocks: 2,
-        zone_count: 48,
+        zone_blocks,
+        zone_count,
         open_zones_max: 8,
         nvm_size_bytes: 0,
-    };
+    }
+}
+
+#[test]
+fn fill_delete_refill_on_a_small_device() {
     let setup = FillSetup {
-        geometry,
+        geometry: small_geometry(2, 48),
         options: FsOptions::smallest(4096),
         cycles: 12,
         fill_per_mille: 950,
@@ -46,15 +51,7 @@ fn fill_delete_refill_on_a_small_device() {
 fn many_small_files_over_many_directories_never_run_out_of_space() {
     use flintfs_core::{Fs, ManualClock, MkfsOptions};
     use flintfs_flash::{DeviceOptions, FaultConfig, FlashDevice, MemoryFlash};
-    let geometry = Geometry {
-        page_size_bytes: 4096,
-        oob_size_bytes: 64,
-        block_pages: 16,
-        zone_blocks: 4,
-        zone_count: 64,
-        open_zones_max: 8,
-        nvm_size_bytes: 0,
-    };
+    let geometry = small_geometry(4, 64);
     let seed = 11;
     let clock = ManualClock::new(1_700_000_000_000_000_000);
     let flash =

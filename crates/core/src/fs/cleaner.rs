@@ -300,7 +300,12 @@ impl<D: FlashDevice> Fs<D> {
     /// the hint says so: the zone it found may have emptied since, and
     /// cleaning for wear with none would clean for space instead.
     fn wear_confirmed(&self, hint: bool) -> bool {
-        hint && self.choose_victim(true, VictimChoice::CostBenefit, &[]).is_some_and(|(_, for_wear)| for_wear)
+        hint && self.wear_victim_now()
+    }
+
+    /// Whether the wear spread calls for a zone of cold data now.
+    fn wear_victim_now(&self) -> bool {
+        self.choose_victim(true, VictimChoice::CostBenefit, &[]).is_some_and(|(_, for_wear)| for_wear)
     }
 
     /// The free zones and whether the wear spread calls for a zone of cold
@@ -327,7 +332,7 @@ impl<D: FlashDevice> Fs<D> {
             }
         }
         let free = self.free_zones();
-        let wear = self.choose_victim(true, VictimChoice::CostBenefit, &[]).is_some_and(|(_, for_wear)| for_wear);
+        let wear = self.wear_victim_now();
         self.zone_scan_hint = Some((key, free, wear));
         (free, wear)
     }
@@ -354,13 +359,8 @@ impl<D: FlashDevice> Fs<D> {
     /// free zones are fewer than these can no longer finish.
     fn buffered_zones(&self) -> usize {
         let zone_pages = self.volume.device().geometry().zone_pages().max(1);
-        // Data and nodes go to different heads, each with room left in
-        // its zone.
-        let data_pages =
-            (self.dirty_blocks.len() as u64).saturating_sub(self.volume.head_free_pages(ZoneRole::HotData));
-        let node_pages = ((self.nodes.dirty_count() + self.pending.len() + self.map_pages.len()) as u64
-            + super::OPERATION_NODE_PAGES_MAX)
-            .saturating_sub(self.volume.head_free_pages(ZoneRole::Node));
+        // What `reserve_space` counts, with nothing more wanted.
+        let (data_pages, node_pages) = self.pages_past_heads(0, 0);
         (data_pages.div_ceil(zone_pages) + node_pages.div_ceil(zone_pages)) as usize
     }
 

@@ -522,6 +522,22 @@ impl<D: FlashDevice> Fs<D> {
         zones_needed > self.volume.unindexed_remaining() as u64
     }
 
+    /// Pages the data head and the node head cannot take in the zones they
+    /// hold now, were `data_pages` and `node_pages` more written on top of
+    /// what is buffered and then checkpointed: the dirty blocks, the dirty
+    /// and pending nodes, the map pages, and one operation's worth of node
+    /// pages as a margin. Data and nodes go to different heads, so each
+    /// role's overflow is its own.
+    pub(crate) fn pages_past_heads(&self, data_pages: u64, node_pages: u64) -> (u64, u64) {
+        let dirty_nodes = (self.nodes.dirty_count() + self.pending.len()) as u64;
+        let margin = OPERATION_NODE_PAGES_MAX + self.map_pages.len() as u64;
+        let data_need = (self.dirty_blocks.len() as u64 + data_pages)
+            .saturating_sub(self.volume.head_free_pages(flintfs_format::ZoneRole::HotData));
+        let node_need = (dirty_nodes + node_pages + margin)
+            .saturating_sub(self.volume.head_free_pages(flintfs_format::ZoneRole::Node));
+        (data_need, node_need)
+    }
+
     /// Errors with ENOSPC unless `data_pages` and `node_pages` more can be
     /// written on top of what is buffered, keeping room for the checkpoint
     /// that makes it durable. Data and nodes go to different heads, and a
@@ -539,12 +555,7 @@ impl<D: FlashDevice> Fs<D> {
         let mut cleaned = 0;
         let mut released = false;
         loop {
-            let dirty_nodes = (self.nodes.dirty_count() + self.pending.len()) as u64;
-            let margin = OPERATION_NODE_PAGES_MAX + self.map_pages.len() as u64;
-            let data_need = (self.dirty_blocks.len() as u64 + data_pages)
-                .saturating_sub(self.volume.head_free_pages(flintfs_format::ZoneRole::HotData));
-            let node_need = (dirty_nodes + node_pages + margin)
-                .saturating_sub(self.volume.head_free_pages(flintfs_format::ZoneRole::Node));
+            let (data_need, node_need) = self.pages_past_heads(data_pages, node_pages);
             if data_need == 0 && node_need == 0 {
                 // The heads hold it all: no zone list to read (the common
                 // case, before every write).
@@ -583,6 +594,7 @@ impl<D: FlashDevice> Fs<D> {
                 0
             };
             if more == 0 {
+                let dirty_nodes = self.nodes.dirty_count() + self.pending.len();
                 return Err(Error::new(
                     errno::ENOSPC,
                     format!(
