@@ -556,6 +556,29 @@ fn cut_workload(
     }
 }
 
+/// Cuts `workload`, run from the state `setup_operations` leave (synced),
+/// at `cuts` device operations spread evenly over it, and judges each
+/// recovery against the model as the other modes do. For workloads built
+/// to reach one mechanism (the cleaner, say) that generated ones rarely do.
+pub fn cut_given_workload(
+    setup: Setup,
+    seed: u64,
+    setup_operations: &[Operation],
+    workload: Vec<Operation>,
+    cuts: u64,
+) -> Result<Summary, String> {
+    let prepared = Prepared::new(setup, seed, setup_operations)?;
+    let mut summary = Summary::default();
+    cut_workload(
+        &prepared,
+        workload,
+        seed,
+        |total| (1..=cuts).map(|cut| total * cut / (cuts + 1)).collect(),
+        &mut summary,
+    );
+    Ok(summary)
+}
+
 /// The bounded mode's file set, made before every workload and synced.
 fn bounded_setup() -> Vec<Operation> {
     vec![

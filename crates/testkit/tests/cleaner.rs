@@ -103,3 +103,58 @@ fn many_small_files_over_many_directories_never_run_out_of_space() {
             .unwrap_or_else(|error| panic!("seed {seed}: f{sample:07}: {error}"));
     }
 }
+
+/// Power cuts while the foreground cleaner moves a batch of zones: it
+/// moves inodes and dirties directory pages that only the batch's closing
+/// checkpoint makes durable, so a cut anywhere in between must leave the
+/// old checkpoint's tree whole (the victims are not reset before that
+/// checkpoint frees them) and every fsynced file there.
+#[test]
+fn power_cuts_while_the_cleaner_moves_a_batch_recover_as_promised() {
+    use flintfs_testkit::crashtest::cut_given_workload;
+    use flintfs_testkit::model::Operation;
+    use flintfs_testkit::runner::{Setup, Subject};
+    let seed = 23;
+    let setup = Setup::small();
+    let directories = 20;
+    let directory = |index: usize| vec![format!("d{:02}", index % directories).into_bytes()];
+    let create =
+        |index: usize| Operation::Create { directory: directory(index), name: format!("f{index:05}").into_bytes() };
+    let setup_operations: Vec<Operation> = (0..directories)
+        .map(|index| Operation::Mkdir { directory: Vec::new(), name: format!("d{index:02}").into_bytes() })
+        .chain((0..FILLED).map(create))
+        .collect();
+    // The measured part: more creates round-robin, each directory fsynced
+    // every so often, over the point where the cleaner starts.
+    let workload: Vec<Operation> = (FILLED..FILLED + MORE)
+        .flat_map(|index| {
+            let mut operations = vec![create(index)];
+            if index % 7 == 0 {
+                operations.push(Operation::Fsync { path: directory(index), data_only: false });
+            }
+            operations
+        })
+        .collect();
+    // The workload must reach the cleaner, or the cuts prove nothing.
+    let (flash, clock) = setup.formatted(seed);
+    let mut subject = Subject::mount(flash, clock, setup.options.clone()).unwrap();
+    for operation in &setup_operations {
+        subject.apply(operation);
+    }
+    let before = subject.fs().cleaner_counters().zones_cleaned;
+    for operation in &workload {
+        subject.apply(operation);
+    }
+    let cleaned = subject.fs().cleaner_counters().zones_cleaned - before;
+    assert!(cleaned >= 2, "seed {seed}: the workload cleaned {cleaned} zones; the cuts would miss the cleaner");
+    let summary = cut_given_workload(setup, seed, &setup_operations, workload, CUTS).unwrap();
+    eprintln!("seed {seed}: {cleaned} zones cleaned by the uncut workload; {summary:?}");
+    assert_eq!(summary.cuts, CUTS, "seed {seed}");
+    assert_eq!(summary.violations, 0, "seed {seed}: {:?}", summary.failures);
+}
+
+/// Files made before the measured workload, and in it, for the test above.
+const FILLED: usize = 600;
+const MORE: usize = 300;
+/// Cuts spread over the measured workload.
+const CUTS: u64 = 10;
