@@ -4,68 +4,17 @@
 //! exits non-zero; none panics on bad input. The names and JSON fields are
 //! relied on by scripts (issue 5), so they change only with them.
 
-mod bench;
-mod bench_littlefs;
-mod bench_report;
-mod bench_staged;
 mod crashtest;
 mod daemon;
 mod demo;
 mod image;
 mod inspect;
 
-use std::alloc::{GlobalAlloc, Layout, System};
+use std::ffi::OsString;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicUsize, Ordering};
 
 use clap::{Parser, Subcommand};
-
-/// Heap bytes allocated and not yet freed, by this process: the bench
-/// reports the in-process engine's memory as this counter's growth over
-/// its mount. A relaxed counter on the system allocator costs an atomic
-/// add per allocation.
-pub static HEAP_LIVE_BYTES: AtomicUsize = AtomicUsize::new(0);
-
-struct CountingAllocator;
-
-// SAFETY: every call is passed to the system allocator unchanged; only the
-// counter is added to.
-unsafe impl GlobalAlloc for CountingAllocator {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        // SAFETY: the caller's contract, passed on.
-        let pointer = unsafe { System.alloc(layout) };
-        if !pointer.is_null() {
-            HEAP_LIVE_BYTES.fetch_add(layout.size(), Ordering::Relaxed);
-        }
-        pointer
-    }
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        // SAFETY: the caller's contract, passed on.
-        let pointer = unsafe { System.alloc_zeroed(layout) };
-        if !pointer.is_null() {
-            HEAP_LIVE_BYTES.fetch_add(layout.size(), Ordering::Relaxed);
-        }
-        pointer
-    }
-    unsafe fn dealloc(&self, pointer: *mut u8, layout: Layout) {
-        // SAFETY: the caller's contract, passed on.
-        unsafe { System.dealloc(pointer, layout) };
-        HEAP_LIVE_BYTES.fetch_sub(layout.size(), Ordering::Relaxed);
-    }
-    unsafe fn realloc(&self, pointer: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        // SAFETY: the caller's contract, passed on.
-        let moved = unsafe { System.realloc(pointer, layout, new_size) };
-        if !moved.is_null() {
-            HEAP_LIVE_BYTES.fetch_add(new_size, Ordering::Relaxed);
-            HEAP_LIVE_BYTES.fetch_sub(layout.size(), Ordering::Relaxed);
-        }
-        moved
-    }
-}
-
-#[global_allocator]
-static ALLOCATOR: CountingAllocator = CountingAllocator;
 
 /// A failed command: the message, already worded for the user.
 #[derive(Debug)]
@@ -110,8 +59,13 @@ enum Action {
     Stat(daemon::StatArguments),
     /// Cut the emulated device's power under a live mount.
     Powercut(daemon::PowercutArguments),
-    /// Workloads on flintfs and its peers (ext2, ext4, btrfs, xfs on loop devices, littlefs) in one run.
-    Bench(bench::BenchArguments),
+    /// Workloads on flintfs and its peers in one run: runs the flintfs-bench binary
+    /// (`cargo build --release -p flintfs-bench`), which has its own --help.
+    #[command(disable_help_flag = true)]
+    Bench {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true, num_args = 0..)]
+        arguments: Vec<OsString>,
+    },
     /// Cut power at every device operation of workloads, recover, and check docs/SEMANTICS.md's promises.
     Crashtest(crashtest::CrashtestArguments),
     /// The main job: make an image, mount it, copy a tree, fsync, cut the power, recover, fsck, print figures.
@@ -150,7 +104,7 @@ fn main() -> ExitCode {
         Action::Powercut(arguments) => daemon::powercut(arguments),
         Action::Demo(arguments) => demo::demo(arguments),
         Action::Crashtest(arguments) => crashtest::crashtest(arguments),
-        Action::Bench(arguments) => bench::bench(arguments),
+        Action::Bench { arguments } => run_bench(arguments),
     };
     match result {
         Ok(code) => code,
@@ -192,4 +146,24 @@ pub fn runtime_directory() -> Outcome<PathBuf> {
         fail!("{}: writable by others; make it 0700", directory.display());
     }
     Ok(directory)
+}
+
+/// `flintfs bench ...` is `flintfs-bench ...`: the harness and its peers
+/// (littlefs is C, the charts a drawing stack) live in their own binary so
+/// that this one builds with no C toolchain. It is looked for beside this
+/// binary, then on the PATH.
+fn run_bench(arguments: Vec<OsString>) -> Outcome<ExitCode> {
+    use std::os::unix::process::CommandExt;
+    let beside = std::env::current_exe().ok().map(|path| path.with_file_name("flintfs-bench"));
+    let on_path = std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths).map(|directory| directory.join("flintfs-bench")).find(|path| path.is_file())
+    });
+    let Some(program) = beside.filter(|path| path.is_file()).or(on_path) else {
+        fail!(
+            "bench needs the flintfs-bench binary beside flintfs or on the PATH: \
+             cargo build --release -p flintfs-bench"
+        );
+    };
+    let error = std::process::Command::new(&program).args(arguments).exec();
+    fail!("{}: {error}", program.display())
 }

@@ -112,7 +112,7 @@ fn mkfs_inspect_fsck_and_stat_on_an_image() {
     let ordered = json(&ok(&["crashtest", "--mode", "random", "--cuts", "120", "--fsync", "ordered", "--json"]));
     assert_eq!(ordered["violations"], 0, "{ordered}");
     refused(&["crashtest", "--mode", "sideways"], "invalid value");
-    for subcommand in ["mkfs", "mount", "fsck", "inspect", "stat", "powercut", "crashtest", "bench", "demo"] {
+    for subcommand in ["mkfs", "mount", "fsck", "inspect", "stat", "powercut", "crashtest", "demo"] {
         assert!(ok(&[subcommand, "--help"]).contains("Usage"), "{subcommand} --help");
     }
 }
@@ -266,32 +266,15 @@ fn the_demo_runs_the_main_job_and_reports_every_fsynced_file_intact() {
 }
 
 #[test]
-fn bench_prints_a_row_per_target_with_the_fields_tools_read() {
-    if !fuse_available() {
-        return;
+fn bench_runs_the_flintfs_bench_binary_or_says_how_to_build_it() {
+    // cargo builds every binary of the workspace for `cargo test
+    // --workspace`; a lone `-p flintfs-cli` run may not have it.
+    let beside = Path::new(FLINTFS).with_file_name("flintfs-bench");
+    if beside.is_file() {
+        let help = ok(&["bench", "--help"]);
+        assert!(help.contains("Usage: flintfs-bench"), "{help}");
+        refused(&["bench", "sideways", "--quick"], "unknown workload");
+    } else {
+        refused(&["bench", "create_fsync", "--quick"], "cargo build --release -p flintfs-bench");
     }
-    let rows = json(&ok(&["bench", "create_fsync", "--quick", "--json"]));
-    let rows = rows.as_array().expect("an array of rows");
-    let targets: Vec<&str> = rows.iter().filter_map(|row| row["target"].as_str()).collect();
-    assert_eq!(targets, ["flintfs", "flintfs-ordered", "flintfs-fuse"], "{rows:?}");
-    for row in rows {
-        for field in [
-            "workload",
-            "target",
-            "ops",
-            "ops_per_s",
-            "bytes_per_op",
-            "pages_programmed",
-            "erases",
-            "device_time_ns_per_op",
-            "mount_pages_read",
-            "peak_rss_bytes",
-        ] {
-            assert!(row.get(field).is_some(), "a row lacks {field}: {row}");
-        }
-        assert_eq!(row["ops"], 2000, "{row}");
-        assert!(row["bytes_per_op"].as_f64().unwrap() > 0.0, "{row}");
-    }
-    refused(&["bench", "sideways", "--quick"], "unknown workload");
-    refused(&["bench", "delete", "--quick", "--peers", "ntfs"], "unknown peer");
 }

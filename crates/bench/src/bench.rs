@@ -981,7 +981,7 @@ fn resident_of(pid: u32) -> Option<u64> {
 
 /// The workload on a FUSE mount of an image.
 fn run_fuse(workload: &str, size: Size, seed: u64, directory: &Path) -> Outcome<Value> {
-    let flintfs = std::env::current_exe()?;
+    let Some(flintfs) = flintfs_binary() else { fail!("{}", NO_FLINTFS_BINARY) };
     let image = directory.join("bench.img");
     let mountpoint = directory.join("mnt");
     std::fs::create_dir_all(&mountpoint)?;
@@ -1220,13 +1220,32 @@ fn run_one(arguments: &BenchArguments, target: &str) -> Outcome<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+const NO_FLINTFS_BINARY: &str =
+    "no flintfs binary beside flintfs-bench or on the PATH (build it: cargo build --release -p flintfs-cli)";
+
+/// The `flintfs` command the FUSE target mounts with: `FLINTFS_BIN`, else
+/// the one beside this binary (a cargo target directory, or an install),
+/// else the PATH's.
+fn flintfs_binary() -> Option<PathBuf> {
+    if let Some(path) = std::env::var_os("FLINTFS_BIN") {
+        return Some(PathBuf::from(path));
+    }
+    let beside = std::env::current_exe().ok()?.with_file_name("flintfs");
+    if beside.is_file() {
+        return Some(beside);
+    }
+    let paths = std::env::var_os("PATH")?;
+    std::env::split_paths(&paths).map(|directory| directory.join("flintfs")).find(|path| path.is_file())
+}
+
 /// Why a peer cannot run here, if it cannot.
 fn unavailable(target: &str) -> Option<String> {
     // SAFETY: geteuid has no preconditions.
     let root = unsafe { libc::geteuid() } == 0;
     match target {
         "flintfs" | "flintfs-ordered" | "littlefs" => None,
-        "flintfs-fuse" => (!Path::new("/dev/fuse").exists()).then(|| "no /dev/fuse".to_string()),
+        "flintfs-fuse" if !Path::new("/dev/fuse").exists() => Some("no /dev/fuse".to_string()),
+        "flintfs-fuse" => flintfs_binary().is_none().then(|| NO_FLINTFS_BINARY.to_string()),
         _ if !root => Some("kernel file systems on loop devices need root".to_string()),
         _ => {
             let mkfs = format!("mkfs.{target}");
@@ -1308,7 +1327,7 @@ pub fn bench(arguments: BenchArguments) -> Outcome<ExitCode> {
                 continue;
             }
             let mut command = Command::new(std::env::current_exe()?);
-            command.args(["bench", workload, "--target", target, "--seed", &arguments.seed.to_string()]);
+            command.args([workload, "--target", target, "--seed", &arguments.seed.to_string()]);
             if arguments.quick {
                 command.arg("--quick");
             }
@@ -1485,7 +1504,10 @@ fn machine() -> String {
 
 /// Today's date (UTC) from the wall clock, as YYYY-MM-DD.
 fn today() -> String {
-    let days = (crate::image::now_ns() / 1_000_000_000 / 86_400) as i64;
+    let days =
+        (std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |since| since.as_nanos() as u64)
+            / 1_000_000_000
+            / 86_400) as i64;
     // Civil from days (Howard Hinnant's algorithm).
     let z = days + 719_468;
     let era = z.div_euclid(146_097);

@@ -1,0 +1,87 @@
+//! `flintfs-bench` as scripts call it: a row per target with the fields
+//! tools read, and refusals of bad input. Timings are printed by the
+//! runs, never asserted.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+const FLINTFS_BENCH: &str = env!("CARGO_BIN_EXE_flintfs-bench");
+
+fn bench(arguments: &[&str]) -> Output {
+    Command::new(FLINTFS_BENCH).args(arguments).output().expect("run flintfs-bench")
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+fn ok(arguments: &[&str]) -> String {
+    let output = bench(arguments);
+    assert!(
+        output.status.success(),
+        "flintfs-bench {arguments:?} failed: {}{}",
+        text(&output.stdout),
+        text(&output.stderr)
+    );
+    text(&output.stdout)
+}
+
+fn refused(arguments: &[&str], expected: &str) {
+    let output = bench(arguments);
+    let stderr = text(&output.stderr);
+    assert!(!output.status.success(), "flintfs-bench {arguments:?} succeeded");
+    assert!(!stderr.contains("panicked"), "flintfs-bench {arguments:?} panicked: {stderr}");
+    assert!(stderr.contains(expected), "flintfs-bench {arguments:?}: {stderr:?} does not say {expected:?}");
+    assert_eq!(stderr.trim().lines().count(), 1, "more than one line: {stderr:?}");
+}
+
+fn fuse_available() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    let fuse = Path::new("/dev/fuse").exists();
+    if !(root && fuse) {
+        eprintln!("skipped: FUSE mounts need /dev/fuse and root (have /dev/fuse: {fuse}, root: {root})");
+    }
+    root && fuse
+}
+
+#[test]
+fn a_row_per_target_with_the_fields_tools_read() {
+    if !fuse_available() {
+        return;
+    }
+    // The FUSE target mounts with the flintfs binary beside this one,
+    // which `cargo test --workspace` builds.
+    let flintfs = Path::new(FLINTFS_BENCH).with_file_name("flintfs");
+    assert!(flintfs.is_file(), "no {} (cargo build -p flintfs-cli)", flintfs.display());
+    let rows: serde_json::Value =
+        serde_json::from_str(ok(&["create_fsync", "--quick", "--json"]).trim()).expect("JSON rows");
+    let rows = rows.as_array().expect("an array of rows");
+    let targets: Vec<&str> = rows.iter().filter_map(|row| row["target"].as_str()).collect();
+    assert_eq!(targets, ["flintfs", "flintfs-ordered", "flintfs-fuse"], "{rows:?}");
+    for row in rows {
+        for field in [
+            "workload",
+            "target",
+            "ops",
+            "ops_per_s",
+            "bytes_per_op",
+            "pages_programmed",
+            "erases",
+            "device_time_ns_per_op",
+            "mount_pages_read",
+            "peak_rss_bytes",
+        ] {
+            assert!(row.get(field).is_some(), "a row lacks {field}: {row}");
+        }
+        assert_eq!(row["ops"], 2000, "{row}");
+        assert!(row["bytes_per_op"].as_f64().unwrap() > 0.0, "{row}");
+    }
+}
+
+#[test]
+fn bad_input_gets_one_clear_line() {
+    refused(&["sideways", "--quick"], "unknown workload");
+    refused(&["delete", "--quick", "--peers", "ntfs"], "unknown peer");
+    refused(&["delete", "--seed", "many"], "invalid value");
+}
