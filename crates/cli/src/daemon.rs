@@ -42,7 +42,12 @@ pub struct MountArguments {
     pub foreground: bool,
     /// Options: node_cache=SIZE, data_buffer=SIZE, read_cache=SIZE,
     /// checkpoint_interval=SECONDS, fsync=wp-check|ordered|unchecked,
-    /// nobarrier, allow_other.
+    /// nobarrier, allow_other (the default for root), private or
+    /// noallow_other (only the mounting user; mount(8) keeps `private` for
+    /// itself, so fstab says noallow_other), the kernel's ro, rw, nosuid, suid, nodev, dev,
+    /// noexec, exec, noatime, atime, sync, async, dirsync; fstab's
+    /// defaults, auto, noauto, nofail, user, users, nouser, _netdev, x-*
+    /// and comment=* are accepted and left to mount(8) and systemd.
     #[arg(short = 'o', value_delimiter = ',')]
     pub options: Vec<String>,
     /// (internal) Print a ready line on stdout once mounted.
@@ -53,11 +58,32 @@ pub struct MountArguments {
 /// What `-o` chose.
 struct MountOptions {
     fs: FsOptions,
+    /// Whether users other than the one who mounted may use the mount.
+    /// Root mounts a system file system: every user reaches it, as on
+    /// ext4, and the kernel checks each one's permissions
+    /// (`default_permissions`, always on). A user's own mount stays
+    /// private, as FUSE wants unless /etc/fuse.conf says
+    /// `user_allow_other`. `-o private` keeps a root mount to root.
     allow_other: bool,
+    /// The kernel's own flags, from [`flintfs_fuse::KERNEL_FLAGS`].
+    kernel_flags: Vec<String>,
+}
+
+/// Options of fstab and mount(8) that mean something to them (or to
+/// systemd), not to the file system: accepted, so that an fstab line
+/// mounts, and ignored.
+fn is_mount_program_option(name: &str) -> bool {
+    matches!(
+        name,
+        "defaults" | "auto" | "noauto" | "nofail" | "user" | "users" | "nouser" | "owner" | "group" | "_netdev"
+    ) || name.starts_with("x-")
+        || name == "comment"
 }
 
 fn parse_options(options: &[String]) -> Outcome<MountOptions> {
-    let mut parsed = MountOptions { fs: FsOptions::default(), allow_other: false };
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    let mut parsed = MountOptions { fs: FsOptions::default(), allow_other: root, kernel_flags: Vec::new() };
     for option in options.iter().filter(|option| !option.is_empty()) {
         let (name, value) = match option.split_once('=') {
             Some((name, value)) => (name, Some(value)),
@@ -79,6 +105,14 @@ fn parse_options(options: &[String]) -> Outcome<MountOptions> {
                 parsed.fs.checkpoint_interval_ns = seconds.saturating_mul(1_000_000_000);
             }
             "allow_other" if value.is_none() => parsed.allow_other = true,
+            // mount(8) takes `private` for itself (a propagation flag)
+            // and never passes it on: through mount(8) and fstab, say
+            // `noallow_other`.
+            "private" | "noallow_other" if value.is_none() => parsed.allow_other = false,
+            flag if value.is_none() && flintfs_fuse::KERNEL_FLAGS.contains(&flag) => {
+                parsed.kernel_flags.push(flag.to_string())
+            }
+            program if is_mount_program_option(program) => {}
             "fsync" => {
                 parsed.fs.fsync_mode = match value {
                     Some("wp-check") => FsyncMode::WpCheck,
@@ -94,7 +128,9 @@ fn parse_options(options: &[String]) -> Outcome<MountOptions> {
             "nobarrier" if value.is_none() => parsed.fs.barrier = false,
             _ => fail!(
                 "unknown mount option {option:?} (known: node_cache=SIZE, data_buffer=SIZE, read_cache=SIZE, \
-                 checkpoint_interval=SECONDS, fsync=wp-check|ordered|unchecked, nobarrier, allow_other)"
+                 checkpoint_interval=SECONDS, fsync=wp-check|ordered|unchecked, nobarrier, allow_other, private, noallow_other, \
+                 and the kernel's {})",
+                flintfs_fuse::KERNEL_FLAGS.join(", ")
             ),
         }
     }
@@ -187,10 +223,26 @@ fn ask(mountpoint: &Path, command: &str) -> Outcome<String> {
     Ok(answer)
 }
 
-pub fn mount(arguments: MountArguments) -> Outcome<ExitCode> {
-    // Refuse what can be refused before starting anything.
+/// Whether `mount -o` knows `option` (its value checked too).
+pub fn is_known_option(option: &str) -> bool {
+    parse_options(&[option.to_string()]).is_ok()
+}
+
+/// Refuses what can be refused before starting anything: the options, the
+/// mount point, and an image that is not there.
+pub fn check_mount(arguments: &MountArguments) -> Outcome {
     parse_options(&arguments.options)?;
     check_mountpoint(&arguments.mountpoint)?;
+    let metadata =
+        std::fs::metadata(&arguments.image).map_err(|error| format!("{}: {error}", arguments.image.display()))?;
+    if !metadata.is_file() {
+        fail!("{}: not an image file", arguments.image.display());
+    }
+    Ok(())
+}
+
+pub fn mount(arguments: MountArguments) -> Outcome<ExitCode> {
+    check_mount(&arguments)?;
     if arguments.foreground {
         return run_daemon(arguments);
     }
@@ -268,7 +320,7 @@ fn run_daemon(arguments: MountArguments) -> Outcome<ExitCode> {
     install_stop_handlers();
 
     let name = fs_name(&image);
-    let session = flintfs_fuse::spawn(filesystem, &canonical, &name, options.allow_other)
+    let session = flintfs_fuse::spawn(filesystem, &canonical, &name, options.allow_other, &options.kernel_flags)
         .map_err(|error| format!("{}: FUSE mount failed: {error}", arguments.mountpoint.display()))?;
 
     let cut = Arc::new(AtomicBool::new(false));
@@ -442,6 +494,11 @@ fn serve_control(
                 }
                 None => "error the file system is stopping".to_string(),
             },
+            ["sync"] => match shared.with(|fs| fs.sync()) {
+                None => "error the file system is stopping".to_string(),
+                Some(Ok(())) => "synced".to_string(),
+                Some(Err(error)) => format!("error sync: {}", error.message),
+            },
             ["powercut", seed] => match seed.parse::<u64>() {
                 Err(_) => "error the seed is not a number".to_string(),
                 Ok(seed) => match shared.take() {
@@ -521,6 +578,21 @@ pub fn stat(arguments: StatArguments) -> Outcome<ExitCode> {
             println!("{name:<28} {value}");
         }
     }
+    Ok(ExitCode::SUCCESS)
+}
+
+#[derive(Args)]
+pub struct SyncArguments {
+    /// The mount point of a live flintfs mount.
+    pub mountpoint: PathBuf,
+}
+
+/// `flintfs sync MOUNTPOINT`: a checkpoint of everything the mount holds.
+/// The kernel sends no request for sync(2) or syncfs(2) to a FUSE file
+/// system (FUSE_SYNCFS is for virtiofs only), so this is the command that
+/// does; so does fsync of the mount's root directory.
+pub fn sync(arguments: SyncArguments) -> Outcome<ExitCode> {
+    ask(&arguments.mountpoint, "sync")?;
     Ok(ExitCode::SUCCESS)
 }
 

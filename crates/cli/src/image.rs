@@ -59,6 +59,12 @@ pub struct MkfsArguments {
     /// Overwrite an existing file, even a flintfs image.
     #[arg(long)]
     pub force: bool,
+    /// Say what would be made, and write nothing.
+    #[arg(long, short = 'n')]
+    pub dry_run: bool,
+    /// Print nothing when it succeeds.
+    #[arg(long, short = 'q')]
+    pub quiet: bool,
 }
 
 /// The geometry the arguments ask for, checked.
@@ -113,9 +119,28 @@ fn is_flintfs_image(path: &Path) -> bool {
     ImageBackend::read_geometry(path).is_ok()
 }
 
+fn describe(path: &Path, geometry: &Geometry) -> String {
+    format!(
+        "{}: flintfs format {}, {} zones of {} blocks of {} pages of {} B (+{} B OOB), {} MiB{}",
+        path.display(),
+        flintfs_format::FORMAT_VERSION,
+        geometry.zone_count,
+        geometry.zone_blocks,
+        geometry.block_pages,
+        geometry.page_size_bytes,
+        geometry.oob_size_bytes,
+        geometry.device_size_bytes() >> 20,
+        if geometry.nvm_size_bytes > 0 { format!(", {} B NVM", geometry.nvm_size_bytes) } else { String::new() }
+    )
+}
+
 pub fn mkfs(arguments: MkfsArguments) -> Outcome<ExitCode> {
     let geometry = geometry_of(&arguments)?;
     let path = &arguments.image;
+    if arguments.dry_run {
+        println!("would make {}", describe(path, &geometry));
+        return Ok(ExitCode::SUCCESS);
+    }
     if let Ok(metadata) = std::fs::symlink_metadata(path) {
         if !metadata.is_file() {
             fail!("{}: exists and is not a regular file", path.display());
@@ -141,18 +166,9 @@ pub fn mkfs(arguments: MkfsArguments) -> Outcome<ExitCode> {
     let clock = Box::new(flintfs_fuse::SystemClock);
     let device = Fs::format(device, &options, clock).map_err(|error| format!("mkfs: {}", error.message))?;
     drop(device);
-    println!(
-        "{}: flintfs format {}, {} zones of {} blocks of {} pages of {} B (+{} B OOB), {} MiB{}",
-        path.display(),
-        flintfs_format::FORMAT_VERSION,
-        geometry.zone_count,
-        geometry.zone_blocks,
-        geometry.block_pages,
-        geometry.page_size_bytes,
-        geometry.oob_size_bytes,
-        geometry.device_size_bytes() >> 20,
-        if geometry.nvm_size_bytes > 0 { format!(", {} B NVM", geometry.nvm_size_bytes) } else { String::new() }
-    );
+    if !arguments.quiet {
+        println!("{}", describe(path, &geometry));
+    }
     Ok(ExitCode::SUCCESS)
 }
 
@@ -195,19 +211,30 @@ pub struct FsckArguments {
     pub json: bool,
 }
 
-pub fn fsck(arguments: FsckArguments) -> Outcome<ExitCode> {
-    let device = open_image(&arguments.image, IMAGE_WAIT)?;
+/// What a check of an image found.
+pub struct Checked {
+    pub report: flintfs_core::CheckReport,
+    pub mount: flintfs_core::MountReport,
+    pub repaired: bool,
+}
+
+/// Mounts an image, repairs it if asked, and checks every invariant.
+pub fn check_image(path: &Path, repair: bool, wait: Duration) -> Outcome<Checked> {
+    let device = open_image(path, wait)?;
     let (mut fs, mount) = mount_fs(device, FsOptions::default())?;
-    let mut repaired = false;
-    if arguments.repair {
+    if repair {
         // The checkpoint is what repairs: it records the tree as the mount
         // found it, with the orphans freed and unreferenced zones released.
         fs.sync().map_err(|error| format!("repair: {}", error.message))?;
-        repaired = true;
     }
     let report = fs.check().map_err(|error| format!("check: {}", error.message))?;
     // A check alone writes no checkpoint: the image stays as it was found.
     drop(fs.into_device());
+    Ok(Checked { report, mount, repaired: repair })
+}
+
+pub fn fsck(arguments: FsckArguments) -> Outcome<ExitCode> {
+    let Checked { report, mount, repaired } = check_image(&arguments.image, arguments.repair, IMAGE_WAIT)?;
     let clean = report.is_clean();
     if arguments.json {
         let value = serde_json::json!({

@@ -4,6 +4,7 @@
 //! exits non-zero; none panics on bad input. The names and JSON fields are
 //! relied on by scripts (issue 5), so they change only with them.
 
+mod conventions;
 mod crashtest;
 mod daemon;
 mod demo;
@@ -70,6 +71,11 @@ enum Action {
     Crashtest(crashtest::CrashtestArguments),
     /// The main job: make an image, mount it, copy a tree, fsync, cut the power, recover, fsck, print figures.
     Demo(demo::DemoArguments),
+    /// Make everything a live mount holds durable (sync(2) does not reach a FUSE mount).
+    Sync(daemon::SyncArguments),
+    /// Put flintfs on the PATH and mount.flintfs, mkfs.flintfs and fsck.flintfs where mount(8),
+    /// mkfs(8) and fsck(8) look.
+    Install(conventions::InstallArguments),
 }
 
 fn main() -> ExitCode {
@@ -78,6 +84,15 @@ fn main() -> ExitCode {
     // SAFETY: restoring a signal's default disposition at startup.
     unsafe {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+    let filter = tracing_subscriber::EnvFilter::try_from_env("FLINTFS_LOG")
+        // fuser warns of every request it answers ENOSYS (a tty ioctl on
+        // each open by Python, say): not worth a line each.
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,fuser=error"));
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    let mut arguments = std::env::args_os();
+    if let Some(helper) = arguments.next().as_deref().and_then(conventions::helper_named) {
+        return conventions::run_helper(helper, arguments.collect());
     }
     let command = match Command::try_parse() {
         Ok(command) => command,
@@ -90,11 +105,6 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let filter = tracing_subscriber::EnvFilter::try_from_env("FLINTFS_LOG")
-        // fuser warns of every request it answers ENOSYS (a tty ioctl on
-        // each open by Python, say): not worth a line each.
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,fuser=error"));
-    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
     let result = match command.action {
         Action::Mkfs(arguments) => image::mkfs(arguments),
         Action::Mount(arguments) => daemon::mount(arguments),
@@ -105,6 +115,8 @@ fn main() -> ExitCode {
         Action::Demo(arguments) => demo::demo(arguments),
         Action::Crashtest(arguments) => crashtest::crashtest(arguments),
         Action::Bench { arguments } => run_bench(arguments),
+        Action::Sync(arguments) => daemon::sync(arguments),
+        Action::Install(arguments) => conventions::install(arguments),
     };
     match result {
         Ok(code) => code,

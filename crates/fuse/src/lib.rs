@@ -574,13 +574,44 @@ impl<D: FlashDevice + Send + 'static> Filesystem for FlintFuse<D> {
     }
 }
 
-/// The session configuration flintfs mounts with.
-pub fn config(fs_name: &str, allow_other: bool) -> fuser::Config {
-    let mount_options = vec![
+/// The kernel's own mount flags a flintfs mount passes through, by
+/// mount(8)'s names: the kernel enforces them, the engine never sees them.
+pub const KERNEL_FLAGS: [&str; 13] =
+    ["ro", "rw", "nosuid", "suid", "nodev", "dev", "noexec", "exec", "noatime", "atime", "sync", "async", "dirsync"];
+
+fn kernel_flag(name: &str) -> Option<fuser::MountOption> {
+    use fuser::MountOption::*;
+    Some(match name {
+        "ro" => RO,
+        "rw" => RW,
+        "nosuid" => NoSuid,
+        "suid" => Suid,
+        "nodev" => NoDev,
+        "dev" => Dev,
+        "noexec" => NoExec,
+        "exec" => Exec,
+        "noatime" => NoAtime,
+        "atime" => Atime,
+        "sync" => Sync,
+        "async" => Async,
+        "dirsync" => DirSync,
+        _ => return None,
+    })
+}
+
+/// The session configuration flintfs mounts with. `default_permissions`
+/// is always on: the kernel checks modes and owners against the caller, as
+/// for a kernel file system, and the engine trusts that it did. That is
+/// also what makes `allow_other` safe to give: without it every user could
+/// do anything on the mount. `kernel_flags` are names from
+/// [`KERNEL_FLAGS`]; others are ignored (the caller checks them).
+pub fn config(fs_name: &str, allow_other: bool, kernel_flags: &[String]) -> fuser::Config {
+    let mut mount_options = vec![
         fuser::MountOption::FSName(fs_name.to_string()),
         fuser::MountOption::Subtype("flintfs".to_string()),
         fuser::MountOption::DefaultPermissions,
     ];
+    mount_options.extend(kernel_flags.iter().filter_map(|name| kernel_flag(name)));
     // The ACL is how fuser says `allow_other`.
     let acl = if allow_other { fuser::SessionACL::All } else { fuser::SessionACL::Owner };
     let mut config = fuser::Config::default();
@@ -599,6 +630,7 @@ pub fn spawn<D: FlashDevice + Send + 'static>(
     mountpoint: &Path,
     fs_name: &str,
     allow_other: bool,
+    kernel_flags: &[String],
 ) -> std::io::Result<BackgroundSession> {
-    fuser::Session::new(filesystem, mountpoint, &config(fs_name, allow_other))?.spawn()
+    fuser::Session::new(filesystem, mountpoint, &config(fs_name, allow_other, kernel_flags))?.spawn()
 }

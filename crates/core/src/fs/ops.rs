@@ -1061,8 +1061,14 @@ impl<D: FlashDevice> Fs<D> {
 
     /// Makes a file durable, and every operation before: its blocks and
     /// one record of the metadata log, then one flush. fdatasync does the
-    /// same (the record is what says where the blocks are).
+    /// same (the record is what says where the blocks are). fsync of the
+    /// root directory is [`Fs::sync`]: a FUSE mount gets no request for
+    /// sync(2) or syncfs(2), and a directory handle on the mount's root is
+    /// the one every program can fsync.
     pub fn fsync(&mut self, ino: u64, _datasync: bool) -> Result<()> {
+        if ino == ROOT_INO {
+            return self.sync();
+        }
         self.fsync_logged(ino)
     }
 
