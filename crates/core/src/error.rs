@@ -24,6 +24,7 @@ pub mod errno {
     pub const ERANGE: i32 = 34;
     pub const ENODATA: i32 = 61;
     pub const EOPNOTSUPP: i32 = 95;
+    pub const ENXIO: i32 = 6;
 }
 
 #[derive(Debug, thiserror::Error)]

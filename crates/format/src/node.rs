@@ -25,8 +25,13 @@ pub const NAME_BYTES_MAX: usize = 255;
 pub const ENTRY_FIXED_BYTES: usize = 26;
 /// Root pointers of a file index held in the file inode.
 pub const INDEX_ROOTS: usize = 16;
-/// Bytes of a file's index in its inode: height, padding, the roots.
+/// Bytes of a file's index in its inode: height, padding, the count of
+/// blocks stored, the roots.
 pub const INDEX_IN_INODE_BYTES: usize = 8 + 8 * INDEX_ROOTS;
+/// Most blocks a file may hold or address: its count of stored blocks is a
+/// u32, and its size is at most this many blocks (16 TiB of 4 KiB pages,
+/// as ext4's limit with 4 KiB blocks).
+pub const FILE_BLOCKS_MAX: u64 = u32::MAX as u64;
 /// Bytes of the directory part's header in a directory page.
 pub const DIRECTORY_HEADER_BYTES: usize = 16;
 /// Bytes of a bucket's header.
@@ -94,6 +99,20 @@ pub const fn bucket_area_bytes(page_size_bytes: usize) -> usize {
 pub const fn array_capacity(page_size_bytes: usize, element_bytes: usize) -> usize {
     (page_size_bytes - NODE_HEADER_BYTES - ARRAY_HEADER_BYTES) / element_bytes
 }
+
+/// Blocks a file index of the greatest height covers on the smallest page.
+const fn index_blocks_at_height_max() -> u128 {
+    let fanout = array_capacity(NODE_PAGE_BYTES_MIN, 8) as u128;
+    let mut blocks = INDEX_ROOTS as u128;
+    let mut level = 0;
+    while level < INDEX_HEIGHT_MAX {
+        blocks *= fanout;
+        level += 1;
+    }
+    blocks
+}
+// Every block of the largest file has a place in the index, on any page size.
+const _: () = assert!(index_blocks_at_height_max() > FILE_BLOCKS_MAX as u128);
 
 /// A directory name's hash: 63 bits of FNV-1a over the name, keyed with the
 /// file system's seed and finished with the SplitMix64 mixer. Part of the
@@ -519,7 +538,9 @@ pub enum FileContent {
     Inline(Vec<u8>),
     /// A radix tree of block pointers: with height 0 the roots point at
     /// blocks; with height h they point at index pages of level h - 1.
-    Index { height: u8, roots: [Pointer; INDEX_ROOTS] },
+    /// `blocks_stored` counts the non-null block pointers (what `st_blocks`
+    /// reports), kept as pointers are set and cleared.
+    Index { height: u8, blocks_stored: u32, roots: [Pointer; INDEX_ROOTS] },
 }
 
 /// How a directory holds its entries.
@@ -923,8 +944,8 @@ fn encode_file_body(inode: &Inode, content: &FileContent, writer: &mut Writer) {
         FileContent::Inline(data) => {
             writer.bytes(data);
         }
-        FileContent::Index { height, roots } => {
-            writer.u8(*height).zeros(7);
+        FileContent::Index { height, blocks_stored, roots } => {
+            writer.u8(*height).zeros(3).u32(*blocks_stored);
             roots.iter().for_each(|root| {
                 writer.u64(root.0);
             });
@@ -939,12 +960,13 @@ fn decode_file_body(reader: &mut Reader, slot: u32, page_size_bytes: usize) -> R
         FileContent::Inline(reader.take(length)?.to_vec())
     } else {
         let height = reader.u8()?;
-        reader.zeros(7)?;
+        reader.zeros(3)?;
+        let blocks_stored = reader.u32()?;
         let mut roots = [Pointer::NULL; INDEX_ROOTS];
         for root in &mut roots {
             *root = Pointer(reader.u64()?);
         }
-        FileContent::Index { height, roots }
+        FileContent::Index { height, blocks_stored, roots }
     };
     Ok(Node::File { slot, inode, content })
 }

@@ -35,8 +35,8 @@ use flintfs_format::FileType as CoreFileType;
 use fuser::{
     AccessFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
     KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory,
-    ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow,
-    WriteFlags,
+    ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request,
+    TimeOrNow, WriteFlags,
 };
 
 /// How long the kernel may trust attributes and entries it was given.
@@ -555,6 +555,28 @@ impl<D: FlashDevice + Send + 'static> Filesystem for FlintFuse<D> {
                 FileHandle(0),
                 FopenFlags::FOPEN_KEEP_CACHE,
             ),
+            Err(errno) => reply.error(errno),
+        }
+    }
+
+    fn lseek(
+        &self,
+        _request: &Request,
+        ino: INodeNo,
+        _handle: FileHandle,
+        offset: i64,
+        whence: i32,
+        reply: ReplyLseek,
+    ) {
+        // The kernel answers SEEK_SET, SEEK_CUR and SEEK_END itself.
+        let data = match whence {
+            libc::SEEK_DATA => true,
+            libc::SEEK_HOLE => false,
+            _ => return reply.error(Errno::EINVAL),
+        };
+        let Ok(offset) = u64::try_from(offset) else { return reply.error(Errno::ENXIO) };
+        match self.call(|fs| fs.seek_data_or_hole(ino.0, offset, data)) {
+            Ok(found) => reply.offset(i64::try_from(found).unwrap_or(i64::MAX)),
             Err(errno) => reply.error(errno),
         }
     }

@@ -400,7 +400,7 @@ impl<D: FlashDevice> Fs<D> {
         if matches!(target, Target::Slot(_)) && inode.parent != 0 {
             walk.findings.push(format!("inode {ino}: found through the map but names a parent"));
         }
-        let FileContent::Index { height, roots } = content else { return };
+        let FileContent::Index { height, blocks_stored, roots } = content else { return };
         let block_bytes = self.block_bytes();
         let mut blocks = Vec::new();
         if height == 0 {
@@ -409,6 +409,11 @@ impl<D: FlashDevice> Fs<D> {
             for (root, &pointer) in roots.iter().enumerate().take(INDEX_ROOTS) {
                 self.walk_index(walk, ino, inode.born, height - 1, root as u64, pointer, &mut blocks);
             }
+        }
+        let pointed = blocks.iter().filter(|(_, pointer)| !pointer.is_null()).count() as u64;
+        if pointed != u64::from(blocks_stored) {
+            walk.findings
+                .push(format!("inode {ino}: counts {blocks_stored} blocks stored, its index points at {pointed}"));
         }
         for (block, pointer) in blocks {
             if pointer.is_null() {

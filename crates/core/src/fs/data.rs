@@ -24,6 +24,13 @@ impl<D: FlashDevice> Fs<D> {
         self.page_size as u64
     }
 
+    /// The largest file: [`flintfs_format::FILE_BLOCKS_MAX`] blocks. A
+    /// sparse file may be larger than the device, as on ext4; its writes
+    /// meet ENOSPC when the device fills, not EFBIG.
+    pub(crate) fn file_bytes_max(&self) -> u64 {
+        flintfs_format::FILE_BLOCKS_MAX * self.block_bytes()
+    }
+
     /// Blocks an index of `height` covers.
     fn index_capacity_blocks(&self, height: u8) -> u64 {
         let fanout = self.index_fanout();
@@ -40,7 +47,7 @@ impl<D: FlashDevice> Fs<D> {
     /// Where block `block` of a file is; null for a hole.
     pub(crate) fn block_pointer(&mut self, ino: u64, block: u64) -> Result<Pointer> {
         let file_key = self.file_key(ino)?;
-        let Node::File { content: FileContent::Index { height, roots }, .. } = self.node(file_key)? else {
+        let Node::File { content: FileContent::Index { height, roots, .. }, .. } = self.node(file_key)? else {
             return Ok(Pointer::NULL);
         };
         if block >= self.index_capacity_blocks(height) {
@@ -63,10 +70,124 @@ impl<D: FlashDevice> Fs<D> {
     }
 
     /// Points block `block` of a file at `pointer`; returns what it pointed
-    /// at before. Grows the tree as needed.
+    /// at before. Grows the tree as needed, and keeps the file's count of
+    /// stored blocks.
     pub(crate) fn set_block_pointer(&mut self, ino: u64, block: u64, pointer: Pointer) -> Result<Pointer> {
+        let old = self.point_block(ino, block, pointer)?;
+        match (old.is_null(), pointer.is_null()) {
+            (true, false) => self.count_blocks_stored(ino, 1, 0)?,
+            (false, true) => self.count_blocks_stored(ino, 0, 1)?,
+            _ => {}
+        }
+        Ok(old)
+    }
+
+    /// Adds `added` to a file's count of stored blocks and takes `freed`
+    /// away. A count that would leave its range (a damaged image) stays at
+    /// the bound, and fsck reports it against the pointers.
+    fn count_blocks_stored(&mut self, ino: u64, added: u64, freed: u64) -> Result<()> {
         let file_key = self.file_key(ino)?;
-        let Node::File { inode, content: FileContent::Index { mut height, roots }, .. } = self.node(file_key)? else {
+        self.modify(file_key, |node| {
+            let Node::File { content: FileContent::Index { blocks_stored, .. }, .. } = node else {
+                unreachable!("only files with an index store blocks")
+            };
+            let count = u64::from(*blocks_stored).saturating_add(added).saturating_sub(freed);
+            *blocks_stored = u32::try_from(count).unwrap_or(u32::MAX);
+        })
+    }
+
+    /// Blocks of a file that its index points at, and blocks buffered in
+    /// memory that it does not point at yet: what the file uses.
+    pub(crate) fn blocks_used(&mut self, ino: u64, blocks_stored: u32) -> Result<u64> {
+        let buffered: Vec<u64> =
+            self.dirty_blocks.range((ino, 0)..=(ino, u64::MAX)).map(|(&(_, block), _)| block).collect();
+        let mut used = u64::from(blocks_stored);
+        for block in buffered {
+            if self.block_pointer(ino, block)?.is_null() {
+                used += 1;
+            }
+        }
+        Ok(used)
+    }
+
+    /// The first block in `from..end` that the file's index points at
+    /// (`present`), or does not; buffered blocks are the caller's.
+    /// Subtrees with no index page are skipped whole, so a search across a
+    /// hole of any size reads at most one path of index pages.
+    pub(crate) fn index_find(&mut self, ino: u64, from: u64, end: u64, present: bool) -> Result<Option<u64>> {
+        let file_key = self.file_key(ino)?;
+        let Node::File { content: FileContent::Index { height, roots, .. }, .. } = self.node(file_key)? else {
+            return Ok(None);
+        };
+        let span = self.span(height);
+        let mut root = from / span;
+        while root < INDEX_ROOTS as u64 && root.saturating_mul(span) < end {
+            let start = root * span;
+            let found = if height == 0 {
+                (roots[root as usize].is_null() != present).then_some(start)
+            } else {
+                self.subtree_find(ino, height - 1, root, roots[root as usize], from.max(start), end, present)?
+            };
+            if let Some(block) = found.filter(|&block| block < end) {
+                return Ok(Some(block));
+            }
+            root += 1;
+        }
+        // Past what the index covers, the file is a hole.
+        let covered = self.index_capacity_blocks(height);
+        Ok((!present && covered.max(from) < end).then_some(covered.max(from)))
+    }
+
+    /// [`Fs::index_find`] below index page `(level, number)`, which its
+    /// parent points at with `pointer`.
+    #[allow(clippy::too_many_arguments)]
+    fn subtree_find(
+        &mut self,
+        ino: u64,
+        level: u8,
+        number: u64,
+        pointer: Pointer,
+        from: u64,
+        end: u64,
+        present: bool,
+    ) -> Result<Option<u64>> {
+        let key = NodeKey::Index { level, ino, number };
+        let start = number.saturating_mul(self.span(level + 1));
+        if pointer.is_null() && !self.in_memory(key) {
+            return Ok((!present).then_some(from.max(start)));
+        }
+        let Node::Index { pointers, .. } = self.node(key)? else { unreachable!("index keys hold index nodes") };
+        let (fanout, span) = (self.index_fanout(), self.span(level));
+        for child in (from.max(start) - start) / span..fanout {
+            let child_start = start + child * span;
+            if child_start >= end {
+                break;
+            }
+            let found = if level == 0 {
+                (pointers[child as usize].is_null() != present).then_some(child_start)
+            } else {
+                let child_number = number * fanout + child;
+                self.subtree_find(
+                    ino,
+                    level - 1,
+                    child_number,
+                    pointers[child as usize],
+                    from.max(child_start),
+                    end,
+                    present,
+                )?
+            };
+            if found.is_some() {
+                return Ok(found);
+            }
+        }
+        Ok(None)
+    }
+
+    fn point_block(&mut self, ino: u64, block: u64, pointer: Pointer) -> Result<Pointer> {
+        let file_key = self.file_key(ino)?;
+        let Node::File { inode, content: FileContent::Index { mut height, roots, .. }, .. } = self.node(file_key)?
+        else {
             return Err(Error::corrupt(format!("inode {ino} holds its data inline")));
         };
         let fanout = self.index_fanout();
@@ -85,8 +206,10 @@ impl<D: FlashDevice> Fs<D> {
             height += 1;
             roots = [Pointer::NULL; INDEX_ROOTS];
             self.modify(file_key, |node| {
-                let Node::File { content, .. } = node else { unreachable!() };
-                *content = FileContent::Index { height, roots };
+                let Node::File { content: FileContent::Index { height: now, roots: kept, .. }, .. } = node else {
+                    unreachable!()
+                };
+                (*now, *kept) = (height, roots);
             })?;
         }
         if height == 0 {
@@ -128,7 +251,7 @@ impl<D: FlashDevice> Fs<D> {
     /// longer hold any.
     pub(crate) fn free_blocks_from(&mut self, ino: u64, first: u64) -> Result<()> {
         let file_key = self.file_key(ino)?;
-        let Node::File { content: FileContent::Index { height, roots }, .. } = self.node(file_key)? else {
+        let Node::File { content: FileContent::Index { height, roots, .. }, .. } = self.node(file_key)? else {
             return Ok(());
         };
         let keys: Vec<(u64, u64)> =
@@ -137,8 +260,10 @@ impl<D: FlashDevice> Fs<D> {
             self.dirty_blocks.remove(&key);
         }
         let mut roots = roots;
+        let mut freed = 0;
         if height == 0 {
             for block in first.min(INDEX_ROOTS as u64)..INDEX_ROOTS as u64 {
+                freed += u64::from(!roots[block as usize].is_null());
                 self.release(roots[block as usize]);
                 roots[block as usize] = Pointer::NULL;
             }
@@ -153,7 +278,7 @@ impl<D: FlashDevice> Fs<D> {
                 if !self.in_memory(key) && roots[root as usize].is_null() {
                     continue;
                 }
-                self.free_index_from(ino, height - 1, root, first)?;
+                freed += self.free_index_from(ino, height - 1, root, first)?;
                 if start >= first {
                     self.discard(key, roots[root as usize]);
                     roots[root as usize] = Pointer::NULL;
@@ -169,21 +294,26 @@ impl<D: FlashDevice> Fs<D> {
                     kept[index] = Pointer::NULL;
                 }
             }
-        })
+        })?;
+        self.count_blocks_stored(ino, 0, freed)
     }
 
-    fn free_index_from(&mut self, ino: u64, level: u8, number: u64, first: u64) -> Result<()> {
+    /// Frees the blocks from `first` on below one index page; returns how
+    /// many blocks it freed.
+    fn free_index_from(&mut self, ino: u64, level: u8, number: u64, first: u64) -> Result<u64> {
         let key = NodeKey::Index { level, ino, number };
         let Node::Index { pointers, .. } = self.node(key)? else { unreachable!() };
         let fanout = self.index_fanout();
         let span = self.span(level);
         let mut cleared = Vec::new();
+        let mut freed = 0;
         for (child, &pointer) in pointers.iter().enumerate() {
             let start = (number * fanout + child as u64) * span;
             if start.saturating_add(span) <= first {
                 continue;
             }
             if level == 0 {
+                freed += u64::from(!pointer.is_null());
                 self.release(pointer);
                 cleared.push(child);
                 continue;
@@ -192,7 +322,7 @@ impl<D: FlashDevice> Fs<D> {
             if !self.in_memory(child_key) && pointer.is_null() {
                 continue;
             }
-            self.free_index_from(ino, level - 1, number * fanout + child as u64, first)?;
+            freed += self.free_index_from(ino, level - 1, number * fanout + child as u64, first)?;
             if start >= first {
                 // The child's own write-backs may have moved it: discard
                 // where it is now.
@@ -209,7 +339,7 @@ impl<D: FlashDevice> Fs<D> {
                 }
             })?;
         }
-        Ok(())
+        Ok(freed)
     }
 
     /// Reads block `block` of file `ino` from `pointer`, checking its
@@ -311,8 +441,8 @@ impl<D: FlashDevice> Fs<D> {
         let file_key = self.file_key(ino)?;
         let end = offset
             .checked_add(data.len() as u64)
-            .filter(|&end| end <= self.volume.device().geometry().device_size_bytes())
-            .ok_or_else(|| Error::new(errno::EFBIG, "a write past the largest file the device can hold"))?;
+            .filter(|&end| end <= self.file_bytes_max())
+            .ok_or_else(|| Error::new(errno::EFBIG, "a write past the largest file"))?;
         let Node::File { inode, content, .. } = self.node(file_key)? else { unreachable!() };
         let block_bytes = self.block_bytes();
         let growth =
@@ -377,7 +507,7 @@ impl<D: FlashDevice> Fs<D> {
         let block_bytes = self.block_bytes() as usize;
         let first = self.modify(file_key, |node| {
             let Node::File { content, .. } = node else { unreachable!() };
-            let empty = FileContent::Index { height: 0, roots: [Pointer::NULL; INDEX_ROOTS] };
+            let empty = FileContent::Index { height: 0, blocks_stored: 0, roots: [Pointer::NULL; INDEX_ROOTS] };
             match std::mem::replace(content, empty) {
                 FileContent::Inline(data) => data,
                 index => {

@@ -217,7 +217,7 @@ impl<D: FlashDevice> Fs<D> {
     /// The pointer to index page `(level, number)` held by its parent.
     fn index_pointer_to(&mut self, ino: u64, level: u8, number: u64) -> Result<Pointer> {
         let file_key = self.file_key(ino)?;
-        let Node::File { content: FileContent::Index { height, roots }, .. } = self.node(file_key)? else {
+        let Node::File { content: FileContent::Index { height, roots, .. }, .. } = self.node(file_key)? else {
             return Err(Error::corrupt(format!("inode {ino} has no index, yet index page {level}/{number} is wanted")));
         };
         if level + 1 == height {

@@ -194,7 +194,8 @@ impl<D: FlashDevice> Fs<D> {
         })
     }
 
-    fn attributes_of(&self, inode: &Inode) -> Attributes {
+    /// A file's attributes, given the 512-byte sectors it uses.
+    fn attributes_of(&self, inode: &Inode, sectors: u64) -> Attributes {
         let file_type = inode.file_type().expect("decoded inodes have a type");
         let size = if file_type == FileType::Directory { self.page_size as u64 } else { inode.size };
         Attributes {
@@ -205,7 +206,7 @@ impl<D: FlashDevice> Fs<D> {
             uid: inode.uid,
             gid: inode.gid,
             size,
-            blocks: size.div_ceil(self.block_bytes()) * (self.block_bytes() / 512),
+            blocks: sectors,
             atime_ns: inode.atime_ns,
             mtime_ns: inode.mtime_ns,
             ctime_ns: inode.ctime_ns,
@@ -215,9 +216,24 @@ impl<D: FlashDevice> Fs<D> {
         }
     }
 
+    /// `st_blocks` counts what a file really uses, as du expects: the
+    /// blocks its index points at and the new blocks buffered for it (a
+    /// hole uses none); the bytes of inline data; a directory's page.
     pub fn getattr(&mut self, ino: u64) -> Result<Attributes> {
-        let inode = self.inode(ino)?;
-        let attributes = self.attributes_of(&inode);
+        let key = self.file_key(ino)?;
+        let sector_bytes = 512;
+        let (inode, sectors) = match self.node(key)? {
+            Node::File { inode, content: FileContent::Index { blocks_stored, .. }, .. } if inode.ino == ino => {
+                let blocks = self.blocks_used(ino, blocks_stored)?;
+                (inode, blocks * (self.block_bytes() / sector_bytes))
+            }
+            Node::File { inode, content: FileContent::Inline(data), .. } if inode.ino == ino => {
+                (inode, (data.len() as u64).div_ceil(sector_bytes))
+            }
+            Node::Directory { inode, .. } if inode.ino == ino => (inode, self.page_size as u64 / sector_bytes),
+            _ => return Err(Error::new(errno::ENOENT, format!("inode {ino} does not exist"))),
+        };
+        let attributes = self.attributes_of(&inode, sectors);
         self.drain()?;
         Ok(attributes)
     }
@@ -436,10 +452,11 @@ impl<D: FlashDevice> Fs<D> {
                 name: name.to_vec(),
                 content: content.to_vec(),
             });
-            if !content.is_empty() {
+            if !content.is_empty() || file_type == FileType::Directory {
                 return fs.getattr(inode.ino);
             }
-            Ok(fs.attributes_of(&inode))
+            // A new file, empty: it uses nothing yet.
+            Ok(fs.attributes_of(&inode, 0))
         })
     }
 
@@ -979,8 +996,11 @@ impl<D: FlashDevice> Fs<D> {
     fn truncate(&mut self, ino: u64, size: u64) -> Result<()> {
         let file_key = self.file_key(ino)?;
         let Node::File { inode, content, .. } = self.node(file_key)? else { unreachable!() };
-        if size > self.volume.device().geometry().device_size_bytes() {
-            return Err(Error::new(errno::EFBIG, format!("a size of {size} bytes is past the device")));
+        if size > self.file_bytes_max() {
+            return Err(Error::new(
+                errno::EFBIG,
+                format!("a size of {size} bytes is past the largest file ({} bytes)", self.file_bytes_max()),
+            ));
         }
         if size == inode.size {
             return Ok(());
@@ -1070,6 +1090,50 @@ impl<D: FlashDevice> Fs<D> {
             return self.sync();
         }
         self.fsync_logged(ino)
+    }
+
+    /// lseek(2)'s SEEK_DATA (`data`) and SEEK_HOLE: the first offset at or
+    /// after `offset` that holds data, or that is in a hole (the end of the
+    /// file counts as one). ENXIO at or past the end, and for SEEK_DATA
+    /// when only a hole follows. Blocks are the unit: a block the index
+    /// points at, or one buffered in memory, is data.
+    pub fn seek_data_or_hole(&mut self, ino: u64, offset: u64, data: bool) -> Result<u64> {
+        let key = self.file_key(ino)?;
+        let (size, inline) = match self.node(key)? {
+            Node::File { inode, content, .. } if inode.ino == ino => {
+                (inode.size, matches!(content, FileContent::Inline(_)))
+            }
+            Node::Directory { inode, .. } if inode.ino == ino => {
+                return Err(Error::new(errno::EINVAL, format!("inode {ino} is a directory")));
+            }
+            _ => return Err(Error::new(errno::ENOENT, format!("inode {ino} does not exist"))),
+        };
+        if offset >= size {
+            return Err(Error::new(errno::ENXIO, format!("offset {offset} is at or past the end ({size})")));
+        }
+        if inline {
+            return Ok(if data { offset } else { size });
+        }
+        let block_bytes = self.block_bytes();
+        let (from, end) = (offset / block_bytes, size.div_ceil(block_bytes));
+        let at = |block: u64| offset.max(block * block_bytes).min(size);
+        if data {
+            let indexed = self.index_find(ino, from, end, true)?;
+            let buffered = self.dirty_blocks.range((ino, from)..(ino, end)).next().map(|(&(_, block), _)| block);
+            return match indexed.into_iter().chain(buffered).min() {
+                Some(block) => Ok(at(block)),
+                None => Err(Error::new(errno::ENXIO, format!("no data from offset {offset} to the end ({size})"))),
+            };
+        }
+        let mut block = from;
+        loop {
+            match self.index_find(ino, block, end, false)? {
+                None => return Ok(size),
+                // A hole in the index that buffered data fills is data.
+                Some(hole) if self.dirty_blocks.contains_key(&(ino, hole)) => block = hole + 1,
+                Some(hole) => return Ok(at(hole)),
+            }
+        }
     }
 
     /// Makes everything durable.

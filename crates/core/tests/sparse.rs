@@ -1,0 +1,154 @@
+//! Sparse files as ext4 keeps them: `st_blocks` counts what a file really
+//! uses, SEEK_DATA and SEEK_HOLE find its holes, and a sparse file may be
+//! larger than the device. Each is checked before and after the buffered
+//! blocks reach flash, across a remount, and against fsck.
+
+use flintfs_core::{errno, Fs, FsOptions, ManualClock, MkfsOptions, SetAttributes};
+use flintfs_flash::{DeviceOptions, FaultConfig, Geometry, MemoryFlash};
+
+const PAGE_BYTES: u64 = 4096;
+const SECTORS_PER_BLOCK: u64 = PAGE_BYTES / 512;
+
+fn geometry() -> Geometry {
+    Geometry {
+        page_size_bytes: PAGE_BYTES as u32,
+        oob_size_bytes: 64,
+        block_pages: 16,
+        zone_blocks: 4,
+        zone_count: 64,
+        open_zones_max: 8,
+        nvm_size_bytes: 0,
+    }
+}
+
+fn mounted() -> (Fs<MemoryFlash>, ManualClock) {
+    let clock = ManualClock::new(1_700_000_000_000_000_000);
+    let flash =
+        MemoryFlash::memory(geometry(), DeviceOptions { faults: FaultConfig::none(1), ..DeviceOptions::default() })
+            .unwrap();
+    let flash = Fs::format(flash, &MkfsOptions::new([7; 16], 0), Box::new(clock.clone())).unwrap();
+    let (fs, _) = Fs::mount(flash, FsOptions::default(), Box::new(clock.clone())).unwrap();
+    (fs, clock)
+}
+
+fn remount(fs: Fs<MemoryFlash>, clock: &ManualClock) -> Fs<MemoryFlash> {
+    let flash = fs.unmount().unwrap();
+    Fs::mount(flash, FsOptions::default(), Box::new(clock.clone())).unwrap().0
+}
+
+fn assert_clean(fs: &mut Fs<MemoryFlash>) {
+    let report = fs.check().unwrap();
+    assert!(report.is_clean(), "{:#?}", report.findings);
+}
+
+fn truncate(fs: &mut Fs<MemoryFlash>, ino: u64, size: u64) {
+    fs.setattr(ino, &SetAttributes { size: Some(size), ..SetAttributes::default() }).unwrap();
+}
+
+#[test]
+fn st_blocks_counts_the_blocks_written_not_the_size() {
+    let (mut fs, clock) = mounted();
+    let file = fs.create(1, b"sparse", 0o644, 0, 0).unwrap();
+    assert_eq!(file.blocks, 0, "a new file uses nothing");
+    // 100 MiB with one block written in the middle: du says 4 KiB.
+    truncate(&mut fs, file.ino, 100 << 20);
+    assert_eq!(fs.getattr(file.ino).unwrap().blocks, 0);
+    fs.write(file.ino, 50 << 20, &[7u8; PAGE_BYTES as usize]).unwrap();
+    let buffered = fs.getattr(file.ino).unwrap();
+    assert_eq!((buffered.size, buffered.blocks), (100 << 20, SECTORS_PER_BLOCK), "a buffered block counts");
+    fs.sync().unwrap();
+    assert_eq!(fs.getattr(file.ino).unwrap().blocks, SECTORS_PER_BLOCK, "and counts once on flash");
+    // An overwrite of a stored block is no new block, buffered or not.
+    fs.write(file.ino, 50 << 20, &[8u8; 100]).unwrap();
+    assert_eq!(fs.getattr(file.ino).unwrap().blocks, SECTORS_PER_BLOCK);
+    // Ten blocks more, one of them half written.
+    for block in 0..10u64 {
+        fs.write(file.ino, block * 3 * PAGE_BYTES, &[block as u8 + 1; 2048]).unwrap();
+    }
+    assert_eq!(fs.getattr(file.ino).unwrap().blocks, 11 * SECTORS_PER_BLOCK);
+    assert_clean(&mut fs);
+    let mut fs = remount(fs, &clock);
+    assert_eq!(fs.getattr(file.ino).unwrap().blocks, 11 * SECTORS_PER_BLOCK, "the count is on flash");
+    // Cutting the file frees what is past the new end.
+    truncate(&mut fs, file.ino, 10 * PAGE_BYTES);
+    assert_eq!(fs.getattr(file.ino).unwrap().blocks, 4 * SECTORS_PER_BLOCK, "blocks 0, 3, 6 and 9 are left");
+    truncate(&mut fs, file.ino, 0);
+    assert_eq!(fs.getattr(file.ino).unwrap().blocks, 0);
+    assert_clean(&mut fs);
+    // Inline data and directories.
+    let small = fs.create(1, b"small", 0o644, 0, 0).unwrap();
+    fs.write(small.ino, 0, b"hello").unwrap();
+    assert_eq!(fs.getattr(small.ino).unwrap().blocks, 1, "five inline bytes use one sector of the inode page");
+    let directory = fs.mkdir(1, b"d", 0o755, 0, 0).unwrap();
+    assert_eq!(directory.blocks, SECTORS_PER_BLOCK, "a directory uses its page");
+}
+
+#[test]
+fn seek_data_and_seek_hole_find_the_holes() {
+    let (mut fs, clock) = mounted();
+    let file = fs.create(1, b"holes", 0o644, 0, 0).unwrap();
+    let ino = file.ino;
+    let block = PAGE_BYTES;
+    // Data in blocks 2, 3 and 1000; a hole after them up to 8 GiB (twice
+    // the device and more).
+    fs.write(ino, 2 * block, &[1u8; 2 * PAGE_BYTES as usize]).unwrap();
+    fs.write(ino, 1000 * block + 10, b"far").unwrap();
+    let size = 8u64 << 30;
+    truncate(&mut fs, ino, size);
+    for flushed in [false, true] {
+        if flushed {
+            fs.sync().unwrap();
+        }
+        let data = |fs: &mut Fs<MemoryFlash>, offset| fs.seek_data_or_hole(ino, offset, true);
+        let hole = |fs: &mut Fs<MemoryFlash>, offset| fs.seek_data_or_hole(ino, offset, false);
+        assert_eq!(data(&mut fs, 0).unwrap(), 2 * block, "flushed: {flushed}");
+        assert_eq!(data(&mut fs, 2 * block + 5).unwrap(), 2 * block + 5, "inside data, the offset itself");
+        assert_eq!(hole(&mut fs, 0).unwrap(), 0);
+        assert_eq!(hole(&mut fs, 2 * block).unwrap(), 4 * block);
+        assert_eq!(data(&mut fs, 4 * block).unwrap(), 1000 * block);
+        assert_eq!(hole(&mut fs, 1000 * block).unwrap(), 1001 * block);
+        assert_eq!(data(&mut fs, 1001 * block).unwrap_err().errno, errno::ENXIO, "only a hole follows");
+        assert_eq!(hole(&mut fs, size - 1).unwrap(), size - 1);
+        assert_eq!(data(&mut fs, size).unwrap_err().errno, errno::ENXIO, "at the end");
+        assert_eq!(hole(&mut fs, size).unwrap_err().errno, errno::ENXIO);
+    }
+    // A file with no hole: its only hole is its end.
+    let full = fs.create(1, b"full", 0o644, 0, 0).unwrap();
+    fs.write(full.ino, 0, &vec![3u8; 5 * PAGE_BYTES as usize + 7]).unwrap();
+    assert_eq!(fs.seek_data_or_hole(full.ino, 0, false).unwrap(), 5 * block + 7);
+    let inline = fs.create(1, b"inline", 0o644, 0, 0).unwrap();
+    fs.write(inline.ino, 0, b"abc").unwrap();
+    assert_eq!(fs.seek_data_or_hole(inline.ino, 1, true).unwrap(), 1);
+    assert_eq!(fs.seek_data_or_hole(inline.ino, 1, false).unwrap(), 3);
+    assert_eq!(fs.seek_data_or_hole(1, 0, true).unwrap_err().errno, errno::EINVAL, "a directory");
+    let mut fs = remount(fs, &clock);
+    assert_eq!(fs.seek_data_or_hole(ino, 4 * block, true).unwrap(), 1000 * block, "after a remount");
+    assert_clean(&mut fs);
+}
+
+#[test]
+fn a_sparse_file_may_be_larger_than_the_device() {
+    let (mut fs, clock) = mounted();
+    let device_bytes = u64::from(geometry().zone_count) * 4 * 16 * PAGE_BYTES;
+    let file = fs.create(1, b"huge", 0o644, 0, 0).unwrap();
+    // 3 GiB on a 16 MiB device, as pjdfstest's "> 2 GB" file, and a
+    // write at its far end.
+    let size = (3u64 << 30) + 5;
+    assert!(size > 100 * device_bytes);
+    truncate(&mut fs, file.ino, size);
+    fs.write(file.ino, size - 5, b"tail!").unwrap();
+    assert_eq!(fs.read(file.ino, size - 5, 5).unwrap(), b"tail!");
+    assert_eq!(fs.read(file.ino, 1 << 30, 4).unwrap(), [0; 4], "the hole reads as zeros");
+    let attributes = fs.getattr(file.ino).unwrap();
+    assert_eq!((attributes.size, attributes.blocks), (size, SECTORS_PER_BLOCK));
+    let mut fs = remount(fs, &clock);
+    assert_eq!(fs.read(file.ino, size - 5, 5).unwrap(), b"tail!");
+    assert_clean(&mut fs);
+    // The largest file is 2^32 - 1 blocks; past it is EFBIG, as before.
+    let largest = flintfs_format::FILE_BLOCKS_MAX * PAGE_BYTES;
+    truncate(&mut fs, file.ino, largest);
+    let past = fs.setattr(file.ino, &SetAttributes { size: Some(largest + 1), ..SetAttributes::default() });
+    assert_eq!(past.unwrap_err().errno, errno::EFBIG);
+    assert_eq!(fs.write(file.ino, largest, b"x").unwrap_err().errno, errno::EFBIG);
+    assert_clean(&mut fs);
+}
