@@ -313,6 +313,9 @@ pub fn what_it_holds(path: &Path) -> Option<String> {
     if flintfs_flash::ImageBackend::read_geometry(path).is_ok() {
         return Some("a flintfs image".into());
     }
+    if flintfs_flash::BlockFlash::probe(path) {
+        return Some("a flintfs file system (block backend)".into());
+    }
     let output = std::process::Command::new("blkid")
         .args(["-p", "-o", "export"])
         .arg(path)

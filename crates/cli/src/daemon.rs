@@ -18,10 +18,12 @@ use std::time::{Duration, Instant};
 
 use clap::Args;
 use flintfs_core::{FsOptions, FsyncMode};
-use flintfs_flash::{Counters, FlashDevice, ImageFlash};
+use flintfs_flash::{Counters, FlashDevice};
+
+use crate::device::{open_device, Device};
 use flintfs_fuse::{FlintFuse, Shared};
 
-use crate::image::{mount_fs, open_image, parse_size, IMAGE_WAIT};
+use crate::image::{mount_fs, parse_size, IMAGE_WAIT};
 use crate::{fail, runtime_directory, Failure, Outcome};
 
 /// How often the daemon looks for idle time, and how long without a
@@ -235,8 +237,8 @@ pub fn check_mount(arguments: &MountArguments) -> Outcome {
     check_mountpoint(&arguments.mountpoint)?;
     let metadata =
         std::fs::metadata(&arguments.image).map_err(|error| format!("{}: {error}", arguments.image.display()))?;
-    if !metadata.is_file() {
-        fail!("{}: not an image file", arguments.image.display());
+    if !metadata.is_file() && !std::os::unix::fs::FileTypeExt::is_block_device(&metadata.file_type()) {
+        fail!("{}: not an image file or a block device", arguments.image.display());
     }
     Ok(())
 }
@@ -296,7 +298,7 @@ fn run_daemon(arguments: MountArguments) -> Outcome<ExitCode> {
     {
         fail!("{}: in use: mounted at {}", arguments.image.display(), mount_point.display());
     }
-    let device = open_image(&arguments.image, IMAGE_WAIT)?;
+    let device = open_device(&arguments.image, IMAGE_WAIT)?;
     let baseline = device.counters();
     let (fs, report) = mount_fs(device, options.fs)?;
     let shared = Shared::new(fs);
@@ -469,7 +471,7 @@ fn counters_json(counters: &Counters, mount_pages_read: Option<u64>) -> serde_js
 
 fn serve_control(
     listener: UnixListener,
-    shared: Arc<Shared<ImageFlash>>,
+    shared: Arc<Shared<Device>>,
     cut: Arc<AtomicBool>,
     baseline: Counters,
     mount_pages_read: u64,
@@ -509,6 +511,7 @@ fn serve_control(
                         let mut device = fs.into_device();
                         let result = device.power_cut(seed);
                         drop(device);
+                        let result = result.map_err(|reason| reason.to_string());
                         cutting = true;
                         match result {
                             Ok(report) => format!(
@@ -538,7 +541,7 @@ fn serve_control(
 
 /// Background work when no request has come for a while: the timer's
 /// checkpoint and cleaning.
-fn idle_loop(shared: Arc<Shared<ImageFlash>>) {
+fn idle_loop(shared: Arc<Shared<Device>>) {
     let mut seen = shared.requests();
     loop {
         std::thread::sleep(IDLE_PERIOD);
@@ -568,8 +571,8 @@ pub fn stat(arguments: StatArguments) -> Outcome<ExitCode> {
         let answer = ask(&arguments.target, "stat")?;
         serde_json::from_str::<serde_json::Value>(&answer).map_err(|error| format!("the daemon's answer: {error}"))?
     } else {
-        let device = open_image(&arguments.target, IMAGE_WAIT)?;
-        counters_json(&device.lifetime_counters(), None)
+        let device = open_device(&arguments.target, IMAGE_WAIT)?;
+        counters_json(&device.lifetime_counters()?, None)
     };
     if arguments.json {
         println!("{value}");

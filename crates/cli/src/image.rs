@@ -4,18 +4,19 @@
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use clap::Args;
 use flintfs_core::{Fs, FsOptions, MkfsOptions};
-use flintfs_flash::{DeviceError, DeviceOptions, Geometry, ImageBackend, ImageFlash};
+use flintfs_flash::{DeviceOptions, FlashDevice, Geometry, ImageBackend, ImageFlash};
+
+use crate::device::{open_device, Device};
 
 use crate::{fail, Outcome};
 
 /// How long a command waits for an image that another process (a daemon
 /// still writing its unmount checkpoint, say) holds.
 pub const IMAGE_WAIT: Duration = Duration::from_secs(30);
-const IMAGE_WAIT_STEP: Duration = Duration::from_millis(50);
 
 /// Parses `4096`, `64K`, `64M`, `1G`, `1GiB`, `2T` (binary units).
 pub fn parse_size(text: &str) -> Result<u64, String> {
@@ -38,9 +39,15 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
 pub struct MkfsArguments {
     /// The image file to create.
     pub image: PathBuf,
-    /// Device size (K, M, G, T suffixes): whole zones of it are used.
+    /// Device size (K, M, G, T suffixes): whole zones of it are used. The
+    /// block backend takes a device's or an existing file's own size.
     #[arg(long, value_parser = parse_size)]
-    pub size: u64,
+    pub size: Option<u64>,
+    /// emulator (an image file holding emulated flash, with faults and a
+    /// power switch) or block (a block device or a regular file, no
+    /// emulation: direct I/O, the device's own flush).
+    #[arg(long, value_enum, default_value_t = Backend::Emulator)]
+    pub backend: Backend,
     /// Bytes of data per page (a power of two).
     #[arg(long, default_value_t = Geometry::default().page_size_bytes)]
     pub page_size: u32,
@@ -67,8 +74,15 @@ pub struct MkfsArguments {
     pub quiet: bool,
 }
 
-/// The geometry the arguments ask for, checked.
-fn geometry_of(arguments: &MkfsArguments) -> Outcome<Geometry> {
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Backend {
+    Emulator,
+    Block,
+}
+
+/// The geometry the arguments ask for, with the zones `size` bytes hold,
+/// checked.
+fn geometry_of(arguments: &MkfsArguments, size: u64) -> Outcome<Geometry> {
     let mut geometry = Geometry {
         page_size_bytes: arguments.page_size,
         oob_size_bytes: arguments.oob_size,
@@ -83,12 +97,18 @@ fn geometry_of(arguments: &MkfsArguments) -> Outcome<Geometry> {
     if zone_bytes == 0 {
         fail!("pages, blocks and zones must all be non-empty");
     }
-    geometry.zone_count = u32::try_from(arguments.size / zone_bytes).unwrap_or(u32::MAX);
+    geometry.zone_count = match arguments.backend {
+        Backend::Emulator => u32::try_from(size / zone_bytes).unwrap_or(u32::MAX),
+        Backend::Block => {
+            let (sector_bytes, _) = flintfs_flash::block_device_size(&arguments.image).unwrap_or((512, size));
+            flintfs_flash::BlockLayout::zones_fitting(&geometry, sector_bytes, size)
+        }
+    };
     let zones_min = flintfs_core::zones_min(flintfs_core::UNINDEXED_SEGMENTS_DEFAULT);
     if geometry.zone_count < zones_min {
         fail!(
             "a size of {} bytes holds {} zones of {} bytes; flintfs needs at least {} ({} bytes)",
-            arguments.size,
+            size,
             geometry.zone_count,
             zone_bytes,
             zones_min,
@@ -135,7 +155,11 @@ fn describe(path: &Path, geometry: &Geometry) -> String {
 }
 
 pub fn mkfs(arguments: MkfsArguments) -> Outcome<ExitCode> {
-    let geometry = geometry_of(&arguments)?;
+    if arguments.backend == Backend::Block {
+        return mkfs_block(arguments);
+    }
+    let Some(size) = arguments.size else { fail!("--size is needed for an emulator image (say --size 1G)") };
+    let geometry = geometry_of(&arguments, size)?;
     let path = &arguments.image;
     if arguments.dry_run {
         println!("would make {}", describe(path, &geometry));
@@ -172,30 +196,56 @@ pub fn mkfs(arguments: MkfsArguments) -> Outcome<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// Opens an image, waiting up to `wait` for another process to let go of
-/// it. Says clearly when the path is missing, not a file, or not flintfs.
-pub fn open_image(path: &Path, wait: Duration) -> Outcome<ImageFlash> {
-    let metadata = std::fs::metadata(path).map_err(|error| format!("{}: {error}", path.display()))?;
-    if !metadata.is_file() {
-        fail!("{}: not an image file", path.display());
-    }
-    let start = Instant::now();
-    loop {
-        match ImageFlash::open_image(path, DeviceOptions::default()) {
-            Ok(device) => return Ok(device),
-            Err(DeviceError::Image { reason, .. }) if reason.contains("in use") && start.elapsed() < wait => {
-                std::thread::sleep(IMAGE_WAIT_STEP);
+/// The block backend's mkfs: a block device, or a regular file (made, or
+/// formatted at its own size). What holds a file system is refused unless
+/// --force, naming what it holds, as mkfs.ext4 does; a mounted device is
+/// refused by the kernel (an exclusive open).
+fn mkfs_block(arguments: MkfsArguments) -> Outcome<ExitCode> {
+    use std::os::unix::fs::FileTypeExt;
+    let path = &arguments.image;
+    let existing = std::fs::metadata(path).ok();
+    if let Some(metadata) = &existing {
+        if !metadata.is_file() && !metadata.file_type().is_block_device() {
+            fail!("{}: not a block device or a regular file", path.display());
+        }
+        if let Some(holds) = crate::conventions::what_it_holds(path) {
+            if !arguments.force && !arguments.dry_run {
+                fail!("{}: holds {holds}; --force overwrites it", path.display());
             }
-            Err(DeviceError::Image { reason, .. }) if reason.contains("in use") => {
-                fail!("{}: in use by another process (mounted?)", path.display())
-            }
-            Err(error) => fail!("{error}"),
         }
     }
+    let size = match (&existing, arguments.size) {
+        (Some(metadata), size) if metadata.file_type().is_block_device() => {
+            let (_, bytes) = flintfs_flash::block_device_size(path)?;
+            size.map_or(bytes, |size| size.min(bytes))
+        }
+        (_, Some(size)) => size,
+        (Some(metadata), None) if metadata.len() > 0 => metadata.len(),
+        _ => fail!("{}: give a size (--size 1G) for a new or empty file", path.display()),
+    };
+    let geometry = geometry_of(&arguments, size)?;
+    if arguments.dry_run {
+        println!("would make {} (block backend)", describe(path, &geometry));
+        return Ok(ExitCode::SUCCESS);
+    }
+    let mut nonce = [0u8; 8];
+    nonce.copy_from_slice(&random_uuid()?[..8]);
+    let create = flintfs_flash::BlockCreate { size_bytes: Some(size), nonce: u64::from_le_bytes(nonce) };
+    let device = flintfs_flash::BlockFlash::create(path, geometry, create)?;
+    let made = device.geometry();
+    let options = MkfsOptions::new(random_uuid()?, now_ns());
+    let clock = Box::new(flintfs_fuse::SystemClock);
+    let device = Fs::format(crate::device::Device::Block(device), &options, clock)
+        .map_err(|error| format!("mkfs: {}", error.message))?;
+    device.close()?;
+    if !arguments.quiet {
+        println!("{} (block backend)", describe(path, &made));
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
-/// Mounts the file system on an opened image, wording errors for the user.
-pub fn mount_fs(device: ImageFlash, options: FsOptions) -> Outcome<(Fs<ImageFlash>, flintfs_core::MountReport)> {
+/// Mounts the file system on an opened device, wording errors for the user.
+pub fn mount_fs(device: Device, options: FsOptions) -> Outcome<(Fs<Device>, flintfs_core::MountReport)> {
     Fs::mount(device, options, Box::new(flintfs_fuse::SystemClock))
         .map_err(|error| crate::Failure(format!("mount: {}", error.message)))
 }
@@ -220,7 +270,7 @@ pub struct Checked {
 
 /// Mounts an image, repairs it if asked, and checks every invariant.
 pub fn check_image(path: &Path, repair: bool, wait: Duration) -> Outcome<Checked> {
-    let device = open_image(path, wait)?;
+    let device = open_device(path, wait)?;
     let (mut fs, mount) = mount_fs(device, FsOptions::default())?;
     if repair {
         // The checkpoint is what repairs: it records the tree as the mount

@@ -7,11 +7,12 @@ use std::process::ExitCode;
 
 use clap::{Args, ValueEnum};
 use flintfs_core::Volume;
-use flintfs_flash::{FlashDevice, ImageBackend, ImageFlash, PageAddress, PageState};
+use flintfs_flash::{FlashDevice, PageAddress, PageState};
 use flintfs_format::{ChunkHeader, Node, PageHeader, PageKind};
 use serde_json::{json, Value};
 
-use crate::image::{open_image, IMAGE_WAIT};
+use crate::device::{open_device, Device};
+use crate::image::IMAGE_WAIT;
 use crate::{fail, Outcome};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -40,8 +41,10 @@ fn hex(bytes: &[u8]) -> String {
 }
 
 fn geometry(arguments: &InspectArguments) -> Outcome<Value> {
-    let geometry = ImageBackend::read_geometry(&arguments.image)?;
+    let device = open_device(&arguments.image, IMAGE_WAIT)?;
+    let geometry = device.geometry();
     Ok(json!({
+        "backend": device.backend_name(),
         "page_size": geometry.page_size_bytes,
         "oob_size": geometry.oob_size_bytes,
         "block_pages": geometry.block_pages,
@@ -53,13 +56,13 @@ fn geometry(arguments: &InspectArguments) -> Outcome<Value> {
     }))
 }
 
-fn volume(arguments: &InspectArguments) -> Outcome<Volume<ImageFlash>> {
-    let device = open_image(&arguments.image, IMAGE_WAIT)?;
+fn volume(arguments: &InspectArguments) -> Outcome<Volume<Device>> {
+    let device = open_device(&arguments.image, IMAGE_WAIT)?;
     let (volume, _) = Volume::mount(device).map_err(|error| error.message)?;
     Ok(volume)
 }
 
-fn superblock(volume: &Volume<ImageFlash>) -> Value {
+fn superblock(volume: &Volume<Device>) -> Value {
     let superblock = volume.superblock();
     json!({
         "format_version": flintfs_format::FORMAT_VERSION,
@@ -72,7 +75,7 @@ fn superblock(volume: &Volume<ImageFlash>) -> Value {
     })
 }
 
-fn checkpoint(volume: &Volume<ImageFlash>) -> Value {
+fn checkpoint(volume: &Volume<Device>) -> Value {
     let checkpoint = volume.checkpoint();
     let tree = &checkpoint.tree;
     json!({
@@ -106,7 +109,7 @@ fn role_name(role: flintfs_format::ZoneRole) -> String {
     out
 }
 
-fn zones(volume: &Volume<ImageFlash>) -> Value {
+fn zones(volume: &Volume<Device>) -> Value {
     let usage = &volume.checkpoint().zones;
     let zones: Vec<Value> = volume
         .device()
@@ -129,9 +132,20 @@ fn zones(volume: &Volume<ImageFlash>) -> Value {
     Value::Array(zones)
 }
 
-fn wear(volume: &Volume<ImageFlash>) -> Value {
-    let blocks = volume.device().blocks();
-    let good: Vec<u32> = blocks.iter().filter(|block| !block.bad).map(|block| block.erase_count).collect();
+fn wear(volume: &Volume<Device>) -> Value {
+    // The emulator counts each erase block's erases; the block backend each
+    // zone's (a real device wears its own cells behind its own mapping).
+    let (counts, endurance): (Vec<(u32, bool)>, Option<u32>) = match volume.device() {
+        Device::Image(device) => (
+            device.blocks().iter().map(|block| (block.erase_count, block.bad)).collect(),
+            Some(device.options().faults.endurance_cycles),
+        ),
+        Device::Block(device) => {
+            (device.report_zones().iter().map(|zone| (zone.erase_count_max, false)).collect(), None)
+        }
+    };
+    let blocks = counts;
+    let good: Vec<u32> = blocks.iter().filter(|(_, bad)| !bad).map(|(count, _)| *count).collect();
     let minimum = good.iter().copied().min().unwrap_or(0);
     let maximum = good.iter().copied().max().unwrap_or(0);
     let mean =
@@ -143,7 +157,7 @@ fn wear(volume: &Volume<ImageFlash>) -> Value {
         "erase_count_max": maximum,
         "erase_count_mean": mean,
         "max_over_mean": if mean > 0.0 { f64::from(maximum) / mean } else { 0.0 },
-        "endurance_cycles": volume.device().options().faults.endurance_cycles,
+        "endurance_cycles": endurance,
     })
 }
 
@@ -169,7 +183,7 @@ fn parse_address(text: &str, geometry: &flintfs_flash::Geometry) -> Outcome<Page
 
 fn page(arguments: &InspectArguments) -> Outcome<Value> {
     let Some(text) = &arguments.address else { fail!("inspect page needs an address: ZONE:PAGE or a page number") };
-    let mut device = open_image(&arguments.image, IMAGE_WAIT)?;
+    let mut device = open_device(&arguments.image, IMAGE_WAIT)?;
     let geometry = device.geometry();
     let address = parse_address(text, &geometry)?;
     let mut data = vec![0u8; geometry.page_size_bytes as usize];

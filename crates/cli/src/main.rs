@@ -8,6 +8,7 @@ mod conventions;
 mod crashtest;
 mod daemon;
 mod demo;
+mod device;
 mod image;
 mod inspect;
 

@@ -118,6 +118,34 @@ fn mkfs_inspect_fsck_and_stat_on_an_image() {
 }
 
 #[test]
+fn the_block_backend_on_a_regular_file() {
+    let directory = tempfile::tempdir().expect("temporary directory");
+    let device = directory.path().join("disk");
+    let device = path_text(&device);
+    refused(&["mkfs", device, "--backend", "block"], "give a size");
+    refused(&["mkfs", device, "--backend", "block", "--size", "4M"], "flintfs needs at least");
+    let made = ok(&["mkfs", device, "--backend", "block", "--size", "96M"]);
+    assert!(made.contains("block backend"), "{made}");
+    let geometry = json(&ok(&["inspect", device, "geometry", "--json"]));
+    assert_eq!(geometry["backend"], "block", "{geometry}");
+    let fsck = json(&ok(&["fsck", device, "--json"]));
+    assert_eq!(fsck["clean"], true, "{fsck}");
+    // What holds a file system is refused unless --force, by name.
+    refused(&["mkfs", device, "--backend", "block"], "holds a flintfs file system (block backend); --force");
+    ok(&["mkfs", device, "--backend", "block", "--force", "--quiet"]);
+    let image = directory.path().join("image");
+    let image = path_text(&image);
+    ok(&["mkfs", image, "--size", "128M"]);
+    refused(&["mkfs", image, "--backend", "block"], "holds a flintfs image; --force");
+    // An existing file holding nothing is formatted at its own size.
+    let empty = directory.path().join("empty");
+    std::fs::File::create(&empty).unwrap().set_len(96 << 20).unwrap();
+    ok(&["mkfs", path_text(&empty), "--backend", "block"]);
+    // The block backend has no lifetime counters and no emulated power.
+    refused(&["stat", device], "keeps no lifetime counters");
+}
+
+#[test]
 fn bad_input_gets_one_clear_line() {
     let directory = tempfile::tempdir().expect("temporary directory");
     let root = directory.path();

@@ -120,6 +120,7 @@
 //! transfers by default.
 
 mod backend;
+mod block;
 mod counters;
 mod device;
 mod error;
@@ -131,6 +132,10 @@ mod timing;
 pub use backend::{
     Backend, BlockRecord, DurableCondition, DurableState, MemoryBackend, Overlay, OverlayRecord, PageFault, ZoneRecord,
     OVERLAY_ENTRIES_MAX, OVERLAY_STORED_PAGES_MAX,
+};
+pub use block::{
+    block_device_size, decode_block_header, BlockCreate, BlockFlash, BlockLayout, BLOCK_FORMAT_VERSION,
+    BLOCK_HEADER_BYTES, BLOCK_MAGIC, BLOCK_TRAILER_BYTES, BLOCK_ZONE_RECORD_BYTES,
 };
 pub use counters::Counters;
 pub use device::{

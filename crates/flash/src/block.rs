@@ -1,0 +1,855 @@
+//! # The block backend: flintfs on a real block device or a regular file
+//!
+//! [`BlockFlash`] is a [`FlashDevice`] with no emulation: no fault overlay,
+//! no simulated write buffer, no simulated time. Pages are slots of the
+//! device, read and written with direct I/O (`O_DIRECT`) where the device
+//! allows it; `flush` is `fdatasync`, which the kernel turns into the
+//! device's cache flush. Device time is the real time its I/O took.
+//!
+//! ## Layout (`docs/BLOCK-DEVICE.md` has every field)
+//! Two header copies, two copies of the zone table, then the zones: zone
+//! `z`, page `p` is slot `z * zone_pages + p`. A slot is the page's data,
+//! then its spare area padded to whole sectors, which ends with the slot
+//! trailer. The spare area sits beside the data in the same write:
+//! - one write per program puts a page and its header on the device
+//!   together, with no second I/O and no sector shared between pages;
+//! - the cost is the padding: 384 bytes per 4 KiB page on 512-byte
+//!   sectors (a slot of 4608 bytes, 8.3% of the device).
+//!
+//! ## Write pointers without hardware
+//! A block device has no write pointer, so the device finds each zone's
+//! durable prefix at open from the slots' own trailers:
+//! - a trailer is valid when its magic, zone, page and zone generation
+//!   match, and its CRC (over the format's nonce, the spare area and the
+//!   trailer) holds;
+//! - a zone's write pointer is its first slot without a valid trailer.
+//!
+//! A reset raises the zone's generation in the zone table before it
+//! returns, so stale slots of the zone's last life stop counting. A zone
+//! written to capacity (or finished) is marked full in the table, at the
+//! next flush or at once, so open reads no slot of a full zone. Open
+//! therefore scans only zones that are not full: an empty zone costs one
+//! read, and a partly written one its written pages, the zones the file
+//! system has open (at most `open_zones_max`, the same bound recovery
+//! keeps to its unindexed zones).
+//!
+//! ## What a crash keeps
+//! - A slot that reached the device whole counts, if every slot before it
+//!   in its zone counts.
+//! - A slot whose trailer landed but whose data did not (a torn write) is
+//!   below the write pointer with garbage data, as a torn page of the
+//!   emulator's model. The file system detects it by its own CRCs.
+//! - The zone table is written copy A, then fdatasync, then copy B, then
+//!   fdatasync. A torn sector can therefore only damage one copy, and the
+//!   other still holds every zone's last durable record.
+//! - A reset that did not return may or may not have happened.
+//! - Killing the process loses nothing a flush made durable.
+
+use std::collections::BTreeSet;
+use std::fs::File;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{FileExt, FileTypeExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use crate::{Counters, DeviceError, FlashDevice, Geometry, PageAddress, PageState, Result, ZoneReport, ZoneState};
+
+/// The first bytes of a block-backend device.
+pub const BLOCK_MAGIC: [u8; 8] = *b"FLNTBLK\0";
+/// The block layout's version; a device of another is refused by name.
+pub const BLOCK_FORMAT_VERSION: u32 = 1;
+/// Bytes of one header copy (two copies open the device).
+pub const BLOCK_HEADER_BYTES: u64 = 4096;
+/// Bytes of one zone's record in the zone table.
+pub const BLOCK_ZONE_RECORD_BYTES: usize = 32;
+/// Bytes of the trailer that ends every slot's spare area.
+pub const BLOCK_TRAILER_BYTES: usize = 32;
+/// Memory alignment of I/O buffers: what direct I/O asks on any device.
+const BUFFER_ALIGNMENT_BYTES: usize = 4096;
+/// The sector a regular file is aligned to (a block device says its own).
+const FILE_SECTOR_BYTES: u32 = 512;
+/// The largest sector a device may have.
+const SECTOR_BYTES_MAX: u32 = 4096;
+const TRAILER_MAGIC: [u8; 4] = *b"FPG1";
+/// In a zone record: the zone is not marked full.
+const NOT_FULL: u32 = u32::MAX;
+/// Bytes of the header that the CRC covers.
+const HEADER_FIELDS_BYTES: usize = 48;
+
+const _: () = assert!(BLOCK_ZONE_RECORD_BYTES * 16 == FILE_SECTOR_BYTES as usize);
+const _: () = assert!((BLOCK_HEADER_BYTES as usize).is_multiple_of(BUFFER_ALIGNMENT_BYTES));
+const _: () = assert!(SECTOR_BYTES_MAX as usize <= BUFFER_ALIGNMENT_BYTES);
+const _: () = assert!(HEADER_FIELDS_BYTES + 4 <= BLOCK_HEADER_BYTES as usize);
+
+/// Where things are on a block-backend device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BlockLayout {
+    /// The device's logical sector: slots and table writes are whole
+    /// sectors, as direct I/O needs.
+    pub sector_bytes: u32,
+    /// A page's spare area with its trailer, rounded up to whole sectors.
+    pub spare_area_bytes: u32,
+    /// One slot: the page's data, then its spare area.
+    pub slot_bytes: u64,
+    /// Bytes of one zone-table copy (whole 4 KiB blocks).
+    pub table_bytes: u64,
+    /// Where copy A of the zone table starts; copy B follows it.
+    pub table_offset: u64,
+    /// Where zone 0's first slot starts.
+    pub data_offset: u64,
+}
+
+impl BlockLayout {
+    pub fn of(geometry: &Geometry, sector_bytes: u32) -> BlockLayout {
+        let sector = u64::from(sector_bytes);
+        let spare = (u64::from(geometry.oob_size_bytes) + BLOCK_TRAILER_BYTES as u64).div_ceil(sector) * sector;
+        let table_bytes = (u64::from(geometry.zone_count) * BLOCK_ZONE_RECORD_BYTES as u64)
+            .div_ceil(BLOCK_HEADER_BYTES)
+            * BLOCK_HEADER_BYTES;
+        let table_offset = 2 * BLOCK_HEADER_BYTES;
+        BlockLayout {
+            sector_bytes,
+            spare_area_bytes: spare as u32,
+            slot_bytes: u64::from(geometry.page_size_bytes) + spare,
+            table_bytes,
+            table_offset,
+            data_offset: table_offset + 2 * table_bytes,
+        }
+    }
+
+    /// Bytes a device of `geometry` needs.
+    pub fn device_bytes(&self, geometry: &Geometry) -> u64 {
+        self.data_offset + geometry.device_pages() * self.slot_bytes
+    }
+
+    /// How many zones fit in `bytes` with this layout's slot (the table's
+    /// own size depends on the count, so it is found from above).
+    pub fn zones_fitting(geometry: &Geometry, sector_bytes: u32, bytes: u64) -> u32 {
+        let mut trial = *geometry;
+        let slot = BlockLayout::of(geometry, sector_bytes).slot_bytes;
+        let mut zones = (bytes / (geometry.zone_pages() * slot)).min(u64::from(crate::ZONE_COUNT_MAX)) as u32;
+        while zones > 0 {
+            trial.zone_count = zones;
+            if BlockLayout::of(&trial, sector_bytes).device_bytes(&trial) <= bytes {
+                return zones;
+            }
+            zones -= 1;
+        }
+        0
+    }
+
+    fn slot_offset(&self, geometry: &Geometry, address: PageAddress) -> u64 {
+        self.data_offset + (u64::from(address.zone) * geometry.zone_pages() + u64::from(address.page)) * self.slot_bytes
+    }
+}
+
+/// A buffer aligned for direct I/O.
+struct AlignedBuffer {
+    pointer: *mut u8,
+    length: usize,
+}
+
+impl AlignedBuffer {
+    fn zeroed(length: usize) -> AlignedBuffer {
+        let layout =
+            std::alloc::Layout::from_size_align(length.max(1), BUFFER_ALIGNMENT_BYTES).expect("a valid layout");
+        // SAFETY: the layout has a non-zero size.
+        let pointer = unsafe { std::alloc::alloc_zeroed(layout) };
+        if pointer.is_null() {
+            std::alloc::handle_alloc_error(layout);
+        }
+        AlignedBuffer { pointer, length }
+    }
+}
+
+impl std::ops::Deref for AlignedBuffer {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        // SAFETY: `pointer` holds `length` initialised bytes for as long as
+        // the buffer lives.
+        unsafe { std::slice::from_raw_parts(self.pointer, self.length) }
+    }
+}
+
+impl std::ops::DerefMut for AlignedBuffer {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as for `deref`, and `&mut self` makes the borrow unique.
+        unsafe { std::slice::from_raw_parts_mut(self.pointer, self.length) }
+    }
+}
+
+impl Drop for AlignedBuffer {
+    fn drop(&mut self) {
+        let layout = std::alloc::Layout::from_size_align(self.length.max(1), BUFFER_ALIGNMENT_BYTES).expect("as made");
+        // SAFETY: allocated in `zeroed` with this layout.
+        unsafe { std::alloc::dealloc(self.pointer, layout) }
+    }
+}
+
+/// One zone as the device keeps it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Zone {
+    generation: u64,
+    erase_count: u32,
+    write_pointer: u32,
+    /// Marked full (written to capacity, or finished): no more programs.
+    full: bool,
+    /// Programmed since the device opened and not full.
+    open: bool,
+}
+
+/// The block backend. See the module documentation.
+pub struct BlockFlash {
+    path: PathBuf,
+    file: File,
+    direct: bool,
+    geometry: Geometry,
+    layout: BlockLayout,
+    nonce: u64,
+    zones: Vec<Zone>,
+    /// Zones whose full mark is still to be written (at the next flush).
+    unmarked_full: BTreeSet<u32>,
+    counters: Counters,
+    /// Real time spent in I/O since the device opened (the counters' copy
+    /// can be reset; this one only grows).
+    busy_ns: u64,
+    idle_ns: u64,
+    /// Pages read at open to find the write pointers.
+    pub open_pages_read: u64,
+}
+
+/// The facts `BlockFlash::create` needs beyond the geometry's page shape.
+#[derive(Clone, Copy, Debug)]
+pub struct BlockCreate {
+    /// Bytes to use: a regular file is made this long; `None` takes the
+    /// device's or the file's own size.
+    pub size_bytes: Option<u64>,
+    /// Binds every slot to this format: a slot from an earlier format of
+    /// the same device never counts. Random at mkfs.
+    pub nonce: u64,
+}
+
+fn io_error<'a>(path: &'a Path, operation: &'static str) -> impl FnOnce(std::io::Error) -> DeviceError + 'a {
+    move |source| DeviceError::Io { path: path.display().to_string(), operation, source }
+}
+
+fn refused(path: &Path, reason: impl Into<String>) -> DeviceError {
+    DeviceError::Image { path: path.display().to_string(), reason: reason.into() }
+}
+
+/// The logical sector and byte size of a block device.
+fn block_device_facts(file: &File) -> std::io::Result<(u32, u64)> {
+    // Linux's BLKSSZGET and BLKGETSIZE64.
+    const BLKSSZGET: libc::c_ulong = 0x1268;
+    const BLKGETSIZE64: libc::c_ulong = 0x8008_1272;
+    let mut sector: libc::c_int = 0;
+    let mut bytes: u64 = 0;
+    // SAFETY: both ioctls write one integer of the given type through the
+    // pointer, which is valid for that write.
+    let failed = unsafe {
+        libc::ioctl(file.as_raw_fd(), BLKSSZGET, &mut sector) < 0
+            || libc::ioctl(file.as_raw_fd(), BLKGETSIZE64, &mut bytes) < 0
+    };
+    if failed {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok((sector as u32, bytes))
+}
+
+fn open_file(path: &Path, create: bool) -> Result<(File, bool, bool)> {
+    let metadata = std::fs::metadata(path);
+    let is_block = metadata.as_ref().is_ok_and(|metadata| metadata.file_type().is_block_device());
+    let mut options = std::fs::OpenOptions::new();
+    options.read(true).write(true);
+    if create && !is_block {
+        options.create(true);
+    }
+    // O_EXCL on a block device: the kernel refuses one that is mounted or
+    // held by another exclusive opener.
+    let exclusive = if is_block { libc::O_EXCL } else { 0 };
+    let direct = options.clone().custom_flags(libc::O_DIRECT | exclusive).open(path);
+    let (file, direct) = match direct {
+        Ok(file) => (file, true),
+        // tmpfs and some others have no direct I/O: use the page cache,
+        // and fdatasync still makes writes durable.
+        Err(error) if error.raw_os_error() == Some(libc::EINVAL) => {
+            (options.custom_flags(exclusive).open(path).map_err(io_error(path, "open"))?, false)
+        }
+        Err(error) if error.raw_os_error() == Some(libc::EBUSY) => {
+            return Err(refused(path, "in use: mounted, or held by another program"));
+        }
+        Err(error) => return Err(io_error(path, "open")(error)),
+    };
+    // SAFETY: flock on a descriptor this function owns.
+    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        return Err(refused(path, "in use by another process (mounted?)"));
+    }
+    Ok((file, direct, is_block))
+}
+
+fn encode_header(geometry: &Geometry, sector_bytes: u32, nonce: u64) -> Vec<u8> {
+    let mut bytes = vec![0u8; BLOCK_HEADER_BYTES as usize];
+    bytes[0..8].copy_from_slice(&BLOCK_MAGIC);
+    let fields = [
+        BLOCK_FORMAT_VERSION,
+        geometry.page_size_bytes,
+        geometry.oob_size_bytes,
+        geometry.block_pages,
+        geometry.zone_blocks,
+        geometry.zone_count,
+        geometry.open_zones_max,
+        sector_bytes,
+    ];
+    for (index, field) in fields.iter().enumerate() {
+        bytes[8 + 4 * index..12 + 4 * index].copy_from_slice(&field.to_le_bytes());
+    }
+    bytes[40..48].copy_from_slice(&nonce.to_le_bytes());
+    let crc = crc32c::crc32c(&bytes[..HEADER_FIELDS_BYTES]);
+    bytes[48..52].copy_from_slice(&crc.to_le_bytes());
+    bytes
+}
+
+/// Decodes a header copy: the geometry, sector size and nonce, or why not.
+pub fn decode_block_header(bytes: &[u8]) -> std::result::Result<(Geometry, u32, u64), String> {
+    let Some(fields) = bytes.get(..HEADER_FIELDS_BYTES + 4) else {
+        return Err(format!("a header of {} bytes is too short", bytes.len()));
+    };
+    if fields[0..8] != BLOCK_MAGIC {
+        return Err("not a flintfs block device (no FLNTBLK magic)".into());
+    }
+    let word = |index: usize| u32::from_le_bytes(fields[8 + 4 * index..12 + 4 * index].try_into().expect("4 bytes"));
+    let crc = u32::from_le_bytes(fields[48..52].try_into().expect("4 bytes"));
+    if crc != crc32c::crc32c(&fields[..HEADER_FIELDS_BYTES]) {
+        return Err("the header's CRC does not match".into());
+    }
+    if word(0) != BLOCK_FORMAT_VERSION {
+        return Err(format!("block layout version {}; this build reads version {BLOCK_FORMAT_VERSION}", word(0)));
+    }
+    let geometry = Geometry {
+        page_size_bytes: word(1),
+        oob_size_bytes: word(2),
+        block_pages: word(3),
+        zone_blocks: word(4),
+        zone_count: word(5),
+        open_zones_max: word(6),
+        nvm_size_bytes: 0,
+    };
+    geometry.validate().map_err(|error| error.to_string())?;
+    let sector_bytes = word(7);
+    if !sector_bytes.is_power_of_two() || !(FILE_SECTOR_BYTES..=SECTOR_BYTES_MAX).contains(&sector_bytes) {
+        return Err(format!("a sector of {sector_bytes} bytes"));
+    }
+    let nonce = u64::from_le_bytes(fields[40..48].try_into().expect("8 bytes"));
+    Ok((geometry, sector_bytes, nonce))
+}
+
+fn encode_zone_record(zone: u32, record: &Zone) -> [u8; BLOCK_ZONE_RECORD_BYTES] {
+    let mut bytes = [0u8; BLOCK_ZONE_RECORD_BYTES];
+    bytes[0..8].copy_from_slice(&record.generation.to_le_bytes());
+    bytes[8..12].copy_from_slice(&record.erase_count.to_le_bytes());
+    let full = if record.full { record.write_pointer } else { NOT_FULL };
+    bytes[12..16].copy_from_slice(&full.to_le_bytes());
+    let crc = crc32c::crc32c_append(crc32c::crc32c(&zone.to_le_bytes()), &bytes[..28]);
+    bytes[28..32].copy_from_slice(&crc.to_le_bytes());
+    bytes
+}
+
+/// A zone record: generation, erase count and the full mark's write
+/// pointer, or `None` when it is damaged or belongs to another zone.
+fn decode_zone_record(zone: u32, bytes: &[u8]) -> Option<(u64, u32, Option<u32>)> {
+    let bytes: &[u8; BLOCK_ZONE_RECORD_BYTES] = bytes.try_into().ok()?;
+    let crc = u32::from_le_bytes(bytes[28..32].try_into().ok()?);
+    if crc != crc32c::crc32c_append(crc32c::crc32c(&zone.to_le_bytes()), &bytes[..28]) || bytes[16..28] != [0; 12] {
+        return None;
+    }
+    let full = u32::from_le_bytes(bytes[12..16].try_into().ok()?);
+    Some((
+        u64::from_le_bytes(bytes[0..8].try_into().ok()?),
+        u32::from_le_bytes(bytes[8..12].try_into().ok()?),
+        (full != NOT_FULL).then_some(full),
+    ))
+}
+
+/// The sector size and usable bytes of `path` as [`BlockFlash::create`]
+/// would see them (a regular file that does not exist yet has none).
+pub fn block_device_size(path: &Path) -> Result<(u32, u64)> {
+    let metadata = std::fs::metadata(path).map_err(io_error(path, "stat"))?;
+    if metadata.file_type().is_block_device() {
+        let file = File::open(path).map_err(io_error(path, "open"))?;
+        return block_device_facts(&file).map_err(io_error(path, "reading the device's size"));
+    }
+    Ok((FILE_SECTOR_BYTES, metadata.len()))
+}
+
+impl BlockFlash {
+    fn assemble(
+        path: &Path,
+        file: File,
+        direct: bool,
+        layout: BlockLayout,
+        geometry: Geometry,
+        nonce: u64,
+    ) -> BlockFlash {
+        BlockFlash {
+            path: path.to_path_buf(),
+            file,
+            direct,
+            geometry,
+            layout,
+            nonce,
+            zones: Vec::new(),
+            unmarked_full: BTreeSet::new(),
+            counters: Counters::default(),
+            busy_ns: 0,
+            idle_ns: 0,
+            open_pages_read: 0,
+        }
+    }
+
+    /// Whether `path` starts with a block-backend header.
+    pub fn probe(path: &Path) -> bool {
+        let mut bytes = vec![0u8; HEADER_FIELDS_BYTES + 4];
+        File::open(path).and_then(|file| file.read_exact_at(&mut bytes, 0)).is_ok() && bytes[0..8] == BLOCK_MAGIC
+    }
+
+    /// Lays a fresh device out on `path`: a block device, or a regular file
+    /// (made if missing). The zone count is what fits; the rest of
+    /// `geometry` is used as given.
+    pub fn create(path: impl AsRef<Path>, geometry: Geometry, create: BlockCreate) -> Result<BlockFlash> {
+        let path = path.as_ref();
+        let (file, direct, is_block) = open_file(path, true)?;
+        let (sector_bytes, available) = if is_block {
+            let (sector, bytes) = block_device_facts(&file).map_err(io_error(path, "reading the device's size"))?;
+            (sector, create.size_bytes.map_or(bytes, |wanted| wanted.min(bytes)))
+        } else {
+            let length = file.metadata().map_err(io_error(path, "stat"))?.len();
+            (FILE_SECTOR_BYTES, create.size_bytes.unwrap_or(length))
+        };
+        if !sector_bytes.is_power_of_two() || !(FILE_SECTOR_BYTES..=SECTOR_BYTES_MAX).contains(&sector_bytes) {
+            return Err(refused(path, format!("a logical sector of {sector_bytes} bytes is not supported")));
+        }
+        let mut geometry = Geometry { nvm_size_bytes: 0, ..geometry };
+        geometry.zone_count = BlockLayout::zones_fitting(&geometry, sector_bytes, available);
+        geometry.validate()?;
+        let layout = BlockLayout::of(&geometry, sector_bytes);
+        if !is_block {
+            file.set_len(layout.device_bytes(&geometry)).map_err(io_error(path, "sizing the file"))?;
+        }
+        let zones = vec![
+            Zone { generation: 1, erase_count: 0, write_pointer: 0, full: false, open: false };
+            geometry.zone_count as usize
+        ];
+        let mut device = BlockFlash::assemble(path, file, direct, layout, geometry, create.nonce);
+        device.zones = zones;
+        // Tables first, header last: a device is not one until its header
+        // is there.
+        for copy in 0..2 {
+            let table = device.encode_table();
+            device.write_at(layout.table_offset + copy * layout.table_bytes, &table, "writing the zone table")?;
+            device.sync()?;
+        }
+        let header = encode_header(&geometry, sector_bytes, create.nonce);
+        for copy in 0..2 {
+            device.write_at(copy * BLOCK_HEADER_BYTES, &header, "writing the header")?;
+        }
+        device.sync()?;
+        device.counters = Counters::default();
+        Ok(device)
+    }
+
+    /// Opens a device laid out by [`BlockFlash::create`], finding each
+    /// zone's write pointer from its slots' trailers.
+    pub fn open(path: impl AsRef<Path>) -> Result<BlockFlash> {
+        let path = path.as_ref();
+        let (file, direct, _) = open_file(path, false)?;
+        let mut header = AlignedBuffer::zeroed(BLOCK_HEADER_BYTES as usize);
+        let mut found = Err(String::new());
+        for copy in 0..2 {
+            if let Err(error) = read_at(&file, &mut header, copy * BLOCK_HEADER_BYTES) {
+                found = Err(format!("reading the header: {error}"));
+                continue;
+            }
+            found = decode_block_header(&header);
+            if found.is_ok() {
+                break;
+            }
+        }
+        let (geometry, sector_bytes, nonce) = found.map_err(|reason| refused(path, reason))?;
+        let layout = BlockLayout::of(&geometry, sector_bytes);
+        let length = if std::fs::metadata(path).is_ok_and(|metadata| metadata.file_type().is_block_device()) {
+            block_device_facts(&file).map_err(io_error(path, "reading the device's size"))?.1
+        } else {
+            file.metadata().map_err(io_error(path, "stat"))?.len()
+        };
+        if length < layout.device_bytes(&geometry) {
+            return Err(refused(
+                path,
+                format!("truncated: {length} bytes, the layout needs {}", layout.device_bytes(&geometry)),
+            ));
+        }
+        let mut device = BlockFlash::assemble(path, file, direct, layout, geometry, nonce);
+        device.load_zones()?;
+        Ok(device)
+    }
+
+    /// Reads both table copies (for each zone, the valid record of the
+    /// higher generation wins), then scans the zones not marked full.
+    fn load_zones(&mut self) -> Result<()> {
+        let mut copies = Vec::new();
+        for copy in 0..2 {
+            let mut table = AlignedBuffer::zeroed(self.layout.table_bytes as usize);
+            let offset = self.layout.table_offset + copy * self.layout.table_bytes;
+            read_at(&self.file, &mut table, offset).map_err(io_error(&self.path, "reading the zone table"))?;
+            copies.push(table);
+        }
+        let zone_pages = self.geometry.zone_pages() as u32;
+        for zone in 0..self.geometry.zone_count {
+            let at = zone as usize * BLOCK_ZONE_RECORD_BYTES..(zone as usize + 1) * BLOCK_ZONE_RECORD_BYTES;
+            let record = copies
+                .iter()
+                .filter_map(|copy| decode_zone_record(zone, &copy[at.clone()]))
+                .max_by_key(|(generation, _, _)| *generation)
+                .ok_or_else(|| refused(&self.path, format!("zone {zone}: both zone-table records are damaged")))?;
+            let (generation, erase_count, full) = record;
+            if full.is_some_and(|pointer| pointer > zone_pages) {
+                return Err(refused(&self.path, format!("zone {zone}: a full mark past the zone's end")));
+            }
+            self.zones.push(Zone {
+                generation,
+                erase_count,
+                write_pointer: full.unwrap_or(0),
+                full: full.is_some(),
+                open: false,
+            });
+        }
+        for zone in 0..self.geometry.zone_count {
+            if self.zones[zone as usize].full {
+                continue;
+            }
+            let mut page = 0;
+            while page < zone_pages && self.slot_counts(PageAddress::new(zone, page))? {
+                page += 1;
+            }
+            self.open_pages_read += u64::from(page) + u64::from(page < zone_pages);
+            let state = &mut self.zones[zone as usize];
+            state.write_pointer = page;
+            if page == zone_pages {
+                state.full = true;
+                self.unmarked_full.insert(zone);
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether a slot's trailer says it was programmed in the zone's
+    /// current life.
+    fn slot_counts(&mut self, address: PageAddress) -> Result<bool> {
+        let mut spare = AlignedBuffer::zeroed(self.layout.spare_area_bytes as usize);
+        let offset = self.layout.slot_offset(&self.geometry, address) + u64::from(self.geometry.page_size_bytes);
+        self.timed(|device| read_at(&device.file, &mut spare, offset)).map_err(io_error(&self.path, "scanning"))?;
+        Ok(self.trailer_matches(address, &spare))
+    }
+
+    fn trailer_matches(&self, address: PageAddress, spare: &[u8]) -> bool {
+        let oob_bytes = self.geometry.oob_size_bytes as usize;
+        let trailer = &spare[spare.len() - BLOCK_TRAILER_BYTES..];
+        let expected = self.trailer(address, &spare[..oob_bytes]);
+        trailer == expected
+    }
+
+    fn trailer(&self, address: PageAddress, oob: &[u8]) -> [u8; BLOCK_TRAILER_BYTES] {
+        let mut trailer = [0u8; BLOCK_TRAILER_BYTES];
+        trailer[0..4].copy_from_slice(&TRAILER_MAGIC);
+        trailer[4..8].copy_from_slice(&address.zone.to_le_bytes());
+        trailer[8..12].copy_from_slice(&address.page.to_le_bytes());
+        trailer[12..16].copy_from_slice(&(oob.len() as u32).to_le_bytes());
+        trailer[16..24].copy_from_slice(&self.zones[address.zone as usize].generation.to_le_bytes());
+        let crc = crc32c::crc32c_append(
+            crc32c::crc32c_append(crc32c::crc32c(&self.nonce.to_le_bytes()), oob),
+            &trailer[..24],
+        );
+        trailer[24..28].copy_from_slice(&crc.to_le_bytes());
+        trailer
+    }
+
+    fn encode_table(&self) -> Vec<u8> {
+        let mut table = vec![0u8; self.layout.table_bytes as usize];
+        for (zone, record) in self.zones.iter().enumerate() {
+            let at = zone * BLOCK_ZONE_RECORD_BYTES;
+            table[at..at + BLOCK_ZONE_RECORD_BYTES].copy_from_slice(&encode_zone_record(zone as u32, record));
+        }
+        table
+    }
+
+    /// Writes the table sectors that hold `zones`' records: copy A, a
+    /// flush, copy B, a flush. A torn sector damages one copy at most.
+    fn write_records(&mut self, zones: &BTreeSet<u32>) -> Result<()> {
+        let sector = self.layout.sector_bytes as usize;
+        let table = self.encode_table();
+        let sectors: BTreeSet<usize> =
+            zones.iter().map(|&zone| zone as usize * BLOCK_ZONE_RECORD_BYTES / sector).collect();
+        for copy in 0..2 {
+            for &index in &sectors {
+                let offset = self.layout.table_offset + copy * self.layout.table_bytes + (index * sector) as u64;
+                let bytes = table[index * sector..(index + 1) * sector].to_vec();
+                self.write_at(offset, &bytes, "writing the zone table")?;
+            }
+            self.sync()?;
+        }
+        Ok(())
+    }
+
+    fn write_at(&mut self, offset: u64, bytes: &[u8], operation: &'static str) -> Result<()> {
+        let mut buffer = AlignedBuffer::zeroed(bytes.len());
+        buffer.copy_from_slice(bytes);
+        self.timed(|device| device.file.write_all_at(&buffer, offset)).map_err(io_error(&self.path, operation))
+    }
+
+    fn sync(&mut self) -> Result<()> {
+        self.counters.flushes += 1;
+        self.timed(|device| device.file.sync_data()).map_err(io_error(&self.path, "fdatasync"))
+    }
+
+    /// Runs one I/O and counts its real time as device time.
+    fn timed<R>(&mut self, io: impl FnOnce(&mut BlockFlash) -> R) -> R {
+        let start = Instant::now();
+        let result = io(self);
+        let elapsed = start.elapsed().as_nanos() as u64;
+        self.counters.device_time_ns += elapsed;
+        self.busy_ns += elapsed;
+        result
+    }
+
+    fn check_address(&self, address: PageAddress) -> Result<()> {
+        self.geometry.check_zone(address.zone)?;
+        if u64::from(address.page) >= self.geometry.zone_pages() {
+            return Err(DeviceError::OutOfRange {
+                what: format!("page {address}"),
+                limit: format!("a zone has {} pages", self.geometry.zone_pages()),
+            });
+        }
+        Ok(())
+    }
+
+    fn check_buffer(what: &'static str, expected: u32, actual: usize) -> Result<()> {
+        if actual != expected as usize {
+            return Err(DeviceError::BufferLength { what, expected: expected as usize, actual });
+        }
+        Ok(())
+    }
+
+    /// Whether the device is read and written with direct I/O.
+    pub fn is_direct(&self) -> bool {
+        self.direct
+    }
+
+    pub fn layout(&self) -> BlockLayout {
+        self.layout
+    }
+
+    /// Writes what is pending and flushes: the clean way to let go.
+    pub fn close(mut self) -> Result<()> {
+        self.flush()
+    }
+}
+
+fn read_at(file: &File, buffer: &mut [u8], offset: u64) -> std::io::Result<()> {
+    file.read_exact_at(buffer, offset)
+}
+
+impl FlashDevice for BlockFlash {
+    fn geometry(&self) -> Geometry {
+        self.geometry
+    }
+
+    fn read_page(&mut self, address: PageAddress, data: &mut [u8], oob: &mut [u8]) -> Result<PageState> {
+        self.check_address(address)?;
+        BlockFlash::check_buffer("a page's data", self.geometry.page_size_bytes, data.len())?;
+        BlockFlash::check_buffer("a page's spare area", self.geometry.oob_size_bytes, oob.len())?;
+        self.counters.pages_read += 1;
+        if address.page >= self.zones[address.zone as usize].write_pointer {
+            data.fill(0xFF);
+            oob.fill(0xFF);
+            return Ok(PageState::Erased);
+        }
+        let mut slot = AlignedBuffer::zeroed(self.layout.slot_bytes as usize);
+        let offset = self.layout.slot_offset(&self.geometry, address);
+        self.timed(|device| read_at(&device.file, &mut slot, offset))
+            .map_err(io_error(&self.path, "reading a page"))?;
+        let page_bytes = data.len();
+        data.copy_from_slice(&slot[..page_bytes]);
+        oob.copy_from_slice(&slot[page_bytes..page_bytes + oob.len()]);
+        Ok(PageState::Programmed)
+    }
+
+    fn read_oob(&mut self, address: PageAddress, oob: &mut [u8]) -> Result<PageState> {
+        self.check_address(address)?;
+        BlockFlash::check_buffer("a page's spare area", self.geometry.oob_size_bytes, oob.len())?;
+        self.counters.oob_reads += 1;
+        if address.page >= self.zones[address.zone as usize].write_pointer {
+            oob.fill(0xFF);
+            return Ok(PageState::Erased);
+        }
+        let mut spare = AlignedBuffer::zeroed(self.layout.spare_area_bytes as usize);
+        let offset = self.layout.slot_offset(&self.geometry, address) + u64::from(self.geometry.page_size_bytes);
+        self.timed(|device| read_at(&device.file, &mut spare, offset))
+            .map_err(io_error(&self.path, "reading a spare area"))?;
+        oob.copy_from_slice(&spare[..oob.len()]);
+        Ok(PageState::Programmed)
+    }
+
+    fn program_page(&mut self, address: PageAddress, data: &[u8], oob: &[u8]) -> Result<()> {
+        self.check_address(address)?;
+        BlockFlash::check_buffer("a page's data", self.geometry.page_size_bytes, data.len())?;
+        BlockFlash::check_buffer("a page's spare area", self.geometry.oob_size_bytes, oob.len())?;
+        let zone = self.zones[address.zone as usize];
+        let zone_pages = self.geometry.zone_pages() as u32;
+        if zone.full {
+            return Err(DeviceError::ZoneFull {
+                address,
+                write_pointer: zone.write_pointer,
+                capacity_pages: zone_pages,
+            });
+        }
+        if address.page != zone.write_pointer {
+            return Err(DeviceError::NotAtWritePointer { address, write_pointer: zone.write_pointer });
+        }
+        if !zone.open {
+            let open_zones = self.zones.iter().filter(|zone| zone.open).count() as u32;
+            if open_zones >= self.geometry.open_zones_max {
+                return Err(DeviceError::TooManyOpenZones {
+                    address,
+                    open_zones,
+                    open_zones_max: self.geometry.open_zones_max,
+                });
+            }
+        }
+        let mut slot = AlignedBuffer::zeroed(self.layout.slot_bytes as usize);
+        let page_bytes = data.len();
+        slot[..page_bytes].copy_from_slice(data);
+        slot[page_bytes..page_bytes + oob.len()].copy_from_slice(oob);
+        let trailer = self.trailer(address, oob);
+        let slot_bytes = slot.len();
+        slot[slot_bytes - BLOCK_TRAILER_BYTES..].copy_from_slice(&trailer);
+        let offset = self.layout.slot_offset(&self.geometry, address);
+        self.timed(|device| device.file.write_all_at(&slot, offset)).map_err(io_error(&self.path, "writing a page"))?;
+        self.counters.pages_programmed += 1;
+        self.counters.data_bytes_programmed += page_bytes as u64;
+        self.counters.oob_bytes_programmed += oob.len() as u64;
+        let state = &mut self.zones[address.zone as usize];
+        state.write_pointer += 1;
+        state.open = true;
+        if state.write_pointer == zone_pages {
+            state.full = true;
+            state.open = false;
+            self.unmarked_full.insert(address.zone);
+        }
+        Ok(())
+    }
+
+    fn reset_zone(&mut self, zone: u32) -> Result<()> {
+        self.geometry.check_zone(zone)?;
+        let state = &mut self.zones[zone as usize];
+        state.generation += 1;
+        state.erase_count = state.erase_count.saturating_add(1);
+        state.write_pointer = 0;
+        state.full = false;
+        state.open = false;
+        self.unmarked_full.remove(&zone);
+        self.write_records(&BTreeSet::from([zone]))?;
+        self.counters.erases += u64::from(self.geometry.zone_blocks);
+        self.counters.zone_resets += 1;
+        // The old pages are garbage now: let a file's storage or an SSD
+        // have them back. Nothing depends on it.
+        let start = self.layout.slot_offset(&self.geometry, PageAddress::new(zone, 0));
+        let length = self.geometry.zone_pages() * self.layout.slot_bytes;
+        // SAFETY: fallocate on a descriptor this device owns.
+        unsafe {
+            libc::fallocate(
+                self.file.as_raw_fd(),
+                libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                start as libc::off_t,
+                length as libc::off_t,
+            );
+        }
+        Ok(())
+    }
+
+    fn finish_zone(&mut self, zone: u32) -> Result<()> {
+        self.geometry.check_zone(zone)?;
+        let state = &mut self.zones[zone as usize];
+        if state.full {
+            return Ok(());
+        }
+        state.full = true;
+        state.open = false;
+        self.unmarked_full.remove(&zone);
+        self.write_records(&BTreeSet::from([zone]))
+    }
+
+    fn report_zone(&self, zone: u32) -> Result<ZoneReport> {
+        self.geometry.check_zone(zone)?;
+        let state = self.zones[zone as usize];
+        Ok(ZoneReport {
+            zone,
+            state: if state.full {
+                ZoneState::Full
+            } else if state.open {
+                ZoneState::Open
+            } else if state.write_pointer == 0 {
+                ZoneState::Empty
+            } else {
+                ZoneState::Closed
+            },
+            write_pointer: state.write_pointer,
+            capacity_pages: self.geometry.zone_pages() as u32,
+            erase_count_max: state.erase_count,
+            bad_blocks: 0,
+        })
+    }
+
+    fn report_zones(&self) -> Vec<ZoneReport> {
+        (0..self.geometry.zone_count).map(|zone| self.report_zone(zone).expect("zones of the device")).collect()
+    }
+
+    fn flush(&mut self) -> Result<()> {
+        self.sync()?;
+        if !self.unmarked_full.is_empty() {
+            let zones = std::mem::take(&mut self.unmarked_full);
+            if let Err(error) = self.write_records(&zones) {
+                self.unmarked_full = zones;
+                return Err(error);
+            }
+        }
+        Ok(())
+    }
+
+    fn nvm_read(&mut self, offset: u64, _buffer: &mut [u8]) -> Result<()> {
+        Err(DeviceError::OutOfRange { what: format!("NVM offset {offset}"), limit: "a block device has no NVM".into() })
+    }
+
+    fn nvm_write(&mut self, offset: u64, _data: &[u8]) -> Result<()> {
+        Err(DeviceError::OutOfRange { what: format!("NVM offset {offset}"), limit: "a block device has no NVM".into() })
+    }
+
+    fn nvm_persist(&mut self, offset: u64, _length: u64) -> Result<()> {
+        Err(DeviceError::OutOfRange { what: format!("NVM offset {offset}"), limit: "a block device has no NVM".into() })
+    }
+
+    fn counters(&self) -> Counters {
+        self.counters
+    }
+
+    fn reset_counters(&mut self) {
+        self.counters = Counters::default();
+    }
+
+    /// The real time the device's I/O has taken, plus idle time let pass.
+    fn now_ns(&self) -> u64 {
+        self.busy_ns + self.idle_ns
+    }
+
+    fn advance_time(&mut self, duration_ns: u64) {
+        self.idle_ns = self.idle_ns.saturating_add(duration_ns);
+    }
+}

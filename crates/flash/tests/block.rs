@@ -1,0 +1,159 @@
+//! The block backend on a regular file: write pointers found again from
+//! the slots' trailers, resets that make stale slots stop counting, full
+//! zones that open without a scan, and damaged or foreign layouts refused.
+
+use std::os::unix::fs::FileExt;
+
+use flintfs_flash::{BlockCreate, BlockFlash, FlashDevice, Geometry, PageAddress, PageState, ZoneState};
+
+fn geometry() -> Geometry {
+    Geometry {
+        page_size_bytes: 4096,
+        oob_size_bytes: 128,
+        block_pages: 8,
+        zone_blocks: 2,
+        zone_count: 0,
+        open_zones_max: 4,
+        nvm_size_bytes: 0,
+    }
+}
+
+fn page(zone: u32, page: u32) -> (Vec<u8>, Vec<u8>) {
+    let data = (0..4096u32).map(|index| (index as u8) ^ (page as u8).wrapping_mul(31) ^ zone as u8).collect();
+    let oob = vec![(zone * 100 + page) as u8; 128];
+    (data, oob)
+}
+
+fn program(device: &mut BlockFlash, zone: u32, pages: std::ops::Range<u32>) {
+    for index in pages {
+        let (data, oob) = page(zone, index);
+        device.program_page(PageAddress::new(zone, index), &data, &oob).unwrap();
+    }
+}
+
+fn made(path: &std::path::Path) -> BlockFlash {
+    BlockFlash::create(path, geometry(), BlockCreate { size_bytes: Some(8 << 20), nonce: 0x5eed }).unwrap()
+}
+
+#[test]
+fn write_pointers_come_back_from_the_trailers() {
+    let directory = tempfile::tempdir().unwrap();
+    let path = directory.path().join("device");
+    let mut device = made(&path);
+    let zone_count = device.geometry().zone_count;
+    assert!(zone_count >= 8, "8 MiB holds {zone_count} zones of 64 KiB slots");
+    program(&mut device, 0, 0..5);
+    program(&mut device, 1, 0..16);
+    program(&mut device, 2, 0..1);
+    device.flush().unwrap();
+    device.close().unwrap();
+
+    let mut device = BlockFlash::open(&path).unwrap();
+    let pointers: Vec<u32> = device.report_zones().iter().map(|zone| zone.write_pointer).collect();
+    assert_eq!(&pointers[..4], [5, 16, 1, 0]);
+    assert_eq!(device.report_zone(1).unwrap().state, ZoneState::Full);
+    assert_eq!(device.report_zone(0).unwrap().state, ZoneState::Closed);
+    // Zone 1 was marked full at the flush: open read none of its slots.
+    // Zones 0 and 2 cost their pages and one more; every empty zone one.
+    assert_eq!(device.open_pages_read, 6 + 2 + u64::from(zone_count - 3));
+    let (mut data, mut oob) = (vec![0u8; 4096], vec![0u8; 128]);
+    for index in 0..5 {
+        assert_eq!(device.read_page(PageAddress::new(0, index), &mut data, &mut oob).unwrap(), PageState::Programmed);
+        assert_eq!((data.clone(), oob.clone()), page(0, index));
+    }
+    assert_eq!(device.read_page(PageAddress::new(0, 5), &mut data, &mut oob).unwrap(), PageState::Erased);
+    assert!(data.iter().all(|&byte| byte == 0xFF));
+    // Programs go on at the write pointer, and only there.
+    assert!(device.program_page(PageAddress::new(0, 7), &data, &oob).is_err());
+    program(&mut device, 0, 5..6);
+    assert!(device.program_page(PageAddress::new(1, 0), &data, &oob).is_err(), "a full zone takes no program");
+}
+
+#[test]
+fn a_reset_makes_the_old_slots_stop_counting() {
+    let directory = tempfile::tempdir().unwrap();
+    let path = directory.path().join("device");
+    let mut device = made(&path);
+    program(&mut device, 3, 0..10);
+    device.reset_zone(3).unwrap();
+    assert_eq!(device.report_zone(3).unwrap().write_pointer, 0);
+    program(&mut device, 3, 0..2);
+    device.flush().unwrap();
+    drop(device);
+    // Slots 2..10 of the zone's last life are still on the file: they do
+    // not count, because their generation is the old one.
+    let device = BlockFlash::open(&path).unwrap();
+    assert_eq!(device.report_zone(3).unwrap().write_pointer, 2);
+    assert_eq!(device.report_zone(3).unwrap().erase_count_max, 1);
+}
+
+#[test]
+fn a_slot_that_did_not_land_ends_the_prefix() {
+    let directory = tempfile::tempdir().unwrap();
+    let path = directory.path().join("device");
+    let mut device = made(&path);
+    program(&mut device, 0, 0..8);
+    device.flush().unwrap();
+    let layout = device.layout();
+    drop(device);
+    // Slot 3's trailer never reached the device (say the write was lost):
+    // the zone's durable prefix is three pages, and slots 4..8 are
+    // garbage to be written over.
+    let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+    let slot_end = layout.data_offset + 4 * layout.slot_bytes;
+    file.write_all_at(&[0u8; 32], slot_end - 32).unwrap();
+    drop(file);
+    let mut device = BlockFlash::open(&path).unwrap();
+    assert_eq!(device.report_zone(0).unwrap().write_pointer, 3);
+    program(&mut device, 0, 3..4);
+}
+
+#[test]
+fn damaged_or_foreign_layouts_are_refused_or_survived() {
+    let directory = tempfile::tempdir().unwrap();
+    let path = directory.path().join("device");
+    let mut device = made(&path);
+    program(&mut device, 0, 0..16);
+    device.flush().unwrap();
+    let layout = device.layout();
+    drop(device);
+    let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+    // Header copy A and zone-table copy A damaged: copies B answer.
+    file.write_all_at(&[0xAB; 64], 0).unwrap();
+    file.write_all_at(&[0xAB; 512], layout.table_offset).unwrap();
+    drop(file);
+    let device = BlockFlash::open(&path).unwrap();
+    assert_eq!(device.report_zone(0).unwrap().write_pointer, 16);
+    drop(device);
+    // Both copies of zone 0's record damaged: refused, with the zone named.
+    let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+    file.write_all_at(&[0xAB; 512], layout.table_offset + layout.table_bytes).unwrap();
+    drop(file);
+    let error = BlockFlash::open(&path).err().expect("refused").to_string();
+    assert!(error.contains("zone 0: both zone-table records are damaged"), "{error}");
+    // Another version, and a truncated device.
+    let other = directory.path().join("other");
+    drop(made(&other));
+    let file = std::fs::OpenOptions::new().write(true).open(&other).unwrap();
+    file.set_len(1 << 20).unwrap();
+    drop(file);
+    let error = BlockFlash::open(&other).err().expect("refused").to_string();
+    assert!(error.contains("truncated"), "{error}");
+    assert!(!BlockFlash::probe(&directory.path().join("missing")));
+    let text = directory.path().join("text");
+    std::fs::write(&text, vec![b'x'; 16384]).unwrap();
+    assert!(!BlockFlash::probe(&text));
+    let error = BlockFlash::open(&text).err().expect("refused").to_string();
+    assert!(error.contains("not a flintfs block device"), "{error}");
+}
+
+#[test]
+fn a_second_opener_is_refused() {
+    let directory = tempfile::tempdir().unwrap();
+    let path = directory.path().join("device");
+    let device = made(&path);
+    let error = BlockFlash::open(&path).err().expect("refused").to_string();
+    assert!(error.contains("in use"), "{error}");
+    drop(device);
+    BlockFlash::open(&path).unwrap();
+}
