@@ -6,6 +6,8 @@
 //! - `flintfs-ordered`: the same with `fsync=ordered` (data flushed before
 //!   its log record: F2FS strict), to set the write-pointer check against;
 //! - `flintfs-fuse`: a FUSE mount of an image file;
+//! - `flintfs-block`: a FUSE mount of the block backend on a loop device,
+//!   measured exactly as the kernel peers on theirs (root only);
 //! - `ext2`, `ext4`, `btrfs`, `xfs`: kernel file systems on loop devices
 //!   (root only; skipped with a note otherwise or when mkfs is missing);
 //! - `littlefs`: the `littlefs2` crate in-process on the same emulated
@@ -49,10 +51,10 @@ pub const WORKLOADS: [&str; 12] = [
     "large_rand_write",
 ];
 /// Targets, in the order rows are printed.
-pub const TARGETS: [&str; 8] =
-    ["flintfs", "flintfs-ordered", "flintfs-fuse", "ext2", "ext4", "btrfs", "xfs", "littlefs"];
+pub const TARGETS: [&str; 9] =
+    ["flintfs", "flintfs-ordered", "flintfs-fuse", "flintfs-block", "ext2", "ext4", "btrfs", "xfs", "littlefs"];
 /// How many of [`TARGETS`] are flintfs (always run); the rest are peers.
-const FLINTFS_TARGETS: usize = 3;
+const FLINTFS_TARGETS: usize = 4;
 /// File counts the memory (`ram_N`) and recovery (`recover_N`) workloads
 /// run at.
 fn file_counts(quick: bool) -> &'static [usize] {
@@ -1117,10 +1119,14 @@ fn run_kernel(workload: &str, target: &str, size: Size, seed: u64, directory: &P
     File::create(&backing)?.set_len(device_bytes(size, workload))?;
     let loop_device = run_command("losetup", &["--find", "--show", &backing.to_string_lossy()])?;
     let result = (|| -> Outcome<Value> {
+        let flintfs = flintfs_binary().unwrap_or_else(|| PathBuf::from("flintfs"));
+        let flintfs = flintfs.to_string_lossy().into_owned();
+        let block_backend = target == "flintfs-block";
         let (mkfs, force): (String, &[&str]) = match target {
             "ext2" | "ext4" => (format!("mkfs.{target}"), &["-q", "-F"]),
             "btrfs" => ("mkfs.btrfs".into(), &["-q", "-f"]),
             "xfs" => ("mkfs.xfs".into(), &["-q", "-f"]),
+            "flintfs-block" => (flintfs.clone(), &["mkfs", "--backend", "block", "--force", "--quiet"]),
             _ => fail!("unknown target {target}"),
         };
         let mut arguments: Vec<&str> = force.to_vec();
@@ -1132,8 +1138,17 @@ fn run_kernel(workload: &str, target: &str, size: Size, seed: u64, directory: &P
         run_command(&mkfs, &arguments)?;
         let mountpoint = directory.join(format!("{target}-mnt"));
         std::fs::create_dir_all(&mountpoint)?;
+        // flintfs mounts through its own command (a FUSE daemon); the
+        // kernel peers through mount(8). Both unmount with umount(8).
+        let mount_with =
+            if block_backend { vec![flintfs.clone(), "mount".to_string()] } else { vec!["mount".to_string()] };
+        let mount = move |device: &str, mountpoint: &str| -> Outcome<String> {
+            let mut arguments: Vec<&str> = mount_with[1..].iter().map(String::as_str).collect();
+            arguments.extend([device, mountpoint]);
+            run_command(&mount_with[0], &arguments)
+        };
         let (_, read_before) = block_stat(&loop_device)?;
-        run_command("mount", &[&loop_device, &mountpoint.to_string_lossy()])?;
+        mount(&loop_device, &mountpoint.to_string_lossy())?;
         let (written_mounted, read_mounted) = block_stat(&loop_device)?;
         // The slab after the last mount: the kernel's memory for the file
         // system is its growth from there.
@@ -1141,12 +1156,13 @@ fn run_kernel(workload: &str, target: &str, size: Size, seed: u64, directory: &P
         let remount = {
             let (device, mountpoint) = (loop_device.clone(), mountpoint.to_string_lossy().into_owned());
             let slab_at_mount = slab_at_mount.clone();
+            let mount = mount.clone();
             move || -> Outcome<u64> {
                 run_command("umount", &[&mountpoint])?;
                 // Cold: nothing of the file system left in the page cache.
                 let _ = std::fs::write("/proc/sys/vm/drop_caches", "3");
                 let (_, before) = block_stat(&device)?;
-                run_command("mount", &[&device, &mountpoint])?;
+                mount(&device, &mountpoint)?;
                 let (_, after) = block_stat(&device)?;
                 slab_at_mount.set(slab_bytes()?);
                 Ok((after - before) / 4096)
@@ -1160,12 +1176,32 @@ fn run_kernel(workload: &str, target: &str, size: Size, seed: u64, directory: &P
             }
         };
         let mut files = DirectoryFiles::new(&mountpoint, Box::new(remount), Box::new(snapshot));
-        files.memory = Some(Box::new(move || Ok(slab_bytes()?.saturating_sub(slab_at_mount.get()))));
+        files.memory = Some(if block_backend {
+            // The daemon's resident memory, as for flintfs-fuse.
+            let (flintfs, mountpoint) = (flintfs.clone(), mountpoint.clone());
+            Box::new(move || -> Outcome<u64> {
+                let output = Command::new(&flintfs).arg("stat").arg(&mountpoint).arg("--json").output()?;
+                let live: Value = serde_json::from_slice(&output.stdout)?;
+                let pid = live["pid"].as_u64().ok_or_else(|| Failure("stat: no daemon pid".into()))?;
+                resident_of(pid as u32).ok_or_else(|| Failure(format!("no VmRSS for the daemon (pid {pid})")))
+            })
+        } else {
+            Box::new(move || Ok(slab_bytes()?.saturating_sub(slab_at_mount.get())))
+        });
         let (ops, phase) = timed_workload(workload, &mut files, size, seed);
         let seconds = phase.seconds;
         let written_at_start = phase.at_start.map_or(written_mounted, |counters| counters.data_bytes_programmed);
         let remounted_pages = files.mount_pages;
         drop(files);
+        // The daemon's peak memory, for flintfs; a kernel peer's is the
+        // workload's process (run_one).
+        let daemon_rss = if block_backend {
+            let output = Command::new(&flintfs).arg("stat").arg(&mountpoint).arg("--json").output()?;
+            let live: Value = serde_json::from_slice(&output.stdout).unwrap_or(Value::Null);
+            live["pid"].as_u64().and_then(|pid| rss_of(pid as u32))
+        } else {
+            None
+        };
         run_command("umount", &[&mountpoint.to_string_lossy()])?;
         let ops = ops?;
         let (written_after, _) = block_stat(&loop_device)?;
@@ -1176,6 +1212,9 @@ fn run_kernel(workload: &str, target: &str, size: Size, seed: u64, directory: &P
         value["erases"] = Value::Null;
         value["device_time_ns_per_op"] = Value::Null;
         value["mount_pages_read"] = json!(remounted_pages.unwrap_or((read_mounted - read_before) / 4096));
+        if daemon_rss.is_some() {
+            value["peak_rss_bytes"] = json!(daemon_rss);
+        }
         add_fields(&mut value, &phase);
         Ok(value)
     })();
@@ -1193,6 +1232,7 @@ fn run_one(arguments: &BenchArguments, target: &str) -> Outcome<ExitCode> {
         "flintfs" => run_engine(&arguments.workload, target, FsyncMode::WpCheck, size, arguments.seed),
         "flintfs-ordered" => run_engine(&arguments.workload, target, FsyncMode::Ordered, size, arguments.seed),
         "flintfs-fuse" => run_fuse(&arguments.workload, size, arguments.seed, &directory),
+        "flintfs-block" => run_kernel(&arguments.workload, target, size, arguments.seed, &directory),
         "littlefs" => {
             // The quick device is also the near-full workloads' (see device_bytes).
             if arguments.quick || arguments.workload.starts_with("near_full_") {
@@ -1246,6 +1286,9 @@ fn unavailable(target: &str) -> Option<String> {
         "flintfs" | "flintfs-ordered" | "littlefs" => None,
         "flintfs-fuse" if !Path::new("/dev/fuse").exists() => Some("no /dev/fuse".to_string()),
         "flintfs-fuse" => flintfs_binary().is_none().then(|| NO_FLINTFS_BINARY.to_string()),
+        "flintfs-block" if !root => Some("the block backend on a loop device needs root".to_string()),
+        "flintfs-block" if !Path::new("/dev/fuse").exists() => Some("no /dev/fuse".to_string()),
+        "flintfs-block" => flintfs_binary().is_none().then(|| NO_FLINTFS_BINARY.to_string()),
         _ if !root => Some("kernel file systems on loop devices need root".to_string()),
         _ => {
             let mkfs = format!("mkfs.{target}");
@@ -1350,7 +1393,9 @@ pub fn bench(arguments: BenchArguments) -> Outcome<ExitCode> {
     notes.dedup();
     notes.push(
         "Peak RSS of the in-process targets (flintfs, littlefs) includes the emulated device's memory; \
-         flintfs-fuse's is its daemon's, on an image file; a kernel peer's is only the workload's process."
+         flintfs-fuse's and flintfs-block's are their daemon's (on an image file; on the block backend on a loop \
+         device, whose bytes are counted as the kernel peers' are, from the loop device's sectors written); \
+         a kernel peer's is only the workload's process."
             .into(),
     );
     if let Some(directory) = &arguments.report {

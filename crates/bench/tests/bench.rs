@@ -58,7 +58,7 @@ fn a_row_per_target_with_the_fields_tools_read() {
         serde_json::from_str(ok(&["create_fsync", "--quick", "--json"]).trim()).expect("JSON rows");
     let rows = rows.as_array().expect("an array of rows");
     let targets: Vec<&str> = rows.iter().filter_map(|row| row["target"].as_str()).collect();
-    assert_eq!(targets, ["flintfs", "flintfs-ordered", "flintfs-fuse"], "{rows:?}");
+    assert_eq!(targets, ["flintfs", "flintfs-ordered", "flintfs-fuse", "flintfs-block"], "{rows:?}");
     for row in rows {
         for field in [
             "workload",
@@ -76,6 +76,7 @@ fn a_row_per_target_with_the_fields_tools_read() {
         }
         assert_eq!(row["ops"], 2000, "{row}");
         assert!(row["bytes_per_op"].as_f64().unwrap() > 0.0, "{row}");
+        assert!(row["ops_per_s"].as_f64().unwrap() > 0.0, "{row}");
     }
 }
 
