@@ -409,7 +409,13 @@ mod tests {
 
     use crate::bench::{run_engine, Size};
 
+    /// One workload at a time: the memory rows read the process's one heap
+    /// counter, which another test's allocations on another thread would
+    /// move.
+    static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
     fn run(workload: &str) -> Value {
+        let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         match run_engine(workload, "flintfs", FsyncMode::WpCheck, Size::tiny(), 7) {
             Ok(row) => row,
             Err(error) => panic!("{workload} (seed 7): {}", error.0),
