@@ -26,8 +26,14 @@ pub enum Helper {
 }
 
 /// The helpers, by the names the system programs look for.
-pub const HELPERS: [(&str, Helper); 3] =
-    [("mount.flintfs", Helper::Mount), ("mkfs.flintfs", Helper::Mkfs), ("fsck.flintfs", Helper::Fsck)];
+pub const HELPERS: [(&str, Helper); 4] = [
+    ("mount.flintfs", Helper::Mount),
+    // The kernel lists a mount as fuse.flintfs, and mount(8) looks for
+    // this helper for it (a remount, say) before fuse3's mount.fuse.
+    ("mount.fuse.flintfs", Helper::Mount),
+    ("mkfs.flintfs", Helper::Mkfs),
+    ("fsck.flintfs", Helper::Fsck),
+];
 
 /// fsck(8)'s exit codes (they are bits; fsck ORs them over file systems).
 pub mod fsck_exit {
@@ -178,6 +184,9 @@ fn mount_helper(arguments: &[String]) -> Result<u8, Stop> {
     let [image, mountpoint] = parser.positional[..] else {
         return Err(Usage("usage: mount.flintfs SPEC DIR [-sfnv] [-o OPTIONS]".into()));
     };
+    if options.iter().any(|option| option == "remount") {
+        return remount(mountpoint, &options, fake);
+    }
     if sloppy {
         // -s: options this file system does not know are dropped, not
         // refused (mount(8) passes it for NFS-style option lists).
@@ -198,6 +207,51 @@ fn mount_helper(arguments: &[String]) -> Result<u8, Stop> {
     crate::daemon::mount(arguments)?;
     if verbose {
         println!("mount.flintfs: {image} mounted on {mountpoint}");
+    }
+    Ok(0)
+}
+
+/// `mount -o remount,OPTIONS`: the kernel's flags change on the live
+/// mount (ro and rw, nosuid, nodev, noexec, noatime, sync, dirsync); the
+/// file system's own options are fixed at mount and refused here.
+fn remount(mountpoint: &str, options: &[String], fake: bool) -> Result<u8, Stop> {
+    use std::os::unix::ffi::OsStrExt;
+    let mut flags: libc::c_ulong = libc::MS_REMOUNT;
+    for option in options {
+        flags |= match option.as_str() {
+            "remount" | "rw" | "suid" | "dev" | "exec" | "atime" | "async" | "relatime" => 0,
+            "ro" => libc::MS_RDONLY,
+            "nosuid" => libc::MS_NOSUID,
+            "nodev" => libc::MS_NODEV,
+            "noexec" => libc::MS_NOEXEC,
+            "noatime" => libc::MS_NOATIME,
+            "sync" => libc::MS_SYNCHRONOUS,
+            "dirsync" => libc::MS_DIRSYNC,
+            other if crate::daemon::is_mount_program_option(other) => 0,
+            // mount(8) passes the mount's options back: the file system's
+            // own, unchanged, are fine.
+            other
+                if crate::daemon::is_known_option(other)
+                    || other.starts_with("user_id=")
+                    || other.starts_with("group_id=")
+                    || other == "default_permissions"
+                    || other == "allow_other" =>
+            {
+                0
+            }
+            other => return Err(Usage(format!("option {other:?} cannot change on a remount"))),
+        };
+    }
+    if fake {
+        return Ok(0);
+    }
+    let path = std::ffi::CString::new(Path::new(mountpoint).as_os_str().as_bytes())
+        .map_err(|_| Usage(format!("{mountpoint:?} holds a NUL byte")))?;
+    // SAFETY: a valid C string; the null source, type and data are what a
+    // remount passes.
+    let result = unsafe { libc::mount(std::ptr::null(), path.as_ptr(), std::ptr::null(), flags, std::ptr::null()) };
+    if result != 0 {
+        return Err(Failed(Failure(format!("remount of {mountpoint}: {}", std::io::Error::last_os_error()))));
     }
     Ok(0)
 }
@@ -468,6 +522,7 @@ mod tests {
     fn helpers_are_known_by_their_base_name() {
         assert_eq!(helper_named(OsStr::new("/sbin/mount.flintfs")), Some(Helper::Mount));
         assert_eq!(helper_named(OsStr::new("fsck.flintfs")), Some(Helper::Fsck));
+        assert_eq!(helper_named(OsStr::new("/sbin/mount.fuse.flintfs")), Some(Helper::Mount));
         assert_eq!(helper_named(OsStr::new("/usr/sbin/mkfs.flintfs")), Some(Helper::Mkfs));
         assert_eq!(helper_named(OsStr::new("flintfs")), None);
         assert_eq!(helper_named(OsStr::new("mount.flintfs.old")), None);

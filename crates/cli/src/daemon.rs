@@ -74,7 +74,7 @@ struct MountOptions {
 /// Options of fstab and mount(8) that mean something to them (or to
 /// systemd), not to the file system: accepted, so that an fstab line
 /// mounts, and ignored.
-fn is_mount_program_option(name: &str) -> bool {
+pub fn is_mount_program_option(name: &str) -> bool {
     matches!(
         name,
         "defaults" | "auto" | "noauto" | "nofail" | "user" | "users" | "nouser" | "owner" | "group" | "_netdev"

@@ -630,7 +630,11 @@ fn kernel_flag(name: &str) -> Option<fuser::MountOption> {
 pub fn config(fs_name: &str, allow_other: bool, kernel_flags: &[String]) -> fuser::Config {
     let mut mount_options = vec![
         fuser::MountOption::FSName(fs_name.to_string()),
-        fuser::MountOption::Subtype("flintfs".to_string()),
+        // The kernel's own subtype option (fuser's Subtype reaches only
+        // fusermount): the mount table then says fuse.flintfs, and mount(8)
+        // remounts it (`-o remount,ro`) with the system call instead of
+        // handing it to fuse3's mount.fuse, which cannot.
+        fuser::MountOption::CUSTOM("subtype=flintfs".to_string()),
         fuser::MountOption::DefaultPermissions,
     ];
     mount_options.extend(kernel_flags.iter().filter_map(|name| kernel_flag(name)));
