@@ -25,13 +25,13 @@
 //! - a zone's write pointer is its first slot without a valid trailer.
 //!
 //! A reset raises the zone's generation in the zone table before it
-//! returns, so stale slots of the zone's last life stop counting. A zone
-//! written to capacity (or finished) is marked full in the table, at the
-//! next flush or at once, so open reads no slot of a full zone. Open
-//! therefore scans only zones that are not full: an empty zone costs one
-//! read, and a partly written one its written pages, the zones the file
-//! system has open (at most `open_zones_max`, the same bound recovery
-//! keeps to its unindexed zones).
+//! returns, so stale slots of the zone's last life stop counting. A zone's
+//! first program since its reset marks it in use, and a zone written to
+//! capacity (or finished) is marked full, in the table, by the next flush
+//! before it returns (a finish at once). Open reads no slot of a full zone
+//! or of one not in use, so it scans only the zones the file system had
+//! open, their written pages and one more (at most `open_zones_max`, the
+//! same bound recovery keeps to its unindexed zones).
 //!
 //! ## What a crash keeps
 //! - A slot that reached the device whole counts, if every slot before it
@@ -194,6 +194,8 @@ struct Zone {
     write_pointer: u32,
     /// Marked full (written to capacity, or finished): no more programs.
     full: bool,
+    /// Programmed since its last reset: open scans it unless it is full.
+    in_use: bool,
     /// Programmed since the device opened and not full.
     open: bool,
 }
@@ -207,8 +209,9 @@ pub struct BlockFlash {
     layout: BlockLayout,
     nonce: u64,
     zones: Vec<Zone>,
-    /// Zones whose full mark is still to be written (at the next flush).
-    unmarked_full: BTreeSet<u32>,
+    /// Zones whose record changed (first used, or full) and is still to be
+    /// written: at the next flush, before it returns.
+    unwritten_records: BTreeSet<u32>,
     counters: Counters,
     /// Real time spent in I/O since the device opened (the counters' copy
     /// can be reset; this one only grows).
@@ -349,25 +352,38 @@ fn encode_zone_record(zone: u32, record: &Zone) -> [u8; BLOCK_ZONE_RECORD_BYTES]
     bytes[8..12].copy_from_slice(&record.erase_count.to_le_bytes());
     let full = if record.full { record.write_pointer } else { NOT_FULL };
     bytes[12..16].copy_from_slice(&full.to_le_bytes());
+    bytes[16] = u8::from(record.in_use);
     let crc = crc32c::crc32c_append(crc32c::crc32c(&zone.to_le_bytes()), &bytes[..28]);
     bytes[28..32].copy_from_slice(&crc.to_le_bytes());
     bytes
 }
 
-/// A zone record: generation, erase count and the full mark's write
-/// pointer, or `None` when it is damaged or belongs to another zone.
-fn decode_zone_record(zone: u32, bytes: &[u8]) -> Option<(u64, u32, Option<u32>)> {
+/// A zone's record as the table holds it.
+struct ZoneRecordFields {
+    generation: u64,
+    erase_count: u32,
+    /// The full mark's write pointer.
+    full: Option<u32>,
+    in_use: bool,
+}
+
+/// A zone record, or `None` when it is damaged or belongs to another zone.
+fn decode_zone_record(zone: u32, bytes: &[u8]) -> Option<ZoneRecordFields> {
     let bytes: &[u8; BLOCK_ZONE_RECORD_BYTES] = bytes.try_into().ok()?;
     let crc = u32::from_le_bytes(bytes[28..32].try_into().ok()?);
-    if crc != crc32c::crc32c_append(crc32c::crc32c(&zone.to_le_bytes()), &bytes[..28]) || bytes[16..28] != [0; 12] {
+    if crc != crc32c::crc32c_append(crc32c::crc32c(&zone.to_le_bytes()), &bytes[..28])
+        || bytes[16] > 1
+        || bytes[17..28] != [0; 11]
+    {
         return None;
     }
     let full = u32::from_le_bytes(bytes[12..16].try_into().ok()?);
-    Some((
-        u64::from_le_bytes(bytes[0..8].try_into().ok()?),
-        u32::from_le_bytes(bytes[8..12].try_into().ok()?),
-        (full != NOT_FULL).then_some(full),
-    ))
+    Some(ZoneRecordFields {
+        generation: u64::from_le_bytes(bytes[0..8].try_into().ok()?),
+        erase_count: u32::from_le_bytes(bytes[8..12].try_into().ok()?),
+        full: (full != NOT_FULL).then_some(full),
+        in_use: bytes[16] == 1,
+    })
 }
 
 /// The sector size and usable bytes of `path` as [`BlockFlash::create`]
@@ -398,7 +414,7 @@ impl BlockFlash {
             layout,
             nonce,
             zones: Vec::new(),
-            unmarked_full: BTreeSet::new(),
+            unwritten_records: BTreeSet::new(),
             counters: Counters::default(),
             busy_ns: 0,
             idle_ns: 0,
@@ -435,10 +451,11 @@ impl BlockFlash {
         if !is_block {
             file.set_len(layout.device_bytes(&geometry)).map_err(io_error(path, "sizing the file"))?;
         }
-        let zones = vec![
-            Zone { generation: 1, erase_count: 0, write_pointer: 0, full: false, open: false };
-            geometry.zone_count as usize
-        ];
+        let zones =
+            vec![
+                Zone { generation: 1, erase_count: 0, write_pointer: 0, full: false, in_use: false, open: false };
+                geometry.zone_count as usize
+            ];
         let mut device = BlockFlash::assemble(path, file, direct, layout, geometry, create.nonce);
         device.zones = zones;
         // Tables first, header last: a device is not one until its header
@@ -508,22 +525,25 @@ impl BlockFlash {
             let record = copies
                 .iter()
                 .filter_map(|copy| decode_zone_record(zone, &copy[at.clone()]))
-                .max_by_key(|(generation, _, _)| *generation)
+                .max_by_key(|record| record.generation)
                 .ok_or_else(|| refused(&self.path, format!("zone {zone}: both zone-table records are damaged")))?;
-            let (generation, erase_count, full) = record;
-            if full.is_some_and(|pointer| pointer > zone_pages) {
+            if record.full.is_some_and(|pointer| pointer > zone_pages) {
                 return Err(refused(&self.path, format!("zone {zone}: a full mark past the zone's end")));
             }
             self.zones.push(Zone {
-                generation,
-                erase_count,
-                write_pointer: full.unwrap_or(0),
-                full: full.is_some(),
+                generation: record.generation,
+                erase_count: record.erase_count,
+                write_pointer: record.full.unwrap_or(0),
+                full: record.full.is_some(),
+                in_use: record.in_use || record.full.is_some(),
                 open: false,
             });
         }
         for zone in 0..self.geometry.zone_count {
-            if self.zones[zone as usize].full {
+            // A full zone has its mark; a zone not used since its reset is
+            // empty: neither is read.
+            let state = self.zones[zone as usize];
+            if state.full || !state.in_use {
                 continue;
             }
             let mut page = 0;
@@ -535,7 +555,7 @@ impl BlockFlash {
             state.write_pointer = page;
             if page == zone_pages {
                 state.full = true;
-                self.unmarked_full.insert(zone);
+                self.unwritten_records.insert(zone);
             }
         }
         Ok(())
@@ -739,10 +759,15 @@ impl FlashDevice for BlockFlash {
         let state = &mut self.zones[address.zone as usize];
         state.write_pointer += 1;
         state.open = true;
+        if !state.in_use {
+            // The next flush marks it used, so open will scan it.
+            state.in_use = true;
+            self.unwritten_records.insert(address.zone);
+        }
         if state.write_pointer == zone_pages {
             state.full = true;
             state.open = false;
-            self.unmarked_full.insert(address.zone);
+            self.unwritten_records.insert(address.zone);
         }
         Ok(())
     }
@@ -754,8 +779,9 @@ impl FlashDevice for BlockFlash {
         state.erase_count = state.erase_count.saturating_add(1);
         state.write_pointer = 0;
         state.full = false;
+        state.in_use = false;
         state.open = false;
-        self.unmarked_full.remove(&zone);
+        self.unwritten_records.remove(&zone);
         self.write_records(&BTreeSet::from([zone]))?;
         self.counters.erases += u64::from(self.geometry.zone_blocks);
         self.counters.zone_resets += 1;
@@ -783,7 +809,7 @@ impl FlashDevice for BlockFlash {
         }
         state.full = true;
         state.open = false;
-        self.unmarked_full.remove(&zone);
+        self.unwritten_records.remove(&zone);
         self.write_records(&BTreeSet::from([zone]))
     }
 
@@ -814,10 +840,10 @@ impl FlashDevice for BlockFlash {
 
     fn flush(&mut self) -> Result<()> {
         self.sync()?;
-        if !self.unmarked_full.is_empty() {
-            let zones = std::mem::take(&mut self.unmarked_full);
+        if !self.unwritten_records.is_empty() {
+            let zones = std::mem::take(&mut self.unwritten_records);
             if let Err(error) = self.write_records(&zones) {
-                self.unmarked_full = zones;
+                self.unwritten_records = zones;
                 return Err(error);
             }
         }
