@@ -83,16 +83,14 @@ impl<D: FlashDevice> Fs<D> {
     }
 
     /// Adds `added` to a file's count of stored blocks and takes `freed`
-    /// away. A count that would leave its range (a damaged image) stays at
-    /// the bound, and fsck reports it against the pointers.
+    /// away.
     fn count_blocks_stored(&mut self, ino: u64, added: u64, freed: u64) -> Result<()> {
         let file_key = self.file_key(ino)?;
         self.modify(file_key, |node| {
             let Node::File { content: FileContent::Index { blocks_stored, .. }, .. } = node else {
                 unreachable!("only files with an index store blocks")
             };
-            let count = u64::from(*blocks_stored).saturating_add(added).saturating_sub(freed);
-            *blocks_stored = u32::try_from(count).unwrap_or(u32::MAX);
+            *blocks_stored = stored_less(stored_plus(*blocks_stored, added), freed);
         })
     }
 
@@ -286,7 +284,9 @@ impl<D: FlashDevice> Fs<D> {
             }
         }
         self.modify(file_key, |node| {
-            let Node::File { content: FileContent::Index { roots: kept, .. }, .. } = node else { unreachable!() };
+            let Node::File { content: FileContent::Index { roots: kept, blocks_stored, .. }, .. } = node else {
+                unreachable!()
+            };
             // Roots changed by write-backs during the walk are current in
             // the node; only the freed ones are cleared.
             for (index, root) in roots.iter().enumerate() {
@@ -294,8 +294,8 @@ impl<D: FlashDevice> Fs<D> {
                     kept[index] = Pointer::NULL;
                 }
             }
-        })?;
-        self.count_blocks_stored(ino, 0, freed)
+            *blocks_stored = stored_less(*blocks_stored, freed);
+        })
     }
 
     /// Frees the blocks from `first` on below one index page; returns how
@@ -684,4 +684,16 @@ pub(crate) struct PackedChunk {
     pub block: u64,
     pub units: u32,
     pub buffer: Vec<u8>,
+}
+
+/// A count of stored blocks plus `added`. A count that would leave its
+/// range (a damaged image) stays at the bound, and fsck reports it against
+/// the pointers.
+fn stored_plus(count: u32, added: u64) -> u32 {
+    u32::try_from(u64::from(count).saturating_add(added)).unwrap_or(u32::MAX)
+}
+
+/// A count of stored blocks less `freed`, at least zero.
+fn stored_less(count: u32, freed: u64) -> u32 {
+    u32::try_from(u64::from(count).saturating_sub(freed)).unwrap_or(0)
 }
