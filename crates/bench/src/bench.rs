@@ -1037,15 +1037,7 @@ fn run_fuse(workload: &str, size: Size, seed: u64, directory: &Path) -> Outcome<
     let mut files = DirectoryFiles::new(&mountpoint, Box::new(remount), Box::new(snapshot));
     // The daemon's resident memory (the engine, the FUSE session's
     // buffers, the program itself).
-    files.memory = Some({
-        let (flintfs, mountpoint) = (flintfs.clone(), mountpoint.clone());
-        Box::new(move || -> Outcome<u64> {
-            let output = Command::new(&flintfs).arg("stat").arg(&mountpoint).arg("--json").output()?;
-            let live: Value = serde_json::from_slice(&output.stdout)?;
-            let pid = live["pid"].as_u64().ok_or_else(|| Failure("stat: no daemon pid".into()))?;
-            resident_of(pid as u32).ok_or_else(|| Failure(format!("no VmRSS for the daemon (pid {pid})")))
-        })
-    });
+    files.memory = Some(daemon_memory(&flintfs, &mountpoint));
     let (ops, phase) = timed_workload(workload, &mut files, size, seed);
     let seconds = phase.seconds;
     let remounted_pages = files.mount_pages;
@@ -1086,6 +1078,18 @@ fn run_fuse(workload: &str, size: Size, seed: u64, directory: &Path) -> Outcome<
     value["peak_rss_bytes"] = json!(rss);
     add_fields(&mut value, &phase);
     Ok(value)
+}
+
+/// The resident memory of the daemon serving `mountpoint` (the engine, the
+/// FUSE session's buffers, the program itself), read through `stat`.
+fn daemon_memory(flintfs: &Path, mountpoint: &Path) -> Box<dyn FnMut() -> Outcome<u64>> {
+    let (flintfs, mountpoint) = (flintfs.to_path_buf(), mountpoint.to_path_buf());
+    Box::new(move || -> Outcome<u64> {
+        let output = Command::new(&flintfs).arg("stat").arg(&mountpoint).arg("--json").output()?;
+        let live: Value = serde_json::from_slice(&output.stdout)?;
+        let pid = live["pid"].as_u64().ok_or_else(|| Failure("stat: no daemon pid".into()))?;
+        resident_of(pid as u32).ok_or_else(|| Failure(format!("no VmRSS for the daemon (pid {pid})")))
+    })
 }
 
 /// Device counters from `stat --json`.
@@ -1177,14 +1181,7 @@ fn run_kernel(workload: &str, target: &str, size: Size, seed: u64, directory: &P
         };
         let mut files = DirectoryFiles::new(&mountpoint, Box::new(remount), Box::new(snapshot));
         files.memory = Some(if block_backend {
-            // The daemon's resident memory, as for flintfs-fuse.
-            let (flintfs, mountpoint) = (flintfs.clone(), mountpoint.clone());
-            Box::new(move || -> Outcome<u64> {
-                let output = Command::new(&flintfs).arg("stat").arg(&mountpoint).arg("--json").output()?;
-                let live: Value = serde_json::from_slice(&output.stdout)?;
-                let pid = live["pid"].as_u64().ok_or_else(|| Failure("stat: no daemon pid".into()))?;
-                resident_of(pid as u32).ok_or_else(|| Failure(format!("no VmRSS for the daemon (pid {pid})")))
-            })
+            daemon_memory(Path::new(&flintfs), &mountpoint)
         } else {
             Box::new(move || Ok(slab_bytes()?.saturating_sub(slab_at_mount.get())))
         });
