@@ -64,6 +64,8 @@ pub const BLOCK_HEADER_BYTES: u64 = 4096;
 pub const BLOCK_ZONE_RECORD_BYTES: usize = 32;
 /// Bytes of the trailer that ends every slot's spare area.
 pub const BLOCK_TRAILER_BYTES: usize = 32;
+/// Bytes of the summary: the lifetime counters, written at close.
+pub const BLOCK_SUMMARY_BYTES: u64 = 4096;
 /// Memory alignment of I/O buffers: what direct I/O asks on any device.
 const BUFFER_ALIGNMENT_BYTES: usize = 4096;
 /// The sector a regular file is aligned to (a block device says its own).
@@ -80,6 +82,8 @@ const _: () = assert!(BLOCK_ZONE_RECORD_BYTES * 16 == FILE_SECTOR_BYTES as usize
 const _: () = assert!((BLOCK_HEADER_BYTES as usize).is_multiple_of(BUFFER_ALIGNMENT_BYTES));
 const _: () = assert!(SECTOR_BYTES_MAX as usize <= BUFFER_ALIGNMENT_BYTES);
 const _: () = assert!(HEADER_FIELDS_BYTES + 4 <= BLOCK_HEADER_BYTES as usize);
+// The summary holds a count, every counter and a CRC.
+const _: () = assert!(8 + 8 * Counters::FIELD_NAMES.len() + 4 <= BLOCK_SUMMARY_BYTES as usize);
 
 /// Where things are on a block-backend device.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -95,6 +99,8 @@ pub struct BlockLayout {
     pub table_bytes: u64,
     /// Where copy A of the zone table starts; copy B follows it.
     pub table_offset: u64,
+    /// Where the lifetime counters are written at close.
+    pub summary_offset: u64,
     /// Where zone 0's first slot starts.
     pub data_offset: u64,
 }
@@ -113,7 +119,8 @@ impl BlockLayout {
             slot_bytes: u64::from(geometry.page_size_bytes) + spare,
             table_bytes,
             table_offset,
-            data_offset: table_offset + 2 * table_bytes,
+            summary_offset: table_offset + 2 * table_bytes,
+            data_offset: table_offset + 2 * table_bytes + BLOCK_SUMMARY_BYTES,
         }
     }
 
@@ -213,6 +220,10 @@ pub struct BlockFlash {
     /// written: at the next flush, before it returns.
     unwritten_records: BTreeSet<u32>,
     counters: Counters,
+    /// Lifetime counters as the last close left them, and those the file
+    /// system reset since this open: the device's whole life is these
+    /// plus `counters`.
+    lifetime_before: Counters,
     /// Real time spent in I/O since the device opened (the counters' copy
     /// can be reset; this one only grows).
     busy_ns: u64,
@@ -416,6 +427,7 @@ impl BlockFlash {
             zones: Vec::new(),
             unwritten_records: BTreeSet::new(),
             counters: Counters::default(),
+            lifetime_before: Counters::default(),
             busy_ns: 0,
             idle_ns: 0,
             open_pages_read: 0,
@@ -506,6 +518,7 @@ impl BlockFlash {
         }
         let mut device = BlockFlash::assemble(path, file, direct, layout, geometry, nonce);
         device.load_zones()?;
+        device.lifetime_before = device.read_summary();
         Ok(device)
     }
 
@@ -667,9 +680,51 @@ impl BlockFlash {
         self.layout
     }
 
-    /// Writes what is pending and flushes: the clean way to let go.
+    /// Writes what is pending, flushes, and records the lifetime
+    /// counters: the clean way to let go.
     pub fn close(mut self) -> Result<()> {
-        self.flush()
+        self.flush()?;
+        let lifetime = self.lifetime_counters();
+        let values = lifetime.to_array();
+        let mut summary = vec![0u8; BLOCK_SUMMARY_BYTES as usize];
+        summary[0..8].copy_from_slice(&(values.len() as u64).to_le_bytes());
+        for (index, value) in values.iter().enumerate() {
+            summary[8 + 8 * index..16 + 8 * index].copy_from_slice(&value.to_le_bytes());
+        }
+        let end = 8 + 8 * values.len();
+        let crc = crc32c::crc32c(&summary[..end]);
+        summary[end..end + 4].copy_from_slice(&crc.to_le_bytes());
+        self.write_at(self.layout.summary_offset, &summary, "writing the summary")?;
+        self.sync()
+    }
+
+    /// The device's counters over its whole life: those the last close
+    /// recorded, and this open's. A device killed before its close loses
+    /// the counts since its last close, never data.
+    pub fn lifetime_counters(&self) -> Counters {
+        self.lifetime_before.plus(&self.counters)
+    }
+
+    /// The summary's counters, or none when it was never written or is
+    /// damaged (then the lifetime counts start again).
+    fn read_summary(&mut self) -> Counters {
+        let mut summary = AlignedBuffer::zeroed(BLOCK_SUMMARY_BYTES as usize);
+        if read_at(&self.file, &mut summary, self.layout.summary_offset).is_err() {
+            return Counters::default();
+        }
+        let count = u64::from_le_bytes(summary[0..8].try_into().expect("8 bytes")) as usize;
+        if count != Counters::FIELD_NAMES.len() {
+            return Counters::default();
+        }
+        let end = 8 + 8 * count;
+        let crc = u32::from_le_bytes(summary[end..end + 4].try_into().expect("4 bytes"));
+        if crc != crc32c::crc32c(&summary[..end]) {
+            return Counters::default();
+        }
+        let values: Vec<u64> = (0..count)
+            .map(|index| u64::from_le_bytes(summary[8 + 8 * index..16 + 8 * index].try_into().expect("8 bytes")))
+            .collect();
+        Counters::from_array(&values).unwrap_or_default()
     }
 }
 
@@ -867,6 +922,7 @@ impl FlashDevice for BlockFlash {
     }
 
     fn reset_counters(&mut self) {
+        self.lifetime_before = self.lifetime_before.plus(&self.counters);
         self.counters = Counters::default();
     }
 

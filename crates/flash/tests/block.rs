@@ -167,6 +167,27 @@ fn damaged_or_foreign_layouts_are_refused_or_survived() {
 }
 
 #[test]
+fn lifetime_counters_outlive_a_close() {
+    let directory = tempfile::tempdir().unwrap();
+    let path = directory.path().join("device");
+    let mut device = made(&path);
+    program(&mut device, 0, 0..5);
+    device.reset_counters();
+    program(&mut device, 0, 5..7);
+    assert_eq!(device.counters().pages_programmed, 2, "counters since the reset");
+    assert_eq!(device.lifetime_counters().pages_programmed, 7, "the whole life");
+    device.close().unwrap();
+    let mut device = BlockFlash::open(&path).unwrap();
+    assert_eq!(device.lifetime_counters().pages_programmed, 7);
+    program(&mut device, 0, 7..8);
+    // Killed without a close: the counts since the last close are lost.
+    drop(device);
+    let device = BlockFlash::open(&path).unwrap();
+    assert_eq!(device.lifetime_counters().pages_programmed, 7);
+    assert_eq!(device.report_zone(0).unwrap().write_pointer, 8, "the data is not");
+}
+
+#[test]
 fn a_second_opener_is_refused() {
     let directory = tempfile::tempdir().unwrap();
     let path = directory.path().join("device");
