@@ -11,12 +11,16 @@
 //! into bytes and back, and checks what bytes can check. The engine decides
 //! what to write where.
 
+pub mod bch;
 mod checkpoint;
 mod chunk;
 mod codec;
+pub mod erasure;
+pub mod gf;
 mod log;
 mod node;
 mod page;
+pub mod protection;
 mod record;
 mod superblock;
 
