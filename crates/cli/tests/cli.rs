@@ -54,14 +54,18 @@ fn mkfs_inspect_fsck_and_stat_on_an_image() {
     let made = ok(&["mkfs", image, "--size", "128M", "--nvm-size", "64K"]);
     assert!(made.contains("flintfs format"), "{made}");
     refused(&["mkfs", image, "--size", "128M"], "already holds a flintfs image");
-    ok(&["mkfs", image, "--size", "128M", "--force", "--page-size", "2048", "--oob-size", "64"]);
+    refused(
+        &["mkfs", image, "--size", "128M", "--force", "--page-size", "2048", "--oob-size", "64"],
+        "cannot hold a page's header and signature",
+    );
+    ok(&["mkfs", image, "--size", "128M", "--force", "--page-size", "2048", "--oob-size", "96"]);
 
     let geometry = json(&ok(&["inspect", image, "geometry", "--json"]));
     for field in ["page_size", "oob_size", "block_pages", "zone_blocks", "zone_count", "nvm_size"] {
         assert!(geometry[field].is_u64(), "geometry lacks {field}: {geometry}");
     }
     assert_eq!(geometry["page_size"], 2048);
-    assert_eq!(geometry["oob_size"], 64);
+    assert_eq!(geometry["oob_size"], 96);
 
     let zones = json(&ok(&["inspect", image, "zones", "--json"]));
     let zones = zones.as_array().expect("a list of zones");

@@ -10,6 +10,7 @@ use flintfs_format::{
 };
 
 use crate::error::{errno, Error, Result};
+use crate::protect::{oob_fits, Protected, ProtectionCounters};
 
 const _: () = assert!(PAGE_HEADER_BYTES as u32 <= OOB_SIZE_BYTES_MIN, "the page header fits every device's OOB");
 
@@ -21,9 +22,6 @@ pub const RESERVE_ZONES: u32 = 2;
 /// Open zones the layout needs at once: every log head, the checkpoint zone
 /// being appended to, and the other one while a checkpoint switches zones.
 pub const OPEN_ZONES_NEEDED: u32 = LOG_HEAD_ROLES.len() as u32 + 2;
-/// How often a page that fails its checks is read again before it counts as
-/// damaged: bit flips on read are transient.
-const READ_ATTEMPTS: u32 = 3;
 /// The default k (unindexed segments per checkpoint).
 pub const UNINDEXED_SEGMENTS_DEFAULT: u32 = 8;
 /// Inode number of the root directory; allocation starts after it.
@@ -87,7 +85,9 @@ impl MountReport {
 
 /// A mounted file system's durable frame over its device.
 pub struct Volume<D: FlashDevice> {
-    pub(crate) device: D,
+    /// The device behind the protection layer, which seals what is
+    /// programmed and corrects what is read.
+    pub(crate) device: Protected<D>,
     pub(crate) superblock: Superblock,
     /// The live state: the last checkpoint plus what happened since (heads,
     /// sequence, allocations); written as the next checkpoint.
@@ -174,23 +174,15 @@ pub(crate) fn read_verified<D: FlashDevice>(
     let geometry = device.geometry();
     let mut data = vec![0u8; geometry.page_size_bytes as usize];
     let mut oob = vec![0u8; geometry.oob_size_bytes as usize];
-    let mut attempt = 0;
-    let header = loop {
-        attempt += 1;
-        *pages_read += 1;
-        let outcome = match device.read_page(address, &mut data, &mut oob) {
-            Ok(PageState::Erased) => return Err(Error::corrupt(format!("{address} is erased"))),
-            Ok(PageState::Programmed) => {
-                PageHeader::decode(&oob, &data).map_err(|error| Error::corrupt(format!("{address}: {error}")))
-            }
-            Err(error) if error.is_media_failure() => Err(Error::from(error)),
-            Err(error) => return Err(error.into()),
-        };
-        match outcome {
-            Ok(header) => break header,
-            Err(error) if attempt >= READ_ATTEMPTS => return Err(error),
-            Err(_) => continue,
+    *pages_read += 1;
+    // The protection layer below has already corrected what it could and
+    // read again where that helps: what fails here is damage.
+    let header = match device.read_page(address, &mut data, &mut oob) {
+        Ok(PageState::Erased) => return Err(Error::corrupt(format!("{address} is erased"))),
+        Ok(PageState::Programmed) => {
+            PageHeader::decode(&oob, &data).map_err(|error| Error::corrupt(format!("{address}: {error}")))?
         }
+        Err(error) => return Err(error.into()),
     };
     let generation = zone_generation.unwrap_or(header.zone_generation);
     header
@@ -204,6 +196,15 @@ pub(crate) fn read_verified<D: FlashDevice>(
 /// device too small for the layout, saying how small is too small.
 pub fn mkfs<D: FlashDevice>(device: &mut D, options: &MkfsOptions) -> Result<()> {
     let geometry = device.geometry();
+    if !oob_fits(&geometry) {
+        return Err(Error::invalid(format!(
+            "a {}-byte spare area cannot hold a page's header and signature: flintfs needs at least {} bytes",
+            geometry.oob_size_bytes,
+            flintfs_format::protection::OOB_BYTES_MIN
+        )));
+    }
+    let mut device = Protected::new(device);
+    let device = &mut device;
     let shape = shape_of(device);
     let needed = zones_min(options.unindexed_segments);
     if geometry.zone_count < needed {
@@ -408,7 +409,17 @@ impl<D: FlashDevice> Volume<D> {
     /// Mounts after a clean unmount: reads the superblock, finds the newest
     /// valid checkpoint at the end of the two checkpoint zones, and nothing
     /// whose count grows with the number of files.
-    pub fn mount(mut device: D) -> Result<(Volume<D>, MountReport)> {
+    pub fn mount(device: D) -> Result<(Volume<D>, MountReport)> {
+        let geometry = device.geometry();
+        if !oob_fits(&geometry) {
+            return Err(Error::corrupt(format!(
+                "a {}-byte spare area cannot hold a page's header and signature (at least {}): not a flintfs of this \
+                 version",
+                geometry.oob_size_bytes,
+                flintfs_format::protection::OOB_BYTES_MIN
+            )));
+        }
+        let mut device = Protected::new(device);
         let mut report = MountReport::default();
         let mut superblock = None;
         let mut reasons = Vec::new();
@@ -531,15 +542,20 @@ impl<D: FlashDevice> Volume<D> {
     }
 
     pub fn device(&self) -> &D {
-        &self.device
+        self.device.inner()
     }
 
     pub fn device_mut(&mut self) -> &mut D {
-        &mut self.device
+        self.device.inner_mut()
     }
 
     pub fn into_device(self) -> D {
-        self.device
+        self.device.into_inner()
+    }
+
+    /// What the protection layer corrected and repaired since the mount.
+    pub fn protection_counters(&self) -> ProtectionCounters {
+        self.device.protection_counters()
     }
 
     /// Counts an inode created; returns the count before. The checkpoint

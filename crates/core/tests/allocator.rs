@@ -12,7 +12,7 @@ use flintfs_format::{PageKind, ZoneRole};
 fn geometry() -> Geometry {
     Geometry {
         page_size_bytes: 512,
-        oob_size_bytes: 64,
+        oob_size_bytes: 128,
         block_pages: 4,
         zone_blocks: 2,
         zone_count: 16,

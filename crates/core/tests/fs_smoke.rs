@@ -7,7 +7,7 @@ use flintfs_flash::{DeviceOptions, FaultConfig, FlashDevice, Geometry, MemoryFla
 fn geometry() -> Geometry {
     Geometry {
         page_size_bytes: 4096,
-        oob_size_bytes: 64,
+        oob_size_bytes: 128,
         block_pages: 16,
         zone_blocks: 4,
         zone_count: 64,

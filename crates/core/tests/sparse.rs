@@ -12,7 +12,7 @@ const SECTORS_PER_BLOCK: u64 = PAGE_BYTES / 512;
 fn geometry() -> Geometry {
     Geometry {
         page_size_bytes: PAGE_BYTES as u32,
-        oob_size_bytes: 64,
+        oob_size_bytes: 128,
         block_pages: 16,
         zone_blocks: 4,
         zone_count: 64,

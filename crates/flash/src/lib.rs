@@ -270,3 +270,79 @@ pub trait FlashDevice {
         Some(0)
     }
 }
+
+/// A device borrowed for a while (mkfs wraps the caller's device in the
+/// file system's protection layer without taking it).
+impl<T: FlashDevice + ?Sized> FlashDevice for &mut T {
+    fn geometry(&self) -> Geometry {
+        (**self).geometry()
+    }
+
+    fn read_page(&mut self, address: PageAddress, data: &mut [u8], oob: &mut [u8]) -> Result<PageState> {
+        (**self).read_page(address, data, oob)
+    }
+
+    fn read_oob(&mut self, address: PageAddress, oob: &mut [u8]) -> Result<PageState> {
+        (**self).read_oob(address, oob)
+    }
+
+    fn program_page(&mut self, address: PageAddress, data: &[u8], oob: &[u8]) -> Result<()> {
+        (**self).program_page(address, data, oob)
+    }
+
+    fn reset_zone(&mut self, zone: u32) -> Result<()> {
+        (**self).reset_zone(zone)
+    }
+
+    fn finish_zone(&mut self, zone: u32) -> Result<()> {
+        (**self).finish_zone(zone)
+    }
+
+    fn report_zone(&self, zone: u32) -> Result<ZoneReport> {
+        (**self).report_zone(zone)
+    }
+
+    fn report_zones(&self) -> Vec<ZoneReport> {
+        (**self).report_zones()
+    }
+
+    fn flush(&mut self) -> Result<()> {
+        (**self).flush()
+    }
+
+    fn nvm_read(&mut self, offset: u64, buffer: &mut [u8]) -> Result<()> {
+        (**self).nvm_read(offset, buffer)
+    }
+
+    fn nvm_write(&mut self, offset: u64, data: &[u8]) -> Result<()> {
+        (**self).nvm_write(offset, data)
+    }
+
+    fn nvm_persist(&mut self, offset: u64, length: u64) -> Result<()> {
+        (**self).nvm_persist(offset, length)
+    }
+
+    fn counters(&self) -> Counters {
+        (**self).counters()
+    }
+
+    fn reset_counters(&mut self) {
+        (**self).reset_counters()
+    }
+
+    fn now_ns(&self) -> u64 {
+        (**self).now_ns()
+    }
+
+    fn advance_time(&mut self, duration_ns: u64) {
+        (**self).advance_time(duration_ns)
+    }
+
+    fn die_count(&self) -> u32 {
+        (**self).die_count()
+    }
+
+    fn die_of(&self, address: PageAddress) -> Option<u32> {
+        (**self).die_of(address)
+    }
+}

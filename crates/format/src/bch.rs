@@ -261,10 +261,26 @@ impl Bch {
 
     fn remainder(&self, message: &[u8]) -> Register {
         assert_eq!(message.len(), self.message_bytes, "a BCH message of the wrong length");
+        let mut mask = [0u64; REGISTER_WORDS];
+        for (index, word) in mask.iter_mut().enumerate() {
+            let low = index as u32 * 64;
+            *word = if self.parity_bits >= low + 64 {
+                u64::MAX
+            } else if self.parity_bits > low {
+                (1u64 << (self.parity_bits - low)) - 1
+            } else {
+                0
+            };
+        }
         let mut register = [0u64; REGISTER_WORDS];
+        // The hot loop of every program: a byte in, the register shifted
+        // by eight and masked to r bits, a table row out.
         for &byte in message {
             let top = self.register_top_byte(&register);
-            register = register_shift_left(&register, 8, self.parity_bits);
+            for index in (1..REGISTER_WORDS).rev() {
+                register[index] = (register[index] << 8 | register[index - 1] >> 56) & mask[index];
+            }
+            register[0] = (register[0] << 8) & mask[0];
             register_xor(&mut register, &self.byte_table[(top ^ byte) as usize]);
         }
         register

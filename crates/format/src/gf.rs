@@ -153,29 +153,47 @@ pub fn multiply_add(destination: &mut [u8], source: &[u8], factor: u16) {
 /// zeros to one, which adds nothing.
 pub fn signature(bytes: &[u8]) -> [u16; SIGNATURE_SYMBOLS] {
     assert!(bytes.len().div_ceil(2) <= SIGNATURE_SYMBOLS_MAX, "signature over more symbols than the field can place");
-    let tables = tables();
+    let tables = shift_tables();
     let mut result = [0u16; SIGNATURE_SYMBOLS];
     // Horner's rule from the last symbol down: acc = acc * base + symbol,
-    // one accumulator per power. The multiply is by a constant, so only
-    // the accumulator's logarithm is looked up.
+    // one accumulator per power. Multiplying by a constant is linear over
+    // GF(2), so it is two lookups in small tables (one per byte of the
+    // accumulator) that stay in the L1 cache.
     let chunk_count = bytes.len().div_ceil(SYMBOL_CHUNK_BYTES);
     for chunk_index in (0..chunk_count).rev() {
         let start = chunk_index * SYMBOL_CHUNK_BYTES;
         let chunk = &bytes[start..bytes.len().min(start + SYMBOL_CHUNK_BYTES)];
-        let byte_at = |offset: usize| chunk.get(offset).copied().unwrap_or(0);
+        let mut padded = [0u8; SYMBOL_CHUNK_BYTES];
+        padded[..chunk.len()].copy_from_slice(chunk);
         for index in (0..CHUNK_SYMBOLS).rev() {
-            let symbol = u16::from(byte_at(index)) | u16::from(byte_at(index + CHUNK_SYMBOLS)) << 8;
+            let symbol = u16::from(padded[index]) | u16::from(padded[index + CHUNK_SYMBOLS]) << 8;
             for (power, accumulator) in result.iter_mut().enumerate() {
-                let shifted = if *accumulator == 0 {
-                    0
-                } else {
-                    tables.exp[add_logs(tables.log[*accumulator as usize], (power + 1) as u16) as usize]
-                };
-                *accumulator = shifted ^ symbol;
+                let table = &tables[power];
+                *accumulator =
+                    table[0][(*accumulator & 0xFF) as usize] ^ table[1][(*accumulator >> 8) as usize] ^ symbol;
             }
         }
     }
     result
+}
+
+/// For each power `j + 1` of the base: the products of `a^(j+1)` with
+/// every low byte and every high byte of an element.
+type ShiftTables = [[[u16; 256]; 2]; SIGNATURE_SYMBOLS];
+
+fn shift_tables() -> &'static ShiftTables {
+    static SHIFT: OnceLock<Box<ShiftTables>> = OnceLock::new();
+    SHIFT.get_or_init(|| {
+        let mut out = Box::new([[[0u16; 256]; 2]; SIGNATURE_SYMBOLS]);
+        for (power, table) in out.iter_mut().enumerate() {
+            let base = power_of_generator(power as u32 + 1);
+            for byte in 0..256u16 {
+                table[0][byte as usize] = mul(byte, base);
+                table[1][byte as usize] = mul(byte << 8, base);
+            }
+        }
+        out
+    })
 }
 
 /// The signature as it is kept on flash: four little-endian symbols.

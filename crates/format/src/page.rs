@@ -8,9 +8,9 @@
 use crate::codec::{Reader, Writer};
 use crate::{DecodeError, FORMAT_VERSION};
 
-/// Bytes of the page header at the start of the OOB. The rest of the OOB is
-/// zero in this format version. The core asserts at compile time that the
-/// device's smallest spare area holds it.
+/// Bytes of the page header at the start of the OOB. The signature and the
+/// ECC follow it ([`crate::protection`]); the header's decoder reads only
+/// its own bytes.
 pub const PAGE_HEADER_BYTES: usize = 64;
 /// Offset of the CRC within the header.
 const PAGE_HEADER_CRC: usize = PAGE_HEADER_BYTES - 4;
@@ -177,9 +177,6 @@ impl PageHeader {
         }
         if length as usize > data.len() {
             return Err(reader.error(format!("length {length} is past the {}-byte page", data.len())));
-        }
-        if oob[PAGE_HEADER_BYTES..].iter().any(|&byte| byte != 0) {
-            return Err(reader.error("spare bytes past the page header are not zero"));
         }
         Ok(PageHeader { kind, end_of_record, zone_generation, sequence, zone, page, inverted, length, count })
     }

@@ -14,7 +14,7 @@ use flintfs_format::{split_record, InvertedIndex, PageHeader, PageKind, RecordKi
 pub fn geometry() -> Geometry {
     Geometry {
         page_size_bytes: 512,
-        oob_size_bytes: 64,
+        oob_size_bytes: 128,
         block_pages: 4,
         zone_blocks: 4,
         zone_count: 16,

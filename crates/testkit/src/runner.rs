@@ -40,7 +40,7 @@ impl Setup {
         Setup {
             geometry: Geometry {
                 page_size_bytes: 512,
-                oob_size_bytes: 64,
+                oob_size_bytes: 128,
                 block_pages: 16,
                 zone_blocks: 2,
                 zone_count: 96,

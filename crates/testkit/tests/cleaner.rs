@@ -12,7 +12,7 @@ use flintfs_testkit::fill::{run_fill, FillSetup};
 fn small_geometry(zone_blocks: u32, zone_count: u32) -> Geometry {
     Geometry {
         page_size_bytes: 4096,
-        oob_size_bytes: 64,
+        oob_size_bytes: 128,
         block_pages: 16,
         zone_blocks,
         zone_count,

@@ -456,6 +456,11 @@ impl<D: FlashDevice> Fs<D> {
         &self.counters
     }
 
+    /// What the protection layer corrected and repaired since the mount.
+    pub fn protection_counters(&self) -> crate::ProtectionCounters {
+        self.volume.protection_counters()
+    }
+
     /// The number of the last checkpoint written or mounted.
     pub fn checkpoint_number(&self) -> u64 {
         self.volume.checkpoint.number
