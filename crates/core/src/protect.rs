@@ -12,14 +12,48 @@
 //!    code's bound is caught by two independent checks;
 //! 3. a read again, up to [`READ_ATTEMPTS`] in all (flips on read are
 //!    transient);
-//! 4. otherwise the damaged bytes are returned as they are, counted as
+//! 4. the erase block's parity (k pages at the end of each block, RCFFS's
+//!    per-block parity): the page is rebuilt from the block's other pages;
+//! 5. the zone's Reed-Solomon parity (r erase blocks at the end of each
+//!    zone, one parity page per row of pages across the zone's blocks), for
+//!    a page whose block cannot rebuild it, as when the block is lost whole;
+//! 6. otherwise the damaged bytes are returned as they are, counted as
 //!    unrepairable, and the caller's checks refuse them (EIO).
+//!
+//! A rebuilt page is accepted only when its header's CRC, its signature and
+//! its address all match: parity that does not match what it protects (a
+//! torn parity page, a block written only in part) can only fail a repair,
+//! never return wrong bytes.
+//!
+//! ## Layout
+//! Parity takes fixed places, so the engine above sees a smaller device
+//! with dense page numbers: [`Protected::geometry`] reports blocks of
+//! `block_pages - k` pages and zones of `zone_blocks - r` blocks, and every
+//! logical page maps to a physical one by skipping the parity slots. The
+//! superblock zones keep no parity: they keep two copies instead.
+//!
+//! - The running parity of the block being written lives in memory (the
+//!   open stripe) and is programmed right after the block's last data page.
+//!   Until then the block's pages have the ECC alone; see
+//!   [`ProtectionCounters::unprotected_pages_max`].
+//! - The zone parity is programmed right after the last data block's
+//!   parity, from running rows kept in memory while the zone fills.
+//! - A zone finished before it fills (the engine moves its head on, or
+//!   recovery closes what a crash left open) gets its last block's parity
+//!   right after that block's data: in a finished zone, the last `k` pages
+//!   of a partial block are its parity. Such a zone has no zone parity.
+//! - After a mount, the running parity of a zone that was left part
+//!   written is rebuilt by reading its pages, at the first program there.
 
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
-use flintfs_flash::{Counters, FlashDevice, Geometry, PageAddress, PageState, Result, ZoneReport};
-use flintfs_format::protection::{self, EccLayout, OOB_BYTES_MIN};
-use flintfs_format::PageHeader;
+use flintfs_flash::{
+    Counters, DeviceError, FlashDevice, Geometry, PageAddress, PageState, Result, ZoneReport, ZoneState,
+};
+use flintfs_format::erasure::{unit_bytes, unit_of, ErasureCode};
+use flintfs_format::protection::{self, EccLayout, OOB_BYTES_MIN, PROTECTED_OOB_BYTES};
+use flintfs_format::{PageHeader, SUPERBLOCK_ZONES};
 
 /// What the protection layer did, since the volume was opened.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -37,6 +71,52 @@ pub struct ProtectionCounters {
     pub pages_unrepairable: u64,
     /// Device time spent on the extra reads of repairs.
     pub repair_device_time_ns: u64,
+    /// Parity pages programmed (block and zone parity).
+    pub parity_pages_programmed: u64,
+    /// Pages read to rebuild an open stripe's running parity after a mount.
+    pub stripe_rebuild_pages_read: u64,
+    /// The most data pages that were at once programmed but not yet
+    /// covered by a parity page on flash (the open stripes' window).
+    pub unprotected_pages_max: u64,
+}
+
+/// Parity pages per erase block and parity blocks per zone.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ParityLayout {
+    pub block_parity_pages: u32,
+    pub zone_parity_blocks: u32,
+}
+
+/// Open stripes kept at once: one per zone being written, and a device has
+/// at most this many open zones in practice (the engine keeps six). Past
+/// it, a stripe is dropped and rebuilt from flash when needed again.
+pub const OPEN_STRIPES_MAX: usize = 16;
+
+/// The running parity of the zone being written.
+struct Stripe {
+    /// The physical block (within the zone) whose parity is running.
+    block: u32,
+    /// Data pages of that block accumulated.
+    data_pages: u32,
+    /// `k` running units.
+    block_parity: Vec<Vec<u8>>,
+    /// Row `j` holds the `r` running units of page `j` across the zone's
+    /// blocks, covering every block before `block` whole and `block` up to
+    /// `data_pages`; empty without zone parity.
+    zone_rows: Vec<Vec<Vec<u8>>>,
+}
+
+/// The shape of one zone under the parity layout.
+#[derive(Clone, Copy, Debug)]
+struct ZoneShape {
+    block_pages: u32,
+    parity_pages: u32,
+    /// Data pages per block.
+    slots: u32,
+    good_blocks: u32,
+    /// Blocks that hold data (the good ones less the zone parity).
+    data_blocks: u32,
+    parity_blocks: u32,
 }
 
 /// The ECC layout of a geometry, built once per process for each shape
@@ -73,13 +153,50 @@ pub struct Protected<D: FlashDevice> {
     counters: ProtectionCounters,
     /// Reused for sealing, so a program allocates nothing.
     oob_scratch: Vec<u8>,
+    parity: ParityLayout,
+    stripes: BTreeMap<u32, Stripe>,
+    /// Erasure codes by (data units, parity units).
+    codes: BTreeMap<(usize, usize), Arc<ErasureCode>>,
 }
 
 impl<D: FlashDevice> Protected<D> {
     pub fn new(inner: D) -> Protected<D> {
         let geometry = inner.geometry();
         let ecc = ecc_layout(&geometry);
-        Protected { inner, ecc, counters: ProtectionCounters::default(), oob_scratch: Vec::new() }
+        Protected {
+            inner,
+            ecc,
+            counters: ProtectionCounters::default(),
+            oob_scratch: Vec::new(),
+            parity: ParityLayout::default(),
+            stripes: BTreeMap::new(),
+            codes: BTreeMap::new(),
+        }
+    }
+
+    /// Puts parity in its places from now on (mkfs's choice, from the
+    /// superblock). Refuses a layout the geometry cannot hold.
+    pub fn set_parity(&mut self, parity: ParityLayout) -> std::result::Result<(), String> {
+        let geometry = self.inner.geometry();
+        if parity.block_parity_pages >= geometry.block_pages {
+            return Err(format!(
+                "{} parity pages in a {}-page erase block leave no room for data",
+                parity.block_parity_pages, geometry.block_pages
+            ));
+        }
+        if parity.zone_parity_blocks >= geometry.zone_blocks {
+            return Err(format!(
+                "{} parity blocks in a {}-block zone leave no room for data",
+                parity.zone_parity_blocks, geometry.zone_blocks
+            ));
+        }
+        self.parity = parity;
+        self.stripes.clear();
+        Ok(())
+    }
+
+    pub fn parity(&self) -> ParityLayout {
+        self.parity
     }
 
     pub fn inner(&self) -> &D {
@@ -118,39 +235,512 @@ impl<D: FlashDevice> Protected<D> {
         }
         false
     }
+
+    fn parity_on(&self) -> bool {
+        self.parity.block_parity_pages > 0 || self.parity.zone_parity_blocks > 0
+    }
+
+    /// Whether `zone` keeps parity: every zone but the superblock's.
+    fn parity_zone(&self, zone: u32) -> bool {
+        self.parity_on() && !SUPERBLOCK_ZONES.contains(&zone)
+    }
+
+    fn shape(&self, capacity_pages: u32) -> ZoneShape {
+        let geometry = self.inner.geometry();
+        let block_pages = geometry.block_pages;
+        let good_blocks = capacity_pages / block_pages;
+        ZoneShape {
+            block_pages,
+            parity_pages: self.parity.block_parity_pages,
+            slots: block_pages - self.parity.block_parity_pages,
+            good_blocks,
+            data_blocks: good_blocks.saturating_sub(self.parity.zone_parity_blocks),
+            parity_blocks: self.parity.zone_parity_blocks,
+        }
+    }
+
+    fn to_physical(&self, address: PageAddress) -> PageAddress {
+        if !self.parity_zone(address.zone) {
+            return address;
+        }
+        let geometry = self.inner.geometry();
+        let slots = geometry.block_pages - self.parity.block_parity_pages;
+        PageAddress::new(address.zone, address.page / slots * geometry.block_pages + address.page % slots)
+    }
+
+    /// A zone report in logical pages.
+    fn logical_report(&self, report: ZoneReport) -> ZoneReport {
+        if !self.parity_zone(report.zone) {
+            return report;
+        }
+        let shape = self.shape(report.capacity_pages);
+        let (block, offset) = (report.write_pointer / shape.block_pages, report.write_pointer % shape.block_pages);
+        let write_pointer = if block >= shape.data_blocks {
+            shape.data_blocks * shape.slots
+        } else if report.state == ZoneState::Full && offset > 0 {
+            // A zone finished with its last block part written: the last
+            // k pages there are that block's parity.
+            block * shape.slots + offset.saturating_sub(shape.parity_pages).min(shape.slots)
+        } else {
+            block * shape.slots + offset.min(shape.slots)
+        };
+        ZoneReport { write_pointer, capacity_pages: shape.data_blocks * shape.slots, ..report }
+    }
+
+    fn code(&mut self, data_count: usize, parity_count: usize) -> Option<Arc<ErasureCode>> {
+        if let Some(code) = self.codes.get(&(data_count, parity_count)) {
+            return Some(code.clone());
+        }
+        let code = Arc::new(ErasureCode::new(data_count, parity_count).ok()?);
+        self.codes.insert((data_count, parity_count), code.clone());
+        Some(code)
+    }
+
+    /// Reads a physical page and returns its unit if it checks: a data
+    /// page by its header (and its signature, when the ECC changed it), a
+    /// parity page by its signature. No parity repair here.
+    fn read_unit(&mut self, address: PageAddress, parity_page: bool) -> Option<Vec<u8>> {
+        let geometry = self.inner.geometry();
+        let mut data = vec![0u8; geometry.page_size_bytes as usize];
+        let mut oob = vec![0u8; geometry.oob_size_bytes as usize];
+        for _ in 0..READ_ATTEMPTS {
+            match self.inner.read_page(address, &mut data, &mut oob) {
+                Ok(PageState::Erased) => return None,
+                Ok(PageState::Programmed) => {}
+                Err(error) if error.is_media_failure() => continue,
+                Err(_) => return None,
+            }
+            // Parity is only as good as what it is computed from: a page
+            // whose signature does not match its bytes (written by some
+            // other writer) adds nothing.
+            let whole = |data: &[u8], oob: &[u8]| {
+                protection::signature_matches(data, oob) && (parity_page || PageHeader::decode(oob, data).is_ok())
+            };
+            if whole(&data, &oob) {
+                return Some(unit_of(&data, &oob));
+            }
+            if let Some(layout) = self.ecc.clone() {
+                let correction = protection::correct(&mut data, &mut oob, &layout);
+                if correction.bits_corrected > 0 && whole(&data, &oob) && protection::signature_matches(&data, &oob) {
+                    self.counters.pages_corrected_ecc += 1;
+                    self.counters.bits_corrected_ecc += u64::from(correction.bits_corrected);
+                    return Some(unit_of(&data, &oob));
+                }
+            }
+        }
+        None
+    }
+
+    /// Programs a parity unit as a page. A program failure (the block goes
+    /// bad, the zone read-only) leaves the stripe without that page and is
+    /// not an error of the data write that triggered it.
+    fn program_unit(&mut self, address: PageAddress, unit: &[u8]) -> Result<bool> {
+        let geometry = self.inner.geometry();
+        let page_size = geometry.page_size_bytes as usize;
+        let mut oob = vec![0u8; geometry.oob_size_bytes as usize];
+        oob[..PROTECTED_OOB_BYTES].copy_from_slice(&unit[page_size..page_size + PROTECTED_OOB_BYTES]);
+        let signature: [u8; 8] = oob[protection::SIGNATURE_OFFSET..PROTECTED_OOB_BYTES].try_into().expect("8 bytes");
+        protection::seal(&unit[..page_size], &mut oob, self.ecc.as_deref());
+        // The homomorphism: the running parity of the signatures is the
+        // signature of the running parity.
+        debug_assert_eq!(&oob[protection::SIGNATURE_OFFSET..PROTECTED_OOB_BYTES], &signature);
+        match self.inner.program_page(address, &unit[..page_size], &oob) {
+            Ok(()) => {
+                self.counters.parity_pages_programmed += 1;
+                Ok(true)
+            }
+            Err(DeviceError::ProgramFailed { .. }) => {
+                self.stripes.remove(&address.zone);
+                Ok(false)
+            }
+            Err(error) => Err(error),
+        }
+    }
+
+    /// The stripe of `zone`, holding the parity of everything below the
+    /// physical page `next`, rebuilt from flash if it is not in memory.
+    fn stripe_at(&mut self, zone: u32, next: u32, shape: ZoneShape) -> &mut Stripe {
+        let (block, offset) = (next / shape.block_pages, next % shape.block_pages);
+        let data_pages = offset.min(shape.slots);
+        let fresh =
+            self.stripes.get(&zone).is_some_and(|stripe| stripe.block == block && stripe.data_pages == data_pages);
+        if !fresh {
+            if self.stripes.len() >= OPEN_STRIPES_MAX && !self.stripes.contains_key(&zone) {
+                let victim = *self.stripes.keys().next().expect("full");
+                self.stripes.remove(&victim);
+            }
+            let unit = unit_bytes(self.inner.geometry().page_size_bytes as usize);
+            let mut stripe = Stripe {
+                block,
+                data_pages: 0,
+                block_parity: vec![vec![0u8; unit]; shape.parity_pages as usize],
+                zone_rows: Vec::new(),
+            };
+            let zone_code = self.zone_code(shape);
+            if let Some(code) = &zone_code {
+                stripe.zone_rows = vec![vec![vec![0u8; unit]; code.parity_count()]; shape.block_pages as usize];
+                for earlier in 0..block.min(shape.data_blocks) {
+                    for row in 0..shape.block_pages {
+                        let page = PageAddress::new(zone, earlier * shape.block_pages + row);
+                        self.counters.stripe_rebuild_pages_read += 1;
+                        // An unreadable page adds nothing: the parity will
+                        // not match it, and a repair that uses it fails its
+                        // checks rather than return wrong bytes.
+                        if let Some(read) = self.read_unit(page, row >= shape.slots) {
+                            code.accumulate(&mut stripe.zone_rows[row as usize], earlier as usize, &read);
+                        }
+                    }
+                }
+            }
+            let block_code = self.block_code(shape);
+            for row in 0..data_pages {
+                let page = PageAddress::new(zone, block * shape.block_pages + row);
+                self.counters.stripe_rebuild_pages_read += 1;
+                if let Some(read) = self.read_unit(page, false) {
+                    if let Some(code) = &block_code {
+                        code.accumulate(&mut stripe.block_parity, row as usize, &read);
+                    }
+                    if let Some(code) = &zone_code {
+                        if block < shape.data_blocks {
+                            code.accumulate(&mut stripe.zone_rows[row as usize], block as usize, &read);
+                        }
+                    }
+                }
+            }
+            // Block parity pages already on flash (a cut between them) are
+            // rows of the zone parity too.
+            if let Some(code) = &zone_code {
+                for row in shape.slots..offset.max(shape.slots) {
+                    let page = PageAddress::new(zone, block * shape.block_pages + row);
+                    self.counters.stripe_rebuild_pages_read += 1;
+                    if let Some(read) = self.read_unit(page, true) {
+                        if block < shape.data_blocks {
+                            code.accumulate(&mut stripe.zone_rows[row as usize], block as usize, &read);
+                        }
+                    }
+                }
+            }
+            stripe.data_pages = data_pages;
+            self.stripes.insert(zone, stripe);
+        }
+        self.stripes.get_mut(&zone).expect("inserted")
+    }
+
+    fn block_code(&mut self, shape: ZoneShape) -> Option<Arc<ErasureCode>> {
+        if shape.parity_pages == 0 {
+            return None;
+        }
+        self.code(shape.slots as usize, shape.parity_pages as usize)
+    }
+
+    fn zone_code(&mut self, shape: ZoneShape) -> Option<Arc<ErasureCode>> {
+        if shape.parity_blocks == 0 || shape.data_blocks == 0 {
+            return None;
+        }
+        self.code(shape.data_blocks as usize, shape.parity_blocks as usize)
+    }
+
+    /// Adds a page just programmed at physical `page` to the stripe.
+    fn accumulate(&mut self, zone: u32, page: u32, unit: &[u8], shape: ZoneShape) {
+        let (block, row) = (page / shape.block_pages, page % shape.block_pages);
+        let block_code = self.block_code(shape);
+        let zone_code = self.zone_code(shape);
+        let Some(stripe) = self.stripes.get_mut(&zone) else { return };
+        if row < shape.slots {
+            if let Some(code) = &block_code {
+                code.accumulate(&mut stripe.block_parity, row as usize, unit);
+            }
+            stripe.data_pages += 1;
+        }
+        if let Some(code) = &zone_code {
+            if block < shape.data_blocks && !stripe.zone_rows.is_empty() {
+                code.accumulate(&mut stripe.zone_rows[row as usize], block as usize, unit);
+            }
+        }
+    }
+
+    /// Programs the parity slots from the zone's write pointer up to
+    /// physical page `target`: the rest of a block's parity, then, after
+    /// the last data block, the zone parity. Stops at a slot that is not
+    /// parity (the device then refuses the program that wanted it).
+    fn catch_up(&mut self, zone: u32, target: u32) -> Result<()> {
+        loop {
+            let report = self.inner.report_zone(zone)?;
+            if !matches!(report.state, ZoneState::Empty | ZoneState::Open | ZoneState::Closed) {
+                return Ok(());
+            }
+            let shape = self.shape(report.capacity_pages);
+            let next = report.write_pointer;
+            if next >= target || next >= shape.good_blocks * shape.block_pages {
+                return Ok(());
+            }
+            let (block, row) = (next / shape.block_pages, next % shape.block_pages);
+            if block < shape.data_blocks && row >= shape.slots {
+                // Block parity slot `row - slots` of a block whose data is
+                // all programmed.
+                let first_parity = block * shape.block_pages + shape.slots;
+                let stripe = self.stripe_at(zone, first_parity, shape);
+                let unit = stripe.block_parity[(row - shape.slots) as usize].clone();
+                if !self.program_unit(PageAddress::new(zone, next), &unit)? {
+                    return Ok(());
+                }
+                self.accumulate(zone, next, &unit, shape);
+                if row + 1 == shape.block_pages {
+                    if let Some(stripe) = self.stripes.get_mut(&zone) {
+                        stripe.block = block + 1;
+                        stripe.data_pages = 0;
+                        for unit in &mut stripe.block_parity {
+                            unit.fill(0);
+                        }
+                    }
+                }
+            } else if block >= shape.data_blocks && self.zone_code(shape).is_some() {
+                let first_zone_parity = shape.data_blocks * shape.block_pages;
+                self.stripe_at(zone, first_zone_parity, shape);
+                let parity_index = (block - shape.data_blocks) as usize;
+                let Some(unit) = self
+                    .stripes
+                    .get(&zone)
+                    .and_then(|stripe| stripe.zone_rows.get(row as usize))
+                    .map(|units| units[parity_index].clone())
+                else {
+                    return Ok(());
+                };
+                if !self.program_unit(PageAddress::new(zone, next), &unit)? {
+                    return Ok(());
+                }
+            } else {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Pages below the zone's write pointer that hold data without parity
+    /// on flash yet, summed over the open stripes.
+    fn note_unprotected(&mut self) {
+        let open: u64 = self.stripes.values().map(|stripe| u64::from(stripe.data_pages)).sum();
+        self.counters.unprotected_pages_max = self.counters.unprotected_pages_max.max(open);
+    }
+
+    fn program_protected(&mut self, address: PageAddress, data: &[u8], sealed: &[u8]) -> Result<()> {
+        let physical = self.to_physical(address);
+        let report = self.inner.report_zone(address.zone)?;
+        if report.write_pointer < physical.page {
+            self.catch_up(address.zone, physical.page)?;
+        }
+        let shape = self.shape(report.capacity_pages);
+        let in_data = physical.page / shape.block_pages < shape.data_blocks;
+        if in_data {
+            self.stripe_at(address.zone, physical.page, shape);
+        }
+        if let Err(error) = self.inner.program_page(physical, data, sealed) {
+            self.stripes.remove(&address.zone);
+            return Err(error);
+        }
+        if !in_data {
+            return Ok(());
+        }
+        let unit = unit_of(data, sealed);
+        self.accumulate(address.zone, physical.page, &unit, shape);
+        self.note_unprotected();
+        let (block, row) = (physical.page / shape.block_pages, physical.page % shape.block_pages);
+        if row + 1 == shape.slots {
+            let end = if block + 1 == shape.data_blocks && self.zone_code(shape).is_some() {
+                shape.good_blocks * shape.block_pages
+            } else {
+                (block + 1) * shape.block_pages
+            };
+            self.catch_up(address.zone, end)?;
+            if end == shape.good_blocks * shape.block_pages {
+                self.stripes.remove(&address.zone);
+            }
+        }
+        Ok(())
+    }
+
+    /// Before a zone is finished: the parity its written pages are owed.
+    fn finish_protected(&mut self, zone: u32) -> Result<()> {
+        let report = self.inner.report_zone(zone)?;
+        if !matches!(report.state, ZoneState::Open | ZoneState::Closed) {
+            self.stripes.remove(&zone);
+            return Ok(());
+        }
+        let shape = self.shape(report.capacity_pages);
+        let (block, row) = (report.write_pointer / shape.block_pages, report.write_pointer % shape.block_pages);
+        if block < shape.data_blocks && row >= shape.slots {
+            let end = if block + 1 == shape.data_blocks && self.zone_code(shape).is_some() {
+                shape.good_blocks * shape.block_pages
+            } else {
+                (block + 1) * shape.block_pages
+            };
+            self.catch_up(zone, end)?;
+        } else if block >= shape.data_blocks {
+            self.catch_up(zone, shape.good_blocks * shape.block_pages)?;
+        } else if row > 0 && shape.parity_pages > 0 {
+            // A partial block: its parity goes right after its data.
+            let stripe = self.stripe_at(zone, report.write_pointer, shape);
+            let units = stripe.block_parity.clone();
+            for (index, unit) in units.iter().enumerate() {
+                if !self.program_unit(PageAddress::new(zone, report.write_pointer + index as u32), unit)? {
+                    break;
+                }
+            }
+        }
+        self.stripes.remove(&zone);
+        Ok(())
+    }
+
+    /// Rebuilds the data page at physical `page` of `zone` from parity.
+    fn repair(&mut self, zone: u32, page: u32) -> Option<(Vec<u8>, bool)> {
+        let report = self.inner.report_zone(zone).ok()?;
+        if page >= report.write_pointer {
+            return None;
+        }
+        if let Some(unit) = self.repair_from_block(zone, page, &report) {
+            return Some((unit, false));
+        }
+        self.repair_from_zone(zone, page, &report).map(|unit| (unit, true))
+    }
+
+    /// The data slots written in `block` and where its parity is, if the
+    /// block has parity on flash.
+    fn block_members(&self, block: u32, report: &ZoneReport, shape: ZoneShape) -> Option<(u32, u32)> {
+        if shape.parity_pages == 0 || block >= shape.data_blocks {
+            return None;
+        }
+        let start = block * shape.block_pages;
+        if report.write_pointer >= start + shape.block_pages {
+            return Some((shape.slots, start + shape.slots));
+        }
+        let offset = report.write_pointer.checked_sub(start)?;
+        if report.state == ZoneState::Full && offset > shape.parity_pages {
+            let data = offset - shape.parity_pages;
+            return Some((data, start + data));
+        }
+        None
+    }
+
+    fn repair_from_block(&mut self, zone: u32, page: u32, report: &ZoneReport) -> Option<Vec<u8>> {
+        let shape = self.shape(report.capacity_pages);
+        let block = page / shape.block_pages;
+        let (data_count, parity_start) = self.block_members(block, report, shape)?;
+        let target = page % shape.block_pages;
+        if target >= data_count {
+            return None;
+        }
+        let code = self.block_code(shape)?;
+        let unit = unit_bytes(self.inner.geometry().page_size_bytes as usize);
+        let start = block * shape.block_pages;
+        let mut units: Vec<Option<Vec<u8>>> = Vec::with_capacity((shape.slots + shape.parity_pages) as usize);
+        for row in 0..shape.slots {
+            units.push(if row == target {
+                None
+            } else if row < data_count {
+                self.read_unit(PageAddress::new(zone, start + row), false)
+            } else {
+                // Slots a finished zone never wrote count as zeros.
+                Some(vec![0u8; unit])
+            });
+        }
+        for index in 0..shape.parity_pages {
+            units.push(self.read_unit(PageAddress::new(zone, parity_start + index), true));
+        }
+        code.reconstruct(&mut units).ok()?;
+        units[target as usize].take()
+    }
+
+    fn repair_from_zone(&mut self, zone: u32, page: u32, report: &ZoneReport) -> Option<Vec<u8>> {
+        let shape = self.shape(report.capacity_pages);
+        let code = self.zone_code(shape)?;
+        if report.write_pointer < shape.good_blocks * shape.block_pages {
+            return None;
+        }
+        let (target, row) = (page / shape.block_pages, page % shape.block_pages);
+        let mut units: Vec<Option<Vec<u8>>> = Vec::with_capacity((shape.data_blocks + shape.parity_blocks) as usize);
+        for block in 0..shape.data_blocks {
+            if block == target {
+                units.push(None);
+                continue;
+            }
+            let address = block * shape.block_pages + row;
+            let mut read = self.read_unit(PageAddress::new(zone, address), row >= shape.slots);
+            if read.is_none() && row < shape.slots {
+                read = self.repair_from_block(zone, address, report);
+            }
+            units.push(read);
+        }
+        for parity in 0..shape.parity_blocks {
+            let address = (shape.data_blocks + parity) * shape.block_pages + row;
+            units.push(self.read_unit(PageAddress::new(zone, address), true));
+        }
+        code.reconstruct(&mut units).ok()?;
+        units[target as usize].take()
+    }
 }
 
 impl<D: FlashDevice> FlashDevice for Protected<D> {
+    /// The device the engine sees: blocks and zones without their parity.
     fn geometry(&self) -> Geometry {
-        self.inner.geometry()
+        let mut geometry = self.inner.geometry();
+        if self.parity_on() {
+            geometry.block_pages -= self.parity.block_parity_pages;
+            geometry.zone_blocks -= self.parity.zone_parity_blocks;
+        }
+        geometry
     }
 
     fn read_page(&mut self, address: PageAddress, data: &mut [u8], oob: &mut [u8]) -> Result<PageState> {
+        let physical = self.to_physical(address);
         let mut attempt = 0;
-        loop {
+        let failure = loop {
             attempt += 1;
-            let state = match self.inner.read_page(address, data, oob) {
+            let state = match self.inner.read_page(physical, data, oob) {
                 Ok(state) => state,
                 Err(error) if error.is_media_failure() && attempt < READ_ATTEMPTS => continue,
-                Err(error) => {
-                    if error.is_media_failure() {
-                        self.counters.pages_unrepairable += 1;
-                    }
-                    return Err(error);
-                }
+                Err(error) if error.is_media_failure() => break Err(error),
+                Err(error) => return Err(error),
             };
             if state == PageState::Erased || PageHeader::decode(oob, data).is_ok() || self.correct_with_ecc(data, oob) {
                 return Ok(state);
             }
             if attempt >= READ_ATTEMPTS {
-                self.counters.pages_unrepairable += 1;
-                return Ok(state);
+                break Ok(state);
+            }
+        };
+        if self.parity_zone(address.zone) {
+            let started_ns = self.inner.now_ns();
+            let repaired = self.repair(address.zone, physical.page);
+            self.counters.repair_device_time_ns += self.inner.now_ns().saturating_sub(started_ns);
+            if let Some((unit, from_zone)) = repaired {
+                let page_size = data.len();
+                let (rebuilt_data, rebuilt_oob) =
+                    (&unit[..page_size], &unit[page_size..page_size + PROTECTED_OOB_BYTES]);
+                // The rebuilt page must be the one that was asked for:
+                // whole by its CRC and signature, written for this address.
+                let header = PageHeader::decode(rebuilt_oob, rebuilt_data);
+                if header.is_ok_and(|header| (header.zone, header.page) == (address.zone, address.page))
+                    && protection::signature_matches(rebuilt_data, rebuilt_oob)
+                {
+                    data.copy_from_slice(rebuilt_data);
+                    oob.fill(0);
+                    oob[..PROTECTED_OOB_BYTES].copy_from_slice(rebuilt_oob);
+                    protection::seal(data, oob, self.ecc.as_deref());
+                    if from_zone {
+                        self.counters.pages_repaired_zone_parity += 1;
+                    } else {
+                        self.counters.pages_repaired_block_parity += 1;
+                    }
+                    return Ok(PageState::Programmed);
+                }
             }
         }
+        self.counters.pages_unrepairable += 1;
+        failure
     }
 
     fn read_oob(&mut self, address: PageAddress, oob: &mut [u8]) -> Result<PageState> {
-        self.inner.read_oob(address, oob)
+        let physical = self.to_physical(address);
+        self.inner.read_oob(physical, oob)
     }
 
     fn program_page(&mut self, address: PageAddress, data: &[u8], oob: &[u8]) -> Result<()> {
@@ -158,25 +748,38 @@ impl<D: FlashDevice> FlashDevice for Protected<D> {
         sealed.clear();
         sealed.extend_from_slice(oob);
         protection::seal(data, &mut sealed, self.ecc.as_deref());
-        let result = self.inner.program_page(address, data, &sealed);
+        let result = if self.parity_zone(address.zone) {
+            self.program_protected(address, data, &sealed)
+        } else {
+            self.inner.program_page(address, data, &sealed)
+        };
         self.oob_scratch = sealed;
         result
     }
 
     fn reset_zone(&mut self, zone: u32) -> Result<()> {
+        self.stripes.remove(&zone);
         self.inner.reset_zone(zone)
     }
 
     fn finish_zone(&mut self, zone: u32) -> Result<()> {
+        if self.parity_zone(zone) {
+            self.finish_protected(zone)?;
+            // A parity page that failed to program left the zone read-only:
+            // it cannot be finished, and need not be.
+            if self.inner.report_zone(zone)?.state == ZoneState::ReadOnly {
+                return Ok(());
+            }
+        }
         self.inner.finish_zone(zone)
     }
 
     fn report_zone(&self, zone: u32) -> Result<ZoneReport> {
-        self.inner.report_zone(zone)
+        Ok(self.logical_report(self.inner.report_zone(zone)?))
     }
 
     fn report_zones(&self) -> Vec<ZoneReport> {
-        self.inner.report_zones()
+        self.inner.report_zones().into_iter().map(|report| self.logical_report(report)).collect()
     }
 
     fn flush(&mut self) -> Result<()> {
@@ -216,6 +819,6 @@ impl<D: FlashDevice> FlashDevice for Protected<D> {
     }
 
     fn die_of(&self, address: PageAddress) -> Option<u32> {
-        self.inner.die_of(address)
+        self.inner.die_of(self.to_physical(address))
     }
 }

@@ -10,7 +10,7 @@ use flintfs_format::{
 };
 
 use crate::error::{errno, Error, Result};
-use crate::protect::{oob_fits, Protected, ProtectionCounters};
+use crate::protect::{oob_fits, ParityLayout, Protected, ProtectionCounters};
 
 const _: () = assert!(PAGE_HEADER_BYTES as u32 <= OOB_SIZE_BYTES_MIN, "the page header fits every device's OOB");
 
@@ -38,7 +38,11 @@ pub struct MkfsOptions {
     pub unindexed_segments: u32,
     pub uuid: [u8; 16],
     pub created_ns: u64,
+    /// k: parity pages at the end of each erase block (1 is XOR, more is
+    /// Reed-Solomon); [`PARITY_DEFAULT`] picks the geometry's default.
     pub block_parity_pages: u32,
+    /// r: Reed-Solomon parity blocks at the end of each zone;
+    /// [`PARITY_DEFAULT`] picks the geometry's default.
     pub segment_parity_blocks: u32,
     pub compression: Compression,
 }
@@ -50,12 +54,52 @@ impl MkfsOptions {
             unindexed_segments: UNINDEXED_SEGMENTS_DEFAULT,
             uuid,
             created_ns,
-            block_parity_pages: 0,
-            segment_parity_blocks: 0,
+            block_parity_pages: PARITY_DEFAULT,
+            segment_parity_blocks: PARITY_DEFAULT,
             compression: Compression::None,
         }
     }
+
+    /// The parity layout these options give on `geometry`.
+    pub fn parity_for(&self, geometry: &flintfs_flash::Geometry) -> ParityLayout {
+        let block_parity_pages = if self.block_parity_pages == PARITY_DEFAULT {
+            if geometry.block_pages >= BLOCK_PARITY_MIN_BLOCK_PAGES {
+                BLOCK_PARITY_PAGES_DEFAULT
+            } else {
+                0
+            }
+        } else {
+            self.block_parity_pages
+        };
+        let zone_parity_blocks = if self.segment_parity_blocks == PARITY_DEFAULT {
+            if geometry.zone_blocks >= ZONE_PARITY_MIN_ZONE_BLOCKS {
+                ZONE_PARITY_BLOCKS_DEFAULT
+            } else {
+                0
+            }
+        } else {
+            self.segment_parity_blocks
+        };
+        ParityLayout { block_parity_pages, zone_parity_blocks }
+    }
 }
+
+/// "The default for the geometry" in [`MkfsOptions`]' parity fields.
+pub const PARITY_DEFAULT: u32 = u32::MAX;
+/// One parity page per erase block (XOR): any one damaged page of a block
+/// is rebuilt, whatever its bit count.
+pub const BLOCK_PARITY_PAGES_DEFAULT: u32 = 1;
+/// Blocks of fewer pages get no block parity by default: a parity page
+/// would cost more than a quarter of the block.
+pub const BLOCK_PARITY_MIN_BLOCK_PAGES: u32 = 4;
+/// One Reed-Solomon block per zone: a block lost whole is rebuilt.
+pub const ZONE_PARITY_BLOCKS_DEFAULT: u32 = 1;
+/// Zones of fewer blocks get no zone parity by default (raw NAND's
+/// one-block zones cannot hold it at all).
+pub const ZONE_PARITY_MIN_ZONE_BLOCKS: u32 = 4;
+
+const _: () = assert!(BLOCK_PARITY_PAGES_DEFAULT < BLOCK_PARITY_MIN_BLOCK_PAGES);
+const _: () = assert!(ZONE_PARITY_BLOCKS_DEFAULT < ZONE_PARITY_MIN_ZONE_BLOCKS);
 
 /// What a mount read and found.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -203,6 +247,7 @@ pub fn mkfs<D: FlashDevice>(device: &mut D, options: &MkfsOptions) -> Result<()>
             flintfs_format::protection::OOB_BYTES_MIN
         )));
     }
+    let parity = options.parity_for(&geometry);
     let mut device = Protected::new(device);
     let device = &mut device;
     let shape = shape_of(device);
@@ -225,11 +270,12 @@ pub fn mkfs<D: FlashDevice>(device: &mut D, options: &MkfsOptions) -> Result<()>
         uuid: options.uuid,
         created_ns: options.created_ns,
         unindexed_segments: options.unindexed_segments,
-        block_parity_pages: options.block_parity_pages,
-        segment_parity_blocks: options.segment_parity_blocks,
+        block_parity_pages: parity.block_parity_pages,
+        segment_parity_blocks: parity.zone_parity_blocks,
         compression: options.compression,
     };
     superblock.validate().map_err(|reason| Error::invalid(format!("mkfs options: {reason}")))?;
+    device.set_parity(parity).map_err(|reason| Error::invalid(format!("mkfs options: {reason}")))?;
     if geometry.open_zones_max < OPEN_ZONES_NEEDED {
         return Err(Error::invalid(format!(
             "the device allows {} open zones; flintfs keeps up to {OPEN_ZONES_NEEDED} open (a zone per log head and \
@@ -445,6 +491,14 @@ impl<D: FlashDevice> Volume<D> {
                 shape_of(&device)
             )));
         }
+        // From here on every zone but the superblock's reads through its
+        // parity layout.
+        device
+            .set_parity(ParityLayout {
+                block_parity_pages: superblock.block_parity_pages,
+                zone_parity_blocks: superblock.segment_parity_blocks,
+            })
+            .map_err(|reason| Error::corrupt(format!("the superblock's parity layout: {reason}")))?;
         // The higher checkpoint number wins; between two records of the same
         // number (one written after the other was lost to a cut), the later
         // one, by sequence.

@@ -2,8 +2,11 @@
 //! back whole through the OOB's ECC, and what cannot be corrected is
 //! refused, never returned wrong.
 
-use flintfs_core::{Fs, FsOptions, ManualClock, MkfsOptions};
-use flintfs_flash::{BitErrorModel, DeviceOptions, FaultConfig, Geometry, MemoryFlash};
+use flintfs_core::{Fs, FsOptions, ManualClock, MkfsOptions, ProtectionCounters};
+use flintfs_flash::{
+    BitErrorModel, DeviceOptions, FaultConfig, FlashDevice, Geometry, MemoryFlash, PageAddress, PageFault, ZoneState,
+};
+use flintfs_format::SUPERBLOCK_ZONES;
 
 fn geometry() -> Geometry {
     Geometry {
@@ -34,10 +37,15 @@ fn contents(index: u32) -> Vec<u8> {
 
 /// Writes a tree on a device whose reads flip bits at `rate`, remounts,
 /// reads it all back, and returns the protection counters of the reads.
-fn round_trip(rate: f64, seed: u64) -> flintfs_core::ProtectionCounters {
+fn round_trip(rate: f64, seed: u64) -> ProtectionCounters {
     let clock = ManualClock::new(1_700_000_000_000_000_000);
     let faults = FaultConfig { bit_errors: Some(flat_bit_errors(rate)), ..FaultConfig::none(seed) };
     let flash = MemoryFlash::memory(geometry(), DeviceOptions { faults, ..DeviceOptions::default() }).unwrap();
+    let flash = write_tree(flash, &clock);
+    read_back(flash, clock, seed)
+}
+
+fn write_tree(flash: MemoryFlash, clock: &ManualClock) -> MemoryFlash {
     let flash = Fs::format(flash, &MkfsOptions::new([7; 16], 0), Box::new(clock.clone())).unwrap();
     let (mut fs, _) = Fs::mount(flash, FsOptions::default(), Box::new(clock.clone())).unwrap();
     for directory_index in 0..4u32 {
@@ -49,7 +57,12 @@ fn round_trip(rate: f64, seed: u64) -> flintfs_core::ProtectionCounters {
         }
         fs.forget(directory.ino, 1).unwrap();
     }
-    let flash = fs.unmount().unwrap();
+    fs.unmount().unwrap()
+}
+
+/// Mounts, reads the whole tree back and compares it, checks the file
+/// system, and returns what the protection layer did.
+fn read_back(flash: MemoryFlash, clock: ManualClock, seed: u64) -> ProtectionCounters {
     let (mut fs, _) = Fs::mount(flash, FsOptions::default(), Box::new(clock)).unwrap();
     for directory_index in 0..4u32 {
         let directory = fs.lookup(1, format!("d{directory_index}").as_bytes()).unwrap();
@@ -81,5 +94,89 @@ fn bit_flips_on_every_page_are_corrected_by_the_ecc() {
 #[test]
 fn a_clean_medium_needs_no_correction() {
     let counters = round_trip(0.0, 9);
-    assert_eq!(counters, flintfs_core::ProtectionCounters::default());
+    assert_eq!(counters, ProtectionCounters { ..counters_without_repairs(&counters) });
+    assert_eq!(counters.pages_corrected_ecc + counters.pages_unrepairable, 0, "{counters:?}");
+}
+
+fn counters_without_repairs(counters: &ProtectionCounters) -> ProtectionCounters {
+    ProtectionCounters {
+        parity_pages_programmed: counters.parity_pages_programmed,
+        stripe_rebuild_pages_read: counters.stripe_rebuild_pages_read,
+        unprotected_pages_max: counters.unprotected_pages_max,
+        ..ProtectionCounters::default()
+    }
+}
+
+/// The physical pages of every erase block that has its parity on flash
+/// (the open blocks at the log heads have the ECC alone until they fill).
+fn protected_blocks(flash: &MemoryFlash) -> Vec<(u32, u32, u32)> {
+    let geometry = flash.geometry();
+    let mut blocks = Vec::new();
+    for report in flash.report_zones() {
+        if SUPERBLOCK_ZONES.contains(&report.zone) || report.write_pointer == 0 {
+            continue;
+        }
+        for block in 0..report.write_pointer.div_ceil(geometry.block_pages) {
+            let start = block * geometry.block_pages;
+            let end = (start + geometry.block_pages).min(report.write_pointer);
+            if end == start + geometry.block_pages || report.state == ZoneState::Full {
+                blocks.push((report.zone, start, end));
+            }
+        }
+    }
+    blocks
+}
+
+/// Noise that no ECC corrects: a tenth of the page's bits flipped.
+fn destroyed(seed: u64) -> PageFault {
+    PageFault::Disturbed { seed, rate_ppm: 100_000 }
+}
+
+#[test]
+fn one_destroyed_page_in_every_erase_block_is_rebuilt_from_block_parity() {
+    let clock = ManualClock::new(1_700_000_000_000_000_000);
+    let flash = MemoryFlash::memory(geometry(), DeviceOptions::default()).unwrap();
+    let mut flash = write_tree(flash, &clock);
+    let blocks = protected_blocks(&flash);
+    assert!(blocks.len() > 20, "{} blocks", blocks.len());
+    for (index, &(zone, start, end)) in blocks.iter().enumerate() {
+        // Every page of the block in turn, data, node, log, checkpoint and
+        // parity pages alike.
+        let page = start + index as u32 % (end - start);
+        assert!(flash.inject_page_fault(PageAddress::new(zone, page), destroyed(index as u64)).unwrap());
+    }
+    let counters = read_back(flash, clock, 0);
+    eprintln!("{counters:?}");
+    assert!(counters.pages_repaired_block_parity > 10, "{counters:?}");
+    assert_eq!(counters.pages_unrepairable, 0, "{counters:?}");
+}
+
+#[test]
+fn an_erase_block_lost_whole_is_rebuilt_from_zone_parity() {
+    let clock = ManualClock::new(1_700_000_000_000_000_000);
+    let flash = MemoryFlash::memory(geometry(), DeviceOptions::default()).unwrap();
+    let mut flash = write_tree(flash, &clock);
+    let geometry = flash.geometry();
+    // A zone written full: its zone parity is on flash.
+    let full: Vec<u32> = flash
+        .report_zones()
+        .iter()
+        .filter(|report| {
+            report.state == ZoneState::Full
+                && report.write_pointer == report.capacity_pages
+                && !SUPERBLOCK_ZONES.contains(&report.zone)
+        })
+        .map(|report| report.zone)
+        .collect();
+    assert!(full.len() >= 2, "zones written full: {full:?}");
+    for (index, &zone) in full.iter().enumerate() {
+        let block = index as u32 % (geometry.zone_blocks - 1);
+        for page in block * geometry.block_pages..(block + 1) * geometry.block_pages {
+            assert!(flash.inject_page_fault(PageAddress::new(zone, page), destroyed(u64::from(page))).unwrap());
+        }
+    }
+    let counters = read_back(flash, clock, 0);
+    eprintln!("{counters:?}");
+    assert!(counters.pages_repaired_zone_parity > 10, "{counters:?}");
+    assert_eq!(counters.pages_unrepairable, 0, "{counters:?}");
 }

@@ -484,6 +484,24 @@ impl<B: Backend> FlashEmulator<B> {
         Ok(Some((data, oob)))
     }
 
+    /// Damages a programmed page as the medium would, for tests and the
+    /// fault atlas: the fault goes into the overlay (the pristine data
+    /// stays) and is persisted with it. A page still in the write buffer is
+    /// made durable first. Returns false for a page that reads erased, or
+    /// when the overlay is full.
+    pub fn inject_page_fault(&mut self, address: PageAddress, fault: PageFault) -> Result<bool> {
+        self.check_powered("inject a fault")?;
+        let Some(physical) = self.readable_physical(address)? else { return Ok(false) };
+        if self.buffer.get(physical).is_some() {
+            self.flush()?;
+        }
+        if !self.record_fault(physical, fault) {
+            return Ok(false);
+        }
+        self.persist_overlay()?;
+        Ok(true)
+    }
+
     /// The host lets go of the device: the summary (lifetime counters
     /// and clock) is written even if nothing was programmed since the
     /// last flush, so reads and their device time are not lost from an

@@ -120,7 +120,7 @@ impl<D: FlashDevice> Fs<D> {
     /// Zones in `taken` are already in this batch: their moves are still
     /// buffered, so their counts have not dropped yet.
     fn choose_victim(&self, wear_allowed: bool, choice: VictimChoice, taken: &[u32]) -> Option<(u32, bool)> {
-        let reports = self.volume.device().report_zones();
+        let reports = self.volume.device.report_zones();
         let checkpoint = &self.volume.checkpoint;
         let page_size = self.page_size as u64;
         let candidates: Vec<_> = reports
@@ -349,7 +349,7 @@ impl<D: FlashDevice> Fs<D> {
     fn move_cost_zones(&self, zone: u32) -> usize {
         let usage = &self.volume.checkpoint.zones[zone as usize];
         let pages = usage.valid_bytes.div_ceil(self.page_size as u64);
-        let zone_pages = self.volume.device().geometry().zone_pages().max(1);
+        let zone_pages = self.volume.device.geometry().zone_pages().max(1);
         pages.div_ceil(zone_pages) as usize
     }
 
@@ -358,7 +358,7 @@ impl<D: FlashDevice> Fs<D> {
     /// start while they are still free: a cleaner that waits until the
     /// free zones are fewer than these can no longer finish.
     fn buffered_zones(&self) -> usize {
-        let zone_pages = self.volume.device().geometry().zone_pages().max(1);
+        let zone_pages = self.volume.device.geometry().zone_pages().max(1);
         // What `reserve_space` counts, with nothing more wanted.
         let (data_pages, node_pages) = self.pages_past_heads(0, 0);
         (data_pages.div_ceil(zone_pages) + node_pages.div_ceil(zone_pages)) as usize
@@ -366,7 +366,7 @@ impl<D: FlashDevice> Fs<D> {
 
     /// Moves everything live out of `zone`.
     fn move_live(&mut self, zone: u32) -> Result<()> {
-        let write_pointer = self.volume.device().report_zone(zone)?.write_pointer;
+        let write_pointer = self.volume.device.report_zone(zone)?.write_pointer;
         let mut packer = PackedPage::new(self.page_size);
         let mut packed: Vec<super::data::PackedChunk> = Vec::new();
         for page in 0..write_pointer {

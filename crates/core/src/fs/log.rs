@@ -171,7 +171,7 @@ impl<D: FlashDevice> Fs<D> {
 
     /// Whether the log has grown to where a checkpoint should truncate it.
     pub(crate) fn log_wants_checkpoint(&self, fraction: u64) -> bool {
-        let zone_pages = self.volume.device().geometry().zone_pages();
+        let zone_pages = self.volume.device.geometry().zone_pages();
         self.log.pages_written * fraction >= LOG_ZONES_PER_CHECKPOINT * zone_pages
             || self.log.written_blocks >= LOG_PENDING_BLOCKS_MAX
             || self.log.checkpoint_wanted
@@ -421,7 +421,7 @@ impl<D: FlashDevice> Fs<D> {
             // A cut can tear the last page, and on MLC damage the earlier
             // page that shares its cells, in the same erase block: every
             // page there is read back.
-            let block_pages = self.volume.device().geometry().block_pages;
+            let block_pages = self.volume.device.geometry().block_pages;
             let in_last_block = pointer.page() / block_pages == (end - 1) / block_pages;
             if in_last_block && self.read_block(*ino, *born, block, pointer).is_err() {
                 return false;

@@ -349,9 +349,9 @@ impl<D: FlashDevice> Fs<D> {
         // took) are done now that nothing needs their write pointers.
         for zone in old_heads.into_iter().chain(written.keys().copied()) {
             let in_head = self.volume.checkpoint.heads.iter().any(|head| head.zone == zone);
-            let state = self.volume.device().report_zone(zone)?.state;
+            let state = self.volume.device.report_zone(zone)?.state;
             if !in_head && matches!(state, flintfs_flash::ZoneState::Open | flintfs_flash::ZoneState::Closed) {
-                self.volume.device_mut().finish_zone(zone)?;
+                self.volume.device.finish_zone(zone)?;
             }
         }
         tracing::info!(
@@ -515,7 +515,7 @@ impl<D: FlashDevice> Fs<D> {
     /// Whether the zones left in the declared list may not hold what is
     /// buffered and `data_pages` more.
     fn unindexed_short(&self, data_pages: u64) -> bool {
-        let geometry = self.volume.device().geometry();
+        let geometry = self.volume.device.geometry();
         let zone_pages = geometry.zone_pages();
         let dirty_nodes = (self.nodes.dirty_count() + self.pending.len()) as u64;
         let data_need = self.dirty_blocks.len() as u64 + data_pages;

@@ -1297,8 +1297,8 @@ impl<D: FlashDevice> Fs<D> {
     /// out its overprovisioning: space the cleaner needs to work in is
     /// never promised to files.
     pub(crate) fn space_blocks(&self) -> (u64, u64) {
-        let geometry = self.volume.device().geometry();
-        let reports = self.volume.device().report_zones();
+        let geometry = self.volume.device.geometry();
+        let reports = self.volume.device.report_zones();
         let dynamic: u64 = reports
             .iter()
             .filter(|report| report.zone >= FIRST_DYNAMIC_ZONE)
