@@ -213,8 +213,14 @@ fn connect(mountpoint: &Path) -> Outcome<UnixStream> {
 
 /// Sends one command line and reads the one-line answer.
 fn ask(mountpoint: &Path, command: &str) -> Outcome<String> {
+    ask_within(mountpoint, command, Some(CONTROL_TIMEOUT))
+}
+
+/// [`ask`] with a timeout of its own (`None`: wait as long as it takes, as
+/// a scrub of a large device does).
+fn ask_within(mountpoint: &Path, command: &str, timeout: Option<Duration>) -> Outcome<String> {
     let mut stream = connect(mountpoint)?;
-    stream.set_read_timeout(Some(CONTROL_TIMEOUT))?;
+    stream.set_read_timeout(timeout)?;
     writeln!(stream, "{command}")?;
     let mut answer = String::new();
     BufReader::new(stream).read_line(&mut answer)?;
@@ -488,14 +494,24 @@ fn serve_control(
         let words: Vec<&str> = line.split_whitespace().collect();
         let mut cutting = false;
         let answer = match words.as_slice() {
-            ["stat"] => match shared.with(|fs| fs.device().counters()) {
-                Some(counters) => {
+            ["stat"] => match shared.with(|fs| (fs.device().counters(), fs.protection_counters())) {
+                Some((counters, protection)) => {
                     let mut value = counters_json(&counters.since(&baseline), Some(mount_pages_read));
+                    for (name, count) in protection_fields(&protection) {
+                        value[name] = count.into();
+                    }
                     value["pid"] = std::process::id().into();
                     value.to_string()
                 }
                 None => "error the file system is stopping".to_string(),
             },
+            ["scrub", mode @ ..] if mode.is_empty() || mode == ["quick"] => {
+                match shared.with(|fs| fs.scrub(!mode.is_empty())) {
+                    None => "error the file system is stopping".to_string(),
+                    Some(Ok(report)) => scrub_json(&report).to_string(),
+                    Some(Err(error)) => format!("error scrub: {}", error.message),
+                }
+            }
             ["sync"] => match shared.with(|fs| fs.sync()) {
                 None => "error the file system is stopping".to_string(),
                 Some(Ok(())) => "synced".to_string(),
@@ -582,6 +598,82 @@ pub fn stat(arguments: StatArguments) -> Outcome<ExitCode> {
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The protection layer's counters, by the names `stat --json` gives them.
+pub fn protection_fields(counters: &flintfs_core::ProtectionCounters) -> [(&'static str, u64); 10] {
+    [
+        ("pages_corrected_ecc", counters.pages_corrected_ecc),
+        ("bits_corrected_ecc", counters.bits_corrected_ecc),
+        ("pages_repaired_block_parity", counters.pages_repaired_block_parity),
+        ("pages_repaired_zone_parity", counters.pages_repaired_zone_parity),
+        ("pages_unrepairable", counters.pages_unrepairable),
+        ("repair_device_time_ns", counters.repair_device_time_ns),
+        ("parity_pages_programmed", counters.parity_pages_programmed),
+        ("stripe_rebuild_pages_read", counters.stripe_rebuild_pages_read),
+        ("unprotected_pages_max", counters.unprotected_pages_max),
+        ("blocks_retired", counters.blocks_retired),
+    ]
+}
+
+pub fn scrub_json(report: &flintfs_core::ScrubReport) -> serde_json::Value {
+    serde_json::json!({
+        "quick": report.quick,
+        "zones_scanned": report.zones_scanned,
+        "pages_checked": report.pages_checked,
+        "pages_corrected": report.pages_corrected,
+        "pages_repaired": report.pages_repaired,
+        "pages_unrepairable": report.pages_unrepairable,
+        "unrepairable": report.unrepairable,
+        "parity_pages_checked": report.parity_pages_checked,
+        "parity_pages_bad": report.parity_pages_bad,
+        "stripes_checked": report.stripes_checked,
+        "stripes_inconsistent": report.stripes_inconsistent,
+        "oob_reads": report.oob_reads,
+        "zones_refreshed": report.zones_refreshed,
+        "blocks_retired": report.blocks_retired,
+    })
+}
+
+#[derive(Args)]
+pub struct ScrubArguments {
+    /// An image file, or the mount point of a live mount.
+    pub target: PathBuf,
+    /// Check each stripe's parity signatures from the OOBs alone, reading
+    /// no data (RCFFS's quick scan).
+    #[arg(long)]
+    pub quick: bool,
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `flintfs scrub IMAGE|MOUNTPOINT`: reads every page as a user read would
+/// and repairs what it can (or, with --quick, checks the stripes). Exits 1
+/// when a page could not be brought back, or (quick) a stripe does not
+/// check.
+pub fn scrub(arguments: ScrubArguments) -> Outcome<ExitCode> {
+    let value = if std::fs::metadata(&arguments.target).map(|metadata| metadata.is_dir()).unwrap_or(false) {
+        let command = if arguments.quick { "scrub quick" } else { "scrub" };
+        let answer = ask_within(&arguments.target, command, None)?;
+        serde_json::from_str::<serde_json::Value>(&answer).map_err(|error| format!("the daemon's answer: {error}"))?
+    } else {
+        let device = open_device(&arguments.target, IMAGE_WAIT)?;
+        let (mut fs, _) = crate::image::mount_fs(device, FsOptions::default())?;
+        let report = fs.scrub(arguments.quick).map_err(|error| format!("scrub: {}", error.message))?;
+        // Unmounted cleanly: what the scrub moved is recorded.
+        fs.unmount().map_err(|error| format!("unmount: {}", error.message))?.close()?;
+        scrub_json(&report)
+    };
+    if arguments.json {
+        println!("{value}");
+    } else if let serde_json::Value::Object(fields) = &value {
+        for (name, field) in fields {
+            println!("{name:<24} {field}");
+        }
+    }
+    let failed = value["pages_unrepairable"].as_u64().unwrap_or(0) > 0
+        || value["stripes_inconsistent"].as_u64().unwrap_or(0) > 0;
+    Ok(if failed { ExitCode::FAILURE } else { ExitCode::SUCCESS })
 }
 
 #[derive(Args)]

@@ -167,4 +167,8 @@ impl FlashDevice for Device {
     fn die_of(&self, address: PageAddress) -> Option<u32> {
         each!(self, device => device.die_of(address))
     }
+
+    fn retire_block(&mut self, address: PageAddress) -> flintfs_flash::Result<bool> {
+        each!(self, device => device.retire_block(address))
+    }
 }

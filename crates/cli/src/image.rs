@@ -72,6 +72,14 @@ pub struct MkfsArguments {
     /// Print nothing when it succeeds.
     #[arg(long, short = 'q')]
     pub quiet: bool,
+    /// Parity pages at the end of each erase block (1 is XOR, more is
+    /// Reed-Solomon); default 1 on blocks of 4 pages or more.
+    #[arg(long, value_name = "K")]
+    pub block_parity: Option<u32>,
+    /// Reed-Solomon parity blocks at the end of each zone; default 1 on
+    /// zones of 4 blocks or more.
+    #[arg(long, value_name = "R")]
+    pub zone_parity: Option<u32>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -186,7 +194,7 @@ pub fn mkfs(arguments: MkfsArguments) -> Outcome<ExitCode> {
         std::fs::remove_file(path).map_err(|error| format!("{}: removing: {error}", path.display()))?;
     }
     let device = ImageFlash::create_image(path, geometry, DeviceOptions::default())?;
-    let options = MkfsOptions::new(random_uuid()?, now_ns());
+    let options = mkfs_options(&arguments)?;
     let clock = Box::new(flintfs_fuse::SystemClock);
     let device = Fs::format(device, &options, clock).map_err(|error| format!("mkfs: {}", error.message))?;
     drop(device);
@@ -233,7 +241,7 @@ fn mkfs_block(arguments: MkfsArguments) -> Outcome<ExitCode> {
     let create = flintfs_flash::BlockCreate { size_bytes: Some(size), nonce: u64::from_le_bytes(nonce) };
     let device = flintfs_flash::BlockFlash::create(path, geometry, create)?;
     let made = device.geometry();
-    let options = MkfsOptions::new(random_uuid()?, now_ns());
+    let options = mkfs_options(&arguments)?;
     let clock = Box::new(flintfs_fuse::SystemClock);
     let device = Fs::format(crate::device::Device::Block(device), &options, clock)
         .map_err(|error| format!("mkfs: {}", error.message))?;
@@ -242,6 +250,18 @@ fn mkfs_block(arguments: MkfsArguments) -> Outcome<ExitCode> {
         println!("{} (block backend)", describe(path, &made));
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The engine's mkfs options from the command's.
+fn mkfs_options(arguments: &MkfsArguments) -> Outcome<MkfsOptions> {
+    let mut options = MkfsOptions::new(random_uuid()?, now_ns());
+    if let Some(pages) = arguments.block_parity {
+        options.block_parity_pages = pages;
+    }
+    if let Some(blocks) = arguments.zone_parity {
+        options.segment_parity_blocks = blocks;
+    }
+    Ok(options)
 }
 
 /// Mounts the file system on an opened device, wording errors for the user.

@@ -74,6 +74,8 @@ enum Action {
     Demo(demo::DemoArguments),
     /// Make everything a live mount holds durable (sync(2) does not reach a FUSE mount).
     Sync(daemon::SyncArguments),
+    /// Read every page as a user read would and repair it, or check the parity stripes (--quick).
+    Scrub(daemon::ScrubArguments),
     /// Put flintfs on the PATH and mount.flintfs, mkfs.flintfs and fsck.flintfs where mount(8),
     /// mkfs(8) and fsck(8) look.
     Install(conventions::InstallArguments),
@@ -117,6 +119,7 @@ fn main() -> ExitCode {
         Action::Crashtest(arguments) => crashtest::crashtest(arguments),
         Action::Bench { arguments } => run_bench(arguments),
         Action::Sync(arguments) => daemon::sync(arguments),
+        Action::Scrub(arguments) => daemon::scrub(arguments),
         Action::Install(arguments) => conventions::install(arguments),
     };
     match result {

@@ -45,7 +45,7 @@
 //! - After a mount, the running parity of a zone that was left part
 //!   written is rebuilt by reading its pages, at the first program there.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 
 use flintfs_flash::{
@@ -78,6 +78,31 @@ pub struct ProtectionCounters {
     /// The most data pages that were at once programmed but not yet
     /// covered by a parity page on flash (the open stripes' window).
     pub unprotected_pages_max: u64,
+    /// Erase blocks retired after [`RETIRE_REPAIRS_PER_BLOCK`] of their
+    /// pages needed parity.
+    pub blocks_retired: u64,
+}
+
+/// Distinct pages of one erase block rebuilt from parity, in one mount, after which
+/// the block is retired: it keeps its data until its zone is cleaned, and
+/// the zone's next reset leaves it out. One rebuilt page is what parity is
+/// for; a second in the same block says the block is wearing out.
+pub const RETIRE_REPAIRS_PER_BLOCK: u32 = 2;
+/// Zones remembered as wanting their data moved (read reclaim) at once.
+pub const REFRESH_ZONES_MAX: usize = 256;
+/// Rebuilt pages remembered, to count them per block.
+pub const REPAIRED_PAGES_MAX: usize = 4096;
+
+/// What a quick scan of a zone's stripes found, from the OOBs alone.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StripeScan {
+    /// Stripes whose parity is on flash and was checked.
+    pub stripes_checked: u64,
+    /// Stripes whose parity signatures are not the combination of their
+    /// pages' signatures (a page or a parity page is damaged or torn).
+    pub stripes_inconsistent: u64,
+    /// OOB reads it took.
+    pub oob_reads: u64,
 }
 
 /// Parity pages per erase block and parity blocks per zone.
@@ -157,6 +182,12 @@ pub struct Protected<D: FlashDevice> {
     stripes: BTreeMap<u32, Stripe>,
     /// Erasure codes by (data units, parity units).
     codes: BTreeMap<(usize, usize), Arc<ErasureCode>>,
+    /// Zones holding a page that needed parity, or a bad parity page: the
+    /// cleaner moves their data (read reclaim) when it next runs.
+    refresh: BTreeSet<u32>,
+    /// Physical pages (zone, page) rebuilt from parity since the mount
+    /// (bounded by [`REPAIRED_PAGES_MAX`]).
+    repaired_pages: BTreeSet<(u32, u32)>,
 }
 
 impl<D: FlashDevice> Protected<D> {
@@ -171,6 +202,8 @@ impl<D: FlashDevice> Protected<D> {
             parity: ParityLayout::default(),
             stripes: BTreeMap::new(),
             codes: BTreeMap::new(),
+            refresh: BTreeSet::new(),
+            repaired_pages: BTreeSet::new(),
         }
     }
 
@@ -197,6 +230,136 @@ impl<D: FlashDevice> Protected<D> {
 
     pub fn parity(&self) -> ParityLayout {
         self.parity
+    }
+
+    /// Zones whose data should move: a page there needed parity, or a
+    /// parity page there is bad.
+    pub fn refresh_wanted(&self) -> &BTreeSet<u32> {
+        &self.refresh
+    }
+
+    /// Asks for `zone`'s data to be moved (bounded: past the bound the
+    /// request is dropped, and the next repair there asks again).
+    pub fn want_refresh(&mut self, zone: u32) {
+        if self.refresh.len() < REFRESH_ZONES_MAX {
+            self.refresh.insert(zone);
+        }
+    }
+
+    /// A page of `zone` at physical `page` was rebuilt from parity: its
+    /// zone wants moving, and its block is retired at the second.
+    fn note_repair(&mut self, zone: u32, page: u32) {
+        self.want_refresh(zone);
+        if self.repaired_pages.len() >= REPAIRED_PAGES_MAX || !self.repaired_pages.insert((zone, page)) {
+            return;
+        }
+        let block_pages = self.inner.geometry().block_pages;
+        let start = page / block_pages * block_pages;
+        let in_block = self.repaired_pages.range((zone, start)..(zone, start + block_pages)).count() as u32;
+        if in_block == RETIRE_REPAIRS_PER_BLOCK
+            && self.inner.retire_block(PageAddress::new(zone, page)).unwrap_or(false)
+        {
+            self.counters.blocks_retired += 1;
+        }
+    }
+
+    /// RCFFS's quick scan of one zone: every stripe whose parity is on
+    /// flash is checked by the homomorphism, from OOB reads alone (the
+    /// parity pages' signatures against the same combination of their
+    /// pages' signatures). It finds torn or damaged stripes, not bit flips
+    /// in data that the OOB does not show: the full scrub reads those.
+    pub fn quick_scan(&mut self, zone: u32) -> Result<StripeScan> {
+        let mut scan = StripeScan::default();
+        if !self.parity_zone(zone) {
+            return Ok(scan);
+        }
+        let report = self.inner.report_zone(zone)?;
+        let shape = self.shape(report.capacity_pages);
+        let oob_bytes = self.inner.geometry().oob_size_bytes as usize;
+        let signature_of = |device: &mut Self, page: u32, scan: &mut StripeScan| -> Option<[u16; 4]> {
+            let mut oob = vec![0u8; oob_bytes];
+            scan.oob_reads += 1;
+            match device.inner.read_oob(PageAddress::new(zone, page), &mut oob) {
+                Ok(PageState::Programmed) => {
+                    let bytes: [u8; 8] = oob[protection::SIGNATURE_OFFSET..PROTECTED_OOB_BYTES].try_into().ok()?;
+                    Some(flintfs_format::gf::decode_signature(&bytes))
+                }
+                _ => None,
+            }
+        };
+        let stripe_matches = |code: &ErasureCode, members: &[Option<[u16; 4]>], parity: &[Option<[u16; 4]>]| {
+            parity.iter().enumerate().all(|(row, stored)| {
+                let terms: Option<Vec<(u16, [u16; 4])>> = members
+                    .iter()
+                    .enumerate()
+                    .map(|(index, signature)| signature.map(|signature| (code.coefficient(row, index), signature)))
+                    .collect();
+                matches!((terms, stored), (Some(terms), Some(stored)) if flintfs_format::gf::combine_signatures(&terms) == *stored)
+            })
+        };
+        if let Some(code) = self.block_code(shape) {
+            for block in 0..shape.data_blocks {
+                let Some((data_count, parity_start)) = self.block_members(block, &report, shape) else { continue };
+                let start = block * shape.block_pages;
+                let members: Vec<Option<[u16; 4]>> = (0..shape.slots)
+                    .map(|row| if row < data_count { signature_of(self, start + row, &mut scan) } else { Some([0; 4]) })
+                    .collect();
+                let parity: Vec<Option<[u16; 4]>> =
+                    (0..shape.parity_pages).map(|index| signature_of(self, parity_start + index, &mut scan)).collect();
+                scan.stripes_checked += 1;
+                if !stripe_matches(&code, &members, &parity) {
+                    scan.stripes_inconsistent += 1;
+                }
+            }
+        }
+        if let Some(code) = self.zone_code(shape) {
+            if report.write_pointer >= shape.good_blocks * shape.block_pages {
+                for row in 0..shape.block_pages {
+                    let members: Vec<Option<[u16; 4]>> = (0..shape.data_blocks)
+                        .map(|block| signature_of(self, block * shape.block_pages + row, &mut scan))
+                        .collect();
+                    let parity: Vec<Option<[u16; 4]>> = (0..shape.parity_blocks)
+                        .map(|index| {
+                            signature_of(self, (shape.data_blocks + index) * shape.block_pages + row, &mut scan)
+                        })
+                        .collect();
+                    scan.stripes_checked += 1;
+                    if !stripe_matches(&code, &members, &parity) {
+                        scan.stripes_inconsistent += 1;
+                    }
+                }
+            }
+        }
+        Ok(scan)
+    }
+
+    /// Reads every parity page of `zone` whose stripe is on flash and
+    /// checks it (ECC, then its signature); returns (checked, bad). A bad
+    /// one asks for the zone's data to move, which writes fresh parity.
+    pub fn check_parity_pages(&mut self, zone: u32) -> Result<(u64, u64)> {
+        let (mut checked, mut bad) = (0, 0);
+        if !self.parity_zone(zone) {
+            return Ok((0, 0));
+        }
+        let report = self.inner.report_zone(zone)?;
+        let shape = self.shape(report.capacity_pages);
+        let mut pages = Vec::new();
+        for block in 0..shape.data_blocks {
+            if let Some((_, parity_start)) = self.block_members(block, &report, shape) {
+                pages.extend(parity_start..parity_start + shape.parity_pages);
+            }
+        }
+        if self.zone_code(shape).is_some() && report.write_pointer >= shape.good_blocks * shape.block_pages {
+            pages.extend(shape.data_blocks * shape.block_pages..shape.good_blocks * shape.block_pages);
+        }
+        for page in pages {
+            checked += 1;
+            if self.read_unit(PageAddress::new(zone, page), true).is_none() {
+                bad += 1;
+                self.want_refresh(zone);
+            }
+        }
+        Ok((checked, bad))
     }
 
     pub fn inner(&self) -> &D {
@@ -730,6 +893,7 @@ impl<D: FlashDevice> FlashDevice for Protected<D> {
                     } else {
                         self.counters.pages_repaired_block_parity += 1;
                     }
+                    self.note_repair(address.zone, physical.page);
                     return Ok(PageState::Programmed);
                 }
             }
@@ -759,6 +923,8 @@ impl<D: FlashDevice> FlashDevice for Protected<D> {
 
     fn reset_zone(&mut self, zone: u32) -> Result<()> {
         self.stripes.remove(&zone);
+        self.refresh.remove(&zone);
+        self.repaired_pages.retain(|(repaired_zone, _)| *repaired_zone != zone);
         self.inner.reset_zone(zone)
     }
 
@@ -820,5 +986,10 @@ impl<D: FlashDevice> FlashDevice for Protected<D> {
 
     fn die_of(&self, address: PageAddress) -> Option<u32> {
         self.inner.die_of(self.to_physical(address))
+    }
+
+    fn retire_block(&mut self, address: PageAddress) -> Result<bool> {
+        let physical = self.to_physical(address);
+        self.inner.retire_block(physical)
     }
 }

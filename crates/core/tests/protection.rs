@@ -180,3 +180,50 @@ fn an_erase_block_lost_whole_is_rebuilt_from_zone_parity() {
     assert!(counters.pages_repaired_zone_parity > 10, "{counters:?}");
     assert_eq!(counters.pages_unrepairable, 0, "{counters:?}");
 }
+
+fn damaged_tree() -> (MemoryFlash, ManualClock) {
+    let clock = ManualClock::new(1_700_000_000_000_000_000);
+    let flash = MemoryFlash::memory(geometry(), DeviceOptions::default()).unwrap();
+    let mut flash = write_tree(flash, &clock);
+    for (index, (zone, start, end)) in protected_blocks(&flash).into_iter().enumerate() {
+        let page = start + index as u32 % (end - start);
+        assert!(flash.inject_page_fault(PageAddress::new(zone, page), destroyed(index as u64)).unwrap());
+    }
+    (flash, clock)
+}
+
+#[test]
+fn the_quick_scan_finds_damaged_stripes_from_the_oob_alone() {
+    let clock = ManualClock::new(1_700_000_000_000_000_000);
+    let flash = write_tree(MemoryFlash::memory(geometry(), DeviceOptions::default()).unwrap(), &clock);
+    let (mut fs, _) = Fs::mount(flash, FsOptions::default(), Box::new(clock)).unwrap();
+    let clean = fs.scrub(true).unwrap();
+    assert!(clean.stripes_checked > 20, "{clean:?}");
+    assert_eq!(clean.stripes_inconsistent, 0, "{clean:?}");
+    assert_eq!(clean.pages_checked, 0, "the quick scan reads no data: {clean:?}");
+    drop(fs);
+
+    let (flash, clock) = damaged_tree();
+    let (mut fs, _) = Fs::mount(flash, FsOptions::default(), Box::new(clock)).unwrap();
+    let damaged = fs.scrub(true).unwrap();
+    assert!(damaged.stripes_inconsistent > 10, "{damaged:?}");
+}
+
+#[test]
+fn a_full_scrub_repairs_moves_the_data_and_leaves_nothing_to_repair() {
+    let (flash, clock) = damaged_tree();
+    let (mut fs, _) = Fs::mount(flash, FsOptions::default(), Box::new(clock.clone())).unwrap();
+    let first = fs.scrub(false).unwrap();
+    eprintln!("{first:?}");
+    assert!(first.pages_repaired > 10, "{first:?}");
+    assert_eq!(first.pages_unrepairable, 0, "{first:?}");
+    assert!(first.zones_refreshed > 0, "{first:?}");
+    let report = fs.check().unwrap();
+    assert!(report.is_clean(), "{:#?}", report.findings);
+    let second = fs.scrub(false).unwrap();
+    eprintln!("{second:?}");
+    assert_eq!((second.pages_unrepairable, second.parity_pages_bad), (0, 0), "{second:?}");
+    assert!(second.pages_repaired < first.pages_repaired, "{second:?}");
+    let flash = fs.unmount().unwrap();
+    read_back(flash, clock, 0);
+}

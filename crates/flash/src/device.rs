@@ -1339,6 +1339,23 @@ impl<B: Backend> FlashDevice for FlashEmulator<B> {
         self.sync_host()
     }
 
+    fn retire_block(&mut self, address: PageAddress) -> Result<bool> {
+        self.check_powered("retire a block")?;
+        self.geometry.check_address(address)?;
+        let (block, _) = self.locate(address);
+        let record = &mut self.blocks[block as usize];
+        if !record.bad {
+            record.bad = true;
+            self.dirty_blocks.insert(block);
+            let recorded = self.backend.write_block_records(block, std::slice::from_ref(&self.blocks[block as usize]));
+            if recorded.is_ok() {
+                self.dirty_blocks.remove(&block);
+            }
+            recorded?;
+        }
+        Ok(true)
+    }
+
     fn report_zone(&self, zone: u32) -> Result<ZoneReport> {
         self.geometry.check_zone(zone)?;
         let entry = &self.zones[zone as usize];

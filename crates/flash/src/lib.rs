@@ -264,6 +264,14 @@ pub trait FlashDevice {
         1
     }
 
+    /// Retires the erase block holding the page at `address`: it keeps its
+    /// data until the zone is next reset, which leaves it out (the zone
+    /// shrinks, as with a grown bad block). Returns false when this device
+    /// cannot retire blocks on request.
+    fn retire_block(&mut self, _address: PageAddress) -> Result<bool> {
+        Ok(false)
+    }
+
     /// The die that holds the page at `address`, where the device says;
     /// `None` for a page outside its zone's capacity.
     fn die_of(&self, _address: PageAddress) -> Option<u32> {
@@ -344,5 +352,9 @@ impl<T: FlashDevice + ?Sized> FlashDevice for &mut T {
 
     fn die_of(&self, address: PageAddress) -> Option<u32> {
         (**self).die_of(address)
+    }
+
+    fn retire_block(&mut self, address: PageAddress) -> Result<bool> {
+        (**self).retire_block(address)
     }
 }

@@ -137,6 +137,15 @@ impl<D: FlashDevice> Fs<D> {
                     && !taken.contains(&report.zone)
             })
             .collect();
+        // Read reclaim first: a zone where a page needed parity (or whose
+        // parity is bad) moves whatever its fullness, but not when space is
+        // short: moving a full zone gives nothing back.
+        let refresh = self.volume.device.refresh_wanted();
+        if let Some(report) = candidates.iter().find(|report| refresh.contains(&report.zone)) {
+            if matches!(choice, VictimChoice::CostBenefit) {
+                return Some((report.zone, false));
+            }
+        }
         // Wear first: the least worn zone holding data, when the spread is
         // past its bound.
         // Only zones allocation hands out: the checkpoint and superblock
@@ -255,6 +264,40 @@ impl<D: FlashDevice> Fs<D> {
         Ok(cleaned.len())
     }
 
+    /// Moves the live data out of every zone the protection layer asked
+    /// to (read reclaim) that the cleaner can take, and returns how many
+    /// moved. Their resets leave out the blocks retired.
+    pub fn refresh_zones(&mut self) -> Result<u64> {
+        let mut refreshed = 0;
+        loop {
+            let wanted = self.refresh_candidates();
+            if wanted == 0 {
+                return Ok(refreshed);
+            }
+            let cleaned = self.clean(wanted)?;
+            if cleaned == 0 {
+                return Ok(refreshed);
+            }
+            refreshed += cleaned as u64;
+        }
+    }
+
+    /// Zones asked to be refreshed that the cleaner could take now.
+    fn refresh_candidates(&self) -> usize {
+        let refresh = self.volume.device.refresh_wanted();
+        refresh
+            .iter()
+            .filter(|&&zone| {
+                let usage = &self.volume.checkpoint.zones[zone as usize];
+                zone >= FIRST_DYNAMIC_ZONE
+                    && matches!(usage.role, ZoneRole::HotData | ZoneRole::ColdData | ZoneRole::Node)
+                    && usage.valid_bytes > 0
+                    && !self.volume.checkpoint.heads.iter().any(|head| head.zone == zone)
+                    && !self.cleaner_stuck.contains(&zone)
+            })
+            .count()
+    }
+
     /// Background work while nothing else runs: the timer's checkpoint if
     /// one is due (so buffered work does not wait for the next operation),
     /// else cleaning, a zone when free zones run low or, with room to
@@ -272,6 +315,10 @@ impl<D: FlashDevice> Fs<D> {
         let buffered = self.buffered_zones();
         if free < CLEAN_LOW_WATER_ZONES + buffered {
             return Ok(self.clean_for_space(CLEAN_ZONES_PER_OPERATION_MAX)? > 0);
+        }
+        // Read reclaim: a zone with a rebuilt page moves while idle.
+        if self.refresh_candidates() > 0 {
+            return Ok(self.clean(1)? > 0);
         }
         if free < CLEAN_IDLE_WATER_ZONES + buffered {
             return Ok(self.clean(1)? > 0);

@@ -32,6 +32,7 @@ mod directory;
 mod log;
 mod nodes;
 mod ops;
+mod scrub;
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -52,6 +53,7 @@ pub use log::{
     LOG_ZONES_PER_CHECKPOINT,
 };
 pub use ops::{Attributes, DirectoryEntry, RenameFlags, SetAttributes, StatFs, XattrFlags};
+pub use scrub::{ScrubReport, SCRUB_NAMED_PAGES_MAX};
 
 /// The root directory's slot.
 pub const ROOT_SLOT: u32 = 0;
