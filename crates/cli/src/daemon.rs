@@ -601,7 +601,7 @@ pub fn stat(arguments: StatArguments) -> Outcome<ExitCode> {
 }
 
 /// The protection layer's counters, by the names `stat --json` gives them.
-pub fn protection_fields(counters: &flintfs_core::ProtectionCounters) -> [(&'static str, u64); 10] {
+pub fn protection_fields(counters: &flintfs_core::ProtectionCounters) -> [(&'static str, u64); 11] {
     [
         ("pages_corrected_ecc", counters.pages_corrected_ecc),
         ("bits_corrected_ecc", counters.bits_corrected_ecc),
@@ -613,6 +613,7 @@ pub fn protection_fields(counters: &flintfs_core::ProtectionCounters) -> [(&'sta
         ("stripe_rebuild_pages_read", counters.stripe_rebuild_pages_read),
         ("unprotected_pages_max", counters.unprotected_pages_max),
         ("blocks_retired", counters.blocks_retired),
+        ("pages_read_again", counters.pages_read_again),
     ]
 }
 

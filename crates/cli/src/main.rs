@@ -4,6 +4,7 @@
 //! exits non-zero; none panics on bad input. The names and JSON fields are
 //! relied on by scripts (issue 5), so they change only with them.
 
+mod atlas;
 mod conventions;
 mod crashtest;
 mod daemon;
@@ -76,6 +77,9 @@ enum Action {
     Sync(daemon::SyncArguments),
     /// Read every page as a user read would and repair it, or check the parity stripes (--quick).
     Scrub(daemon::ScrubArguments),
+    /// Each fault mode of the emulator against each protection level, measured: damaged, corrected,
+    /// repaired, EIO and silent.
+    Atlas(atlas::AtlasArguments),
     /// Put flintfs on the PATH and mount.flintfs, mkfs.flintfs and fsck.flintfs where mount(8),
     /// mkfs(8) and fsck(8) look.
     Install(conventions::InstallArguments),
@@ -120,6 +124,7 @@ fn main() -> ExitCode {
         Action::Bench { arguments } => run_bench(arguments),
         Action::Sync(arguments) => daemon::sync(arguments),
         Action::Scrub(arguments) => daemon::scrub(arguments),
+        Action::Atlas(arguments) => atlas::atlas(arguments),
         Action::Install(arguments) => conventions::install(arguments),
     };
     match result {

@@ -125,6 +125,43 @@ impl<D: FlashDevice> Volume<D> {
         }
     }
 
+    /// Fills each log head's erase block to its end with filler pages, so
+    /// that its parity goes to flash (unmount does this: a block's pages
+    /// have the ECC alone until its parity is written). Returns the pages
+    /// it wrote. A head whose zone cannot take them in place is left as it
+    /// is.
+    pub fn pad_heads_to_block_ends(&mut self) -> Result<u64> {
+        let geometry = self.device.geometry();
+        let slots = geometry.block_pages;
+        let mut written = 0;
+        for head in self.checkpoint.heads.clone() {
+            let filled = head.write_pointer % slots;
+            if filled == 0 {
+                continue;
+            }
+            let needed = slots - filled;
+            let report = self.device.report_zone(head.zone)?;
+            let writable = matches!(report.state, ZoneState::Empty | ZoneState::Open | ZoneState::Closed);
+            if !writable
+                || report.write_pointer != head.write_pointer
+                || head.write_pointer + needed > report.capacity_pages
+            {
+                continue;
+            }
+            let empty = vec![0u8; geometry.page_size_bytes as usize];
+            let pages: Vec<(PageMeta, &[u8])> =
+                (0..needed).map(|_| (PageMeta::new(PageKind::Filler, 0), empty.as_slice())).collect();
+            let addresses = self.append_run(head.role, &pages)?;
+            if addresses.first().is_some_and(|address| address.zone != head.zone) {
+                // The run went to another zone after all (a program failed):
+                // what it filled there is as good as anywhere.
+                tracing::debug!(zone = head.zone, "padding moved to another zone");
+            }
+            written += u64::from(needed);
+        }
+        Ok(written)
+    }
+
     /// Reads a page this volume wrote and checks it: kind, address and the
     /// zone's current generation.
     pub fn read_page(&mut self, address: PageAddress) -> Result<(PageHeader, Vec<u8>)> {

@@ -35,6 +35,10 @@ impl CheckReport {
 
 /// Page kinds a zone of each role may hold.
 fn kind_fits(role: ZoneRole, kind: PageKind) -> bool {
+    if kind == PageKind::Filler {
+        // Unmount fills blocks in every zone that is written to.
+        return !matches!(role, ZoneRole::Free | ZoneRole::Superblock);
+    }
     match role {
         ZoneRole::HotData | ZoneRole::ColdData => matches!(kind, PageKind::DataBlock | PageKind::PackedData),
         ZoneRole::Node => kind == PageKind::Node,

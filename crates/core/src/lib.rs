@@ -27,7 +27,7 @@ pub use fs::{
     CLEAN_IDLE_WATER_ZONES, CLEAN_LOW_WATER_ZONES, CLEAN_ZONES_PER_OPERATION_MAX, LOG_BUFFER_BYTES_MAX,
     LOG_PENDING_BLOCKS_MAX, LOG_RECORD_PAGES_MAX, LOG_ZONES_PER_CHECKPOINT, SCRUB_NAMED_PAGES_MAX, WEAR_SPREAD_MAX,
 };
-pub use protect::ProtectionCounters;
+pub use protect::{Correction, ProtectionCounters};
 pub use volume::{
     mkfs, slots_max, zones_min, MkfsOptions, MountReport, Volume, LOG_HEAD_ROLES, OPEN_ZONES_NEEDED, RESERVE_ZONES,
     ROOT_INO, UNINDEXED_SEGMENTS_DEFAULT,

@@ -81,6 +81,9 @@ pub struct ProtectionCounters {
     /// Erase blocks retired after [`RETIRE_REPAIRS_PER_BLOCK`] of their
     /// pages needed parity.
     pub blocks_retired: u64,
+    /// Reads that came back whole only on a later attempt (read retry):
+    /// noise that a second sensing did not repeat.
+    pub pages_read_again: u64,
 }
 
 /// Distinct pages of one erase block rebuilt from parity, in one mount, after which
@@ -92,6 +95,22 @@ pub const RETIRE_REPAIRS_PER_BLOCK: u32 = 2;
 pub const REFRESH_ZONES_MAX: usize = 256;
 /// Rebuilt pages remembered, to count them per block.
 pub const REPAIRED_PAGES_MAX: usize = 4096;
+
+/// Which layers of correction reads use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Correction {
+    /// The OOB's ECC.
+    pub ecc: bool,
+    /// Block and zone parity.
+    pub parity: bool,
+}
+
+impl Correction {
+    pub const ALL: Correction = Correction { ecc: true, parity: true };
+    /// Detection alone: the CRC and the signature, nothing corrected.
+    pub const NONE: Correction = Correction { ecc: false, parity: false };
+    pub const ECC_ONLY: Correction = Correction { ecc: true, parity: false };
+}
 
 /// What a quick scan of a zone's stripes found, from the OOBs alone.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -185,6 +204,7 @@ pub struct Protected<D: FlashDevice> {
     /// Zones holding a page that needed parity, or a bad parity page: the
     /// cleaner moves their data (read reclaim) when it next runs.
     refresh: BTreeSet<u32>,
+    correction: Correction,
     /// Physical pages (zone, page) rebuilt from parity since the mount
     /// (bounded by [`REPAIRED_PAGES_MAX`]).
     repaired_pages: BTreeSet<(u32, u32)>,
@@ -204,6 +224,7 @@ impl<D: FlashDevice> Protected<D> {
             codes: BTreeMap::new(),
             refresh: BTreeSet::new(),
             repaired_pages: BTreeSet::new(),
+            correction: Correction::ALL,
         }
     }
 
@@ -230,6 +251,12 @@ impl<D: FlashDevice> Protected<D> {
 
     pub fn parity(&self) -> ParityLayout {
         self.parity
+    }
+
+    /// Turns correction layers off for reads (to measure what each one is
+    /// worth); programs still carry everything.
+    pub fn set_correction(&mut self, correction: Correction) {
+        self.correction = correction;
     }
 
     /// Zones whose data should move: a page there needed parity, or a
@@ -386,7 +413,7 @@ impl<D: FlashDevice> Protected<D> {
     /// Tries the ECC on a page that failed its CRC; true if it is now
     /// whole by both the CRC and the signature.
     fn correct_with_ecc(&mut self, data: &mut [u8], oob: &mut [u8]) -> bool {
-        let Some(layout) = self.ecc.clone() else { return false };
+        let Some(layout) = self.ecc.clone().filter(|_| self.correction.ecc) else { return false };
         let correction = protection::correct(data, oob, &layout);
         if correction.bits_corrected == 0 {
             return false;
@@ -482,7 +509,7 @@ impl<D: FlashDevice> Protected<D> {
             if whole(&data, &oob) {
                 return Some(unit_of(&data, &oob));
             }
-            if let Some(layout) = self.ecc.clone() {
+            if let Some(layout) = self.ecc.clone().filter(|_| self.correction.ecc) {
                 let correction = protection::correct(&mut data, &mut oob, &layout);
                 if correction.bits_corrected > 0 && whole(&data, &oob) && protection::signature_matches(&data, &oob) {
                     self.counters.pages_corrected_ecc += 1;
@@ -762,7 +789,74 @@ impl<D: FlashDevice> Protected<D> {
         if let Some(unit) = self.repair_from_block(zone, page, &report) {
             return Some((unit, false));
         }
-        self.repair_from_zone(zone, page, &report).map(|unit| (unit, true))
+        if let Some(unit) = self.repair_from_zone(zone, page, &report) {
+            return Some((unit, true));
+        }
+        self.repair_iteratively(zone, page, &report).map(|unit| (unit, true))
+    }
+
+    /// The last resort, for damage that neither one block's parity nor one
+    /// row of the zone's can undo alone: the zone is a product code (block
+    /// parity down each block, zone parity across each row, both linear, so
+    /// the zone parity blocks' last rows are the block parity of their own
+    /// rows too). Reads the whole zone, then solves every block with at most
+    /// k unknown pages and every row with at most r, over and over, until
+    /// the page asked for is known or nothing more can be solved.
+    fn repair_iteratively(&mut self, zone: u32, page: u32, report: &ZoneReport) -> Option<Vec<u8>> {
+        let shape = self.shape(report.capacity_pages);
+        let zone_code = self.zone_code(shape)?;
+        let block_code = self.block_code(shape)?;
+        if report.write_pointer < shape.good_blocks * shape.block_pages {
+            return None;
+        }
+        let (rows, blocks) = (shape.block_pages as usize, shape.good_blocks as usize);
+        let mut cells: Vec<Option<Vec<u8>>> = Vec::with_capacity(rows * blocks);
+        for block in 0..shape.good_blocks {
+            for row in 0..shape.block_pages {
+                let address = PageAddress::new(zone, block * shape.block_pages + row);
+                cells.push(if block * shape.block_pages + row == page {
+                    None
+                } else {
+                    self.read_unit(address, row >= shape.slots || block >= shape.data_blocks)
+                });
+            }
+        }
+        let target = page as usize;
+        loop {
+            let mut progress = false;
+            for block in 0..blocks {
+                let column = &mut cells[block * rows..(block + 1) * rows];
+                let missing = column.iter().filter(|cell| cell.is_none()).count();
+                if missing == 0 || missing > shape.parity_pages as usize {
+                    continue;
+                }
+                let mut units = column.to_vec();
+                if block_code.reconstruct(&mut units).is_ok() {
+                    column.clone_from_slice(&units);
+                    progress = true;
+                }
+            }
+            for row in 0..rows {
+                let missing = (0..blocks).filter(|block| cells[block * rows + row].is_none()).count();
+                if missing == 0 || missing > shape.parity_blocks as usize {
+                    continue;
+                }
+                let mut units: Vec<Option<Vec<u8>>> =
+                    (0..blocks).map(|block| cells[block * rows + row].clone()).collect();
+                if zone_code.reconstruct(&mut units).is_ok() {
+                    for (block, unit) in units.into_iter().enumerate() {
+                        cells[block * rows + row] = unit;
+                    }
+                    progress = true;
+                }
+            }
+            if cells[target].is_some() {
+                return cells[target].take();
+            }
+            if !progress {
+                return None;
+            }
+        }
     }
 
     /// The data slots written in `block` and where its parity is, if the
@@ -863,14 +957,27 @@ impl<D: FlashDevice> FlashDevice for Protected<D> {
                 Err(error) if error.is_media_failure() => break Err(error),
                 Err(error) => return Err(error),
             };
-            if state == PageState::Erased || PageHeader::decode(oob, data).is_ok() || self.correct_with_ecc(data, oob) {
+            if state == PageState::Erased {
+                // Erased below the write pointer is a lost write (a program
+                // that landed elsewhere): damage, for parity to rebuild.
+                let lost = self.parity_zone(address.zone)
+                    && self.inner.report_zone(address.zone).is_ok_and(|zone| physical.page < zone.write_pointer);
+                if !lost {
+                    return Ok(state);
+                }
+                break Ok(state);
+            }
+            if PageHeader::decode(oob, data).is_ok() || self.correct_with_ecc(data, oob) {
+                if attempt > 1 {
+                    self.counters.pages_read_again += 1;
+                }
                 return Ok(state);
             }
             if attempt >= READ_ATTEMPTS {
                 break Ok(state);
             }
         };
-        if self.parity_zone(address.zone) {
+        if self.parity_zone(address.zone) && self.correction.parity {
             let started_ns = self.inner.now_ns();
             let repaired = self.repair(address.zone, physical.page);
             self.counters.repair_device_time_ns += self.inner.now_ns().saturating_sub(started_ns);
@@ -899,6 +1006,13 @@ impl<D: FlashDevice> FlashDevice for Protected<D> {
             }
         }
         self.counters.pages_unrepairable += 1;
+        tracing::debug!(
+            zone = address.zone,
+            page = address.page,
+            physical_page = physical.page,
+            parity = self.parity_zone(address.zone),
+            "no layer of protection brings the page back"
+        );
         failure
     }
 

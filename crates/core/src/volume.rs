@@ -153,6 +153,9 @@ pub struct Volume<D: FlashDevice> {
     /// that frees space (unlink, rmdir, checkpoints), so a full device can
     /// still be emptied.
     pub(crate) reserve_allowed: bool,
+    /// Set by unmount: the next checkpoint record ends at an erase block's
+    /// end (filler pages before it), so its block's parity is on flash.
+    pub(crate) align_checkpoint: bool,
 }
 
 fn shape_of(device: &impl FlashDevice) -> DeviceShape {
@@ -456,6 +459,11 @@ impl<D: FlashDevice> Volume<D> {
     /// valid checkpoint at the end of the two checkpoint zones, and nothing
     /// whose count grows with the number of files.
     pub fn mount(device: D) -> Result<(Volume<D>, MountReport)> {
+        Volume::mount_correcting(device, crate::protect::Correction::ALL)
+    }
+
+    /// [`Volume::mount`] with only some correction layers on reads.
+    pub fn mount_correcting(device: D, correction: crate::protect::Correction) -> Result<(Volume<D>, MountReport)> {
         let geometry = device.geometry();
         if !oob_fits(&geometry) {
             return Err(Error::corrupt(format!(
@@ -466,6 +474,7 @@ impl<D: FlashDevice> Volume<D> {
             )));
         }
         let mut device = Protected::new(device);
+        device.set_correction(correction);
         let mut report = MountReport::default();
         let mut superblock = None;
         let mut reasons = Vec::new();
@@ -582,6 +591,7 @@ impl<D: FlashDevice> Volume<D> {
             undeclared_zones_taken: 0,
             program_failures: 0,
             reserve_allowed: false,
+            align_checkpoint: false,
         };
         Ok((volume, report))
     }
@@ -660,6 +670,33 @@ impl<D: FlashDevice> Volume<D> {
             usage.generation = usage.generation.wrapping_add(1);
             write_pointer = 0;
         }
+        // At unmount the record ends at a block's end, so the block's parity
+        // follows it at once: fillers before it take up the difference.
+        let slots = geometry.block_pages;
+        let capacity = self.device.report_zone(zone)?.capacity_pages;
+        let fillers = if self.align_checkpoint { (slots - (write_pointer + page_count) % slots) % slots } else { 0 };
+        let fillers = if write_pointer + fillers + page_count <= capacity { fillers } else { 0 };
+        let generation = next.zones[zone as usize].generation;
+        let empty = vec![0u8; geometry.page_size_bytes as usize];
+        for index in 0..fillers {
+            // Spent before it is programmed, as the record's are below.
+            let sequence = next.sequence_next;
+            next.sequence_next += 1;
+            self.checkpoint.sequence_next = next.sequence_next;
+            let header = PageHeader {
+                kind: PageKind::Filler,
+                end_of_record: false,
+                zone_generation: generation,
+                sequence,
+                zone,
+                page: write_pointer + index,
+                inverted: InvertedIndex::default(),
+                length: 0,
+                count: 0,
+            };
+            program(&mut self.device, PageAddress::new(zone, write_pointer + index), &header, &empty)?;
+        }
+        let write_pointer = write_pointer + fillers;
         // The record's sequences are spent before it is programmed, so a
         // failure part way never lets a later page reuse one.
         next.sequence_next += u64::from(page_count);

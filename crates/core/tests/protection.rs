@@ -20,17 +20,6 @@ fn geometry() -> Geometry {
     }
 }
 
-/// A raw bit error rate that is the same for every block at every age.
-fn flat_bit_errors(rate: f64) -> BitErrorModel {
-    BitErrorModel {
-        fresh_rate: rate,
-        wear_rate_at_endurance: 0.0,
-        wear_exponent: 1.0,
-        retention_growth_per_year: 0.0,
-        read_disturb_rate_per_read: 0.0,
-    }
-}
-
 fn contents(index: u32) -> Vec<u8> {
     (0..(index as usize % 7 + 1) * 5000).map(|byte| (byte as u32 * 31 + index) as u8).collect()
 }
@@ -39,7 +28,7 @@ fn contents(index: u32) -> Vec<u8> {
 /// reads it all back, and returns the protection counters of the reads.
 fn round_trip(rate: f64, seed: u64) -> ProtectionCounters {
     let clock = ManualClock::new(1_700_000_000_000_000_000);
-    let faults = FaultConfig { bit_errors: Some(flat_bit_errors(rate)), ..FaultConfig::none(seed) };
+    let faults = FaultConfig { bit_errors: Some(BitErrorModel::flat(rate)), ..FaultConfig::none(seed) };
     let flash = MemoryFlash::memory(geometry(), DeviceOptions { faults, ..DeviceOptions::default() }).unwrap();
     let flash = write_tree(flash, &clock);
     read_back(flash, clock, seed)
@@ -158,16 +147,7 @@ fn an_erase_block_lost_whole_is_rebuilt_from_zone_parity() {
     let mut flash = write_tree(flash, &clock);
     let geometry = flash.geometry();
     // A zone written full: its zone parity is on flash.
-    let full: Vec<u32> = flash
-        .report_zones()
-        .iter()
-        .filter(|report| {
-            report.state == ZoneState::Full
-                && report.write_pointer == report.capacity_pages
-                && !SUPERBLOCK_ZONES.contains(&report.zone)
-        })
-        .map(|report| report.zone)
-        .collect();
+    let full = full_zones(&flash);
     assert!(full.len() >= 2, "zones written full: {full:?}");
     for (index, &zone) in full.iter().enumerate() {
         let block = index as u32 % (geometry.zone_blocks - 1);
@@ -179,6 +159,46 @@ fn an_erase_block_lost_whole_is_rebuilt_from_zone_parity() {
     eprintln!("{counters:?}");
     assert!(counters.pages_repaired_zone_parity > 10, "{counters:?}");
     assert_eq!(counters.pages_unrepairable, 0, "{counters:?}");
+}
+
+#[test]
+fn damage_that_neither_a_block_nor_a_row_undoes_alone_is_solved_by_iterating_over_both() {
+    let clock = ManualClock::new(1_700_000_000_000_000_000);
+    let flash = MemoryFlash::memory(geometry(), DeviceOptions::default()).unwrap();
+    let mut flash = write_tree(flash, &clock);
+    let geometry = flash.geometry();
+    let full = full_zones(&flash);
+    assert!(!full.is_empty());
+    // In every full zone, rows 0 and 1 of block 0 and rows 0 and 2 of block
+    // 1: each block has two pages lost (k = 1) and row 0 two blocks (r = 1),
+    // so neither block parity nor row 0 (nor row 0 with block parity under
+    // it) brings page 0 back; rows 1 and 2 give each block one page back
+    // first.
+    for (index, &zone) in full.iter().enumerate() {
+        for page in [0, 1, geometry.block_pages, geometry.block_pages + 2] {
+            let fault = destroyed(u64::from(page) + 1000 * index as u64);
+            assert!(flash.inject_page_fault(PageAddress::new(zone, page), fault).unwrap());
+        }
+    }
+    let counters = read_back(flash, clock, 0);
+    eprintln!("{counters:?}");
+    assert_eq!(counters.pages_unrepairable, 0, "{counters:?}");
+    assert!(counters.pages_repaired_zone_parity >= full.len() as u64, "{counters:?}");
+}
+
+/// Zones written to their end (so their zone parity is on flash), but for
+/// the superblock's.
+fn full_zones(flash: &MemoryFlash) -> Vec<u32> {
+    flash
+        .report_zones()
+        .iter()
+        .filter(|report| {
+            report.state == ZoneState::Full
+                && report.write_pointer == report.capacity_pages
+                && !SUPERBLOCK_ZONES.contains(&report.zone)
+        })
+        .map(|report| report.zone)
+        .collect()
 }
 
 fn damaged_tree() -> (MemoryFlash, ManualClock) {

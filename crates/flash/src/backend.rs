@@ -101,6 +101,9 @@ pub enum PageFault {
     /// The medium holds exactly these bytes (data then OOB): the result of a
     /// misdirected write over-programming this page.
     Stored { media: Box<[u8]> },
+    /// The cells no longer sense: every read of the page fails (a whole-page
+    /// read failure that a retry does not cure).
+    Unreadable,
 }
 
 /// The fault overlay: physical page index to what the medium really holds.

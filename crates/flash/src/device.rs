@@ -28,6 +28,8 @@ const _: () = assert!(WRITE_BUFFER_PAGES_DEFAULT <= WRITE_BUFFER_PAGES_MAX);
 
 /// Salt that separates the factory bad block draw from the runtime stream.
 const FACTORY_BAD_BLOCK_SALT: u64 = 0xBAD_B10C;
+/// Seeds the stored share of the bit errors, apart from every other draw.
+const STORED_BIT_ERROR_SALT: u64 = 0x5701_2ED0_B175;
 
 /// How the emulator behaves; nothing here is stored in an image.
 #[derive(Clone, Debug, PartialEq)]
@@ -380,6 +382,15 @@ impl<B: Backend> FlashEmulator<B> {
         &self.options
     }
 
+    /// Replaces the injected faults from here on (a device that ages, or
+    /// one whose faults start after it was formatted). The random stream
+    /// goes on from where it is, so a run stays a function of its seeds.
+    pub fn set_faults(&mut self, faults: FaultConfig) -> Result<()> {
+        faults.validate()?;
+        self.options.faults = faults;
+        Ok(())
+    }
+
     /// Counters since the device was created (for an image: across every
     /// process that opened it).
     pub fn lifetime_counters(&self) -> Counters {
@@ -641,6 +652,9 @@ impl<B: Backend> FlashEmulator<B> {
                 data.copy_from_slice(&media[..data.len()]);
                 oob.copy_from_slice(&media[data.len()..]);
             }
+            // A read never returns its bytes (read_common fails first); what
+            // the cells hold is left as programmed for anything else.
+            Some(PageFault::Unreadable) => {}
         }
         let block = physical / u64::from(self.geometry.block_pages);
         if let Some(seed) = self.blocks[block as usize].interrupted_erase_seed {
@@ -710,6 +724,10 @@ impl<B: Backend> FlashEmulator<B> {
                 &mut scratch_data
             }
         };
+        if matches!(self.overlay.get(&physical), Some(PageFault::Unreadable)) {
+            self.clock.read(block, bytes);
+            return Err(DeviceError::ReadFailed { address, block });
+        }
         if self.has_media_fault(block, physical) {
             let (mut whole_data, mut whole_oob) = self.pristine(physical)?;
             self.apply_media_faults(physical, &mut whole_data, &mut whole_oob);
@@ -734,11 +752,27 @@ impl<B: Backend> FlashEmulator<B> {
         }
         let rate = self.raw_bit_error_rate(block);
         if rate > 0.0 {
+            // The stored share is drawn from the page and its block's erase
+            // count alone, so every read of this program meets the same bits
+            // (charge that has leaked); the rest is fresh noise per read.
+            let stored_rate = rate * self.options.faults.stored_bit_error_fraction;
+            let noise_rate = rate - stored_rate;
             let mut flips = 0;
-            if full {
-                flips += flip_bits(data_target, rate, &mut self.rng);
+            if stored_rate > 0.0 {
+                let seed = self.options.faults.seed
+                    ^ STORED_BIT_ERROR_SALT
+                    ^ u64::from(self.blocks[block as usize].erase_count).rotate_left(40);
+                if full {
+                    flips += flip_bits(data_target, stored_rate, &mut fault_rng(seed, physical, 0));
+                }
+                flips += flip_bits(oob, stored_rate, &mut fault_rng(seed, physical, 1));
             }
-            flips += flip_bits(oob, rate, &mut self.rng);
+            if noise_rate > 0.0 {
+                if full {
+                    flips += flip_bits(data_target, noise_rate, &mut self.rng);
+                }
+                flips += flip_bits(oob, noise_rate, &mut self.rng);
+            }
             bump(&mut self.lifetime.bit_flips_injected, flips);
         }
         Ok(PageState::Programmed)

@@ -67,6 +67,18 @@ impl BitErrorModel {
         }
     }
 
+    /// A raw bit error rate that stays where it is, whatever the wear, the
+    /// age and the reads (for measuring a code at one rate).
+    pub fn flat(rate: f64) -> BitErrorModel {
+        BitErrorModel {
+            fresh_rate: rate,
+            wear_rate_at_endurance: 0.0,
+            wear_exponent: 1.0,
+            retention_growth_per_year: 0.0,
+            read_disturb_rate_per_read: 0.0,
+        }
+    }
+
     /// The rate at a given state of a block.
     pub fn rate(&self, erase_count: u32, endurance_cycles: u32, age_ns: u64, reads_since_erase: u32) -> f64 {
         let wear_fraction = f64::from(erase_count) / f64::from(endurance_cycles.max(1));
@@ -91,6 +103,10 @@ pub struct FaultConfig {
     pub endurance_cycles: u32,
     /// Bit flips injected on read (never stored: the pristine data stays).
     pub bit_errors: Option<BitErrorModel>,
+    /// The share of the bit error rate that every read of a page meets in
+    /// the same bits (retention loss, which a re-read does not cure); the
+    /// rest is noise drawn afresh on each read. 0 is all noise.
+    pub stored_bit_error_fraction: f64,
     /// Probability that one page read fails outright (uncorrectable).
     pub read_failure_probability: f64,
     /// Probability that a program fails and grows a bad block, at rated
@@ -140,6 +156,7 @@ impl FaultConfig {
             seed,
             endurance_cycles: CellType::Mlc.endurance_cycles(),
             bit_errors: None,
+            stored_bit_error_fraction: 0.0,
             read_failure_probability: 0.0,
             program_failure_probability_at_endurance: 0.0,
             erase_failure_probability_at_endurance: 0.0,
@@ -172,6 +189,7 @@ impl FaultConfig {
             seed,
             endurance_cycles,
             bit_errors: Some(bit_errors),
+            stored_bit_error_fraction: 0.0,
             read_failure_probability: 1e-7,
             program_failure_probability_at_endurance: 1e-5,
             erase_failure_probability_at_endurance: 1e-4,
@@ -199,6 +217,7 @@ impl FaultConfig {
     pub fn validate(&self) -> crate::Result<()> {
         let probabilities = [
             ("read_failure_probability", self.read_failure_probability),
+            ("stored_bit_error_fraction", self.stored_bit_error_fraction),
             ("program_failure_probability_at_endurance", self.program_failure_probability_at_endurance),
             ("erase_failure_probability_at_endurance", self.erase_failure_probability_at_endurance),
             ("misdirected_write_probability", self.misdirected_write_probability),

@@ -55,6 +55,7 @@ const OVERLAY_KIND_TORN: u8 = 1;
 const OVERLAY_KIND_LOST_WRITE: u8 = 2;
 const OVERLAY_KIND_DISTURBED: u8 = 3;
 const OVERLAY_KIND_STORED: u8 = 4;
+const OVERLAY_KIND_UNREADABLE: u8 = 5;
 
 const BLOCK_FLAG_BAD: u8 = 1;
 const BLOCK_FLAG_EXCLUDED: u8 = 2;
@@ -370,6 +371,7 @@ pub fn encode_overlay(overlay: &Overlay, generation_of: &dyn Fn(u64) -> u32) -> 
             PageFault::LostWrite => (OVERLAY_KIND_LOST_WRITE, 0, 0),
             PageFault::Disturbed { seed, rate_ppm } => (OVERLAY_KIND_DISTURBED, *rate_ppm, *seed),
             PageFault::Stored { .. } => (OVERLAY_KIND_STORED, 0, 0),
+            PageFault::Unreadable => (OVERLAY_KIND_UNREADABLE, 0, 0),
         };
         entry[8] = kind;
         put_u32(&mut entry, 12, rate_ppm);
@@ -410,6 +412,7 @@ pub fn decode_overlay(
         let fault = match entry[8] {
             OVERLAY_KIND_TORN => PageFault::Torn { seed },
             OVERLAY_KIND_LOST_WRITE => PageFault::LostWrite,
+            OVERLAY_KIND_UNREADABLE => PageFault::Unreadable,
             OVERLAY_KIND_DISTURBED if rate_ppm <= 1_000_000 => PageFault::Disturbed { seed, rate_ppm },
             OVERLAY_KIND_STORED => {
                 stored += 1;

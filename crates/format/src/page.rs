@@ -34,6 +34,10 @@ pub enum PageKind {
     /// A metadata page of the namespace or an index (its own header in the
     /// data says which).
     Node,
+    /// Nothing: written at unmount to fill an erase block's last data
+    /// slots, so that its parity goes to flash and no page is left with
+    /// the ECC alone. Its data is zero and its length 0.
+    Filler,
 }
 
 impl PageKind {
@@ -45,6 +49,7 @@ impl PageKind {
             PageKind::PackedData => 4,
             PageKind::DataBlock => 5,
             PageKind::Node => 6,
+            PageKind::Filler => 7,
         }
     }
 
@@ -56,6 +61,7 @@ impl PageKind {
             4 => PageKind::PackedData,
             5 => PageKind::DataBlock,
             6 => PageKind::Node,
+            7 => PageKind::Filler,
             _ => return None,
         })
     }

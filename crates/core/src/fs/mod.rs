@@ -124,6 +124,9 @@ pub struct FsOptions {
     /// Whether fsync issues a flush. Off (`nobarrier`) only for devices
     /// whose write buffer survives power loss.
     pub barrier: bool,
+    /// Which correction layers reads use. All of them, except to measure
+    /// what each one is worth (the fault atlas).
+    pub correction: crate::protect::Correction,
 }
 
 impl Default for FsOptions {
@@ -135,6 +138,7 @@ impl Default for FsOptions {
             checkpoint_interval_ns: CHECKPOINT_INTERVAL_NS_DEFAULT,
             fsync_mode: FsyncMode::WpCheck,
             barrier: true,
+            correction: crate::protect::Correction::ALL,
         }
     }
 }
@@ -199,6 +203,8 @@ pub struct FsCounters {
     pub chunks_written: u64,
     pub data_pages_read: u64,
     pub read_cache_hits: u64,
+    /// Filler pages unmount wrote to close the heads' open blocks.
+    pub pages_padded_at_unmount: u64,
 }
 
 /// A mounted flintfs.
@@ -257,7 +263,7 @@ impl<D: FlashDevice> Fs<D> {
     /// leaves it at its last checkpoint.
     pub fn mount(device: D, options: FsOptions, clock: Box<dyn Clock>) -> Result<(Fs<D>, MountReport)> {
         options.validate(device.geometry().page_size_bytes)?;
-        let (volume, report) = Volume::mount(device)?;
+        let (volume, report) = Volume::mount_correcting(device, options.correction)?;
         if volume.checkpoint.tree.slot_count == 0 {
             return Err(Error::corrupt("the checkpoint has no root directory: the format did not finish"));
         }
@@ -428,7 +434,21 @@ impl<D: FlashDevice> Fs<D> {
         for ino in orphans {
             self.delete_orphan(ino)?;
         }
-        self.checkpoint()
+        self.checkpoint()?;
+        // Close the open stripes: every head's block filled to its end, so
+        // its parity is on flash, then one more checkpoint (recording the
+        // heads there) whose record ends at a block's end too. What unmount
+        // leaves is protected whole.
+        if self.volume.device.parity().block_parity_pages > 0 {
+            let padded = self.volume.pad_heads_to_block_ends()?;
+            self.counters.pages_padded_at_unmount += padded;
+            self.changed = true;
+            self.volume.align_checkpoint = true;
+            let result = self.checkpoint();
+            self.volume.align_checkpoint = false;
+            result?;
+        }
+        Ok(())
     }
 
     pub fn volume(&self) -> &Volume<D> {
