@@ -32,6 +32,14 @@ pub struct AtlasArguments {
     /// Seeds every fault and every file's contents.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    /// Instead of the table: fill a device of this size with files, then
+    /// read all of them back this many times (`--passes`), remounting
+    /// between passes, at the end-of-life bit error rate of the `mlc-eol`
+    /// preset, with the default protection.
+    #[arg(long, value_name = "SIZE", value_parser = crate::image::parse_size)]
+    pub soak: Option<u64>,
+    #[arg(long, default_value_t = 10)]
+    pub passes: u32,
 }
 
 /// A protection level: the layout mkfs writes and the layers reads use.
@@ -299,7 +307,160 @@ fn inject(device: &mut MemoryFlash, fault: Fault, seed: u64) -> Outcome<u64> {
     Ok(damaged)
 }
 
+/// What a 3.4e-4 raw bit error rate does to the default ECC alone: the
+/// chance that a page has more errors than it corrects (Poisson), and the
+/// OOB a layout of the same shape needs for one failure in 10^9 reads.
+fn ecc_analysis(rate: f64) -> String {
+    let geometry = Geometry::default();
+    let Some(layout) = flintfs_format::protection::EccLayout::for_geometry(
+        geometry.page_size_bytes as usize,
+        geometry.oob_size_bytes as usize,
+    ) else {
+        return "the default OOB holds no ECC".to_string();
+    };
+    let page_failure = |codewords: usize, correctable: u32| {
+        let bits =
+            (layout.stream_bytes as f64 * 8.0 + f64::from(correctable) * 16.0 * codewords as f64) / codewords as f64;
+        let mean = bits * rate;
+        // P(X > t) for X ~ Poisson(mean), summed from the low side.
+        let mut term = (-mean).exp();
+        let mut at_most = term;
+        for count in 1..=correctable {
+            term *= mean / f64::from(count);
+            at_most += term;
+        }
+        let codeword: f64 = (1.0 - at_most).max(0.0);
+        1.0 - (1.0 - codeword).powi(codewords as i32)
+    };
+    let failure = page_failure(layout.codewords, layout.correctable_bits());
+    let needed = (1..=64u32).find(|&correctable| page_failure(layout.codewords, correctable) < 1e-9);
+    format!(
+        "ECC on the default page: {} codeword(s) of t = {} over GF(2^{}) in {} OOB bytes; at {rate:.1e} raw a page \
+         has more errors than that in {:.1e} of its reads (Poisson); one in 10^9 needs t = {} ({} OOB bytes)",
+        layout.codewords,
+        layout.correctable_bits(),
+        layout.field_bits(),
+        layout.oob_bytes(),
+        failure,
+        needed.map_or("more than 64".to_string(), |t| t.to_string()),
+        needed.map_or("-".to_string(), |t| (72 + (t as usize * 16).div_ceil(8) * layout.codewords).to_string()),
+    )
+}
+
+/// The end-of-life soak: `size` bytes of files read `passes` times.
+fn soak(arguments: &AtlasArguments, size: u64) -> Outcome<ExitCode> {
+    let default = Geometry::default();
+    let zone_bytes =
+        u64::from(default.page_size_bytes) * u64::from(default.block_pages) * u64::from(default.zone_blocks);
+    let geometry = Geometry { zone_count: u32::try_from(size / zone_bytes).unwrap_or(u32::MAX), ..Geometry::default() };
+    let clock = ManualClock::new(1_700_000_000_000_000_000);
+    let device = MemoryFlash::memory(geometry, DeviceOptions::default())?;
+    let device =
+        Fs::format(device, &MkfsOptions::new([9; 16], 0), Box::new(clock.clone())).map_err(|error| error.message)?;
+    let (mut fs, _) =
+        Fs::mount(device, FsOptions::default(), Box::new(clock.clone())).map_err(|error| error.message)?;
+    // Files of 1 MiB until nine tenths of the free space is used.
+    const FILE_BYTES: u64 = 1 << 20;
+    let statfs = fs.statfs()?;
+    let files = (statfs.blocks_available * u64::from(statfs.block_size) / 10 * 9 / FILE_BYTES) as u32;
+    let bar = indicatif::ProgressBar::new(u64::from(files) * u64::from(arguments.passes + 1));
+    let contents = |index: u32| {
+        let mut state = arguments.seed ^ u64::from(index).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        (0..FILE_BYTES / 8)
+            .flat_map(|_| {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                state.to_le_bytes()
+            })
+            .collect::<Vec<u8>>()
+    };
+    let mut directory = 0;
+    for index in 0..files {
+        if index % FILES_PER_DIRECTORY == 0 {
+            directory = fs.mkdir(1, format!("d{}", index / FILES_PER_DIRECTORY).as_bytes(), 0o755, 0, 0)?.ino;
+        }
+        let file = fs.create(directory, format!("f{index}").as_bytes(), 0o644, 0, 0)?;
+        fs.write(file.ino, 0, &contents(index))?;
+        fs.forget(file.ino, 1)?;
+        bar.inc(1);
+    }
+    let mut device = fs.unmount()?;
+    let faults = FaultConfig::named("mlc-eol", arguments.seed).expect("a preset");
+    let rate = faults.bit_errors.map_or(0.0, |model| model.fresh_rate);
+    device.set_faults(faults)?;
+    let mut totals = ProtectionCounters::default();
+    let (mut bits_flipped, mut pages_read, mut silent, mut eio) = (0u64, 0u64, 0u64, 0u64);
+    for _ in 0..arguments.passes {
+        let before = device.counters();
+        let (mut fs, _) =
+            Fs::mount(device, FsOptions::default(), Box::new(clock.clone())).map_err(|error| error.message)?;
+        for index in 0..files {
+            let directory = format!("d{}", index / FILES_PER_DIRECTORY);
+            let read = fs
+                .lookup(1, directory.as_bytes())
+                .and_then(|directory| fs.lookup(directory.ino, format!("f{index}").as_bytes()))
+                .and_then(|file| fs.read(file.ino, 0, FILE_BYTES));
+            match read {
+                Ok(bytes) if bytes == contents(index) => {}
+                Ok(_) => silent += 1,
+                Err(_) => eio += 1,
+            }
+            bar.inc(1);
+        }
+        let counters = fs.protection_counters();
+        totals.pages_corrected_ecc += counters.pages_corrected_ecc;
+        totals.bits_corrected_ecc += counters.bits_corrected_ecc;
+        totals.pages_read_again += counters.pages_read_again;
+        totals.pages_repaired_block_parity += counters.pages_repaired_block_parity;
+        totals.pages_repaired_zone_parity += counters.pages_repaired_zone_parity;
+        totals.pages_unrepairable += counters.pages_unrepairable;
+        device = fs.unmount()?;
+        let spent = device.counters().since(&before);
+        bits_flipped += spent.bit_flips_injected;
+        pages_read += spent.pages_read;
+    }
+    bar.finish_and_clear();
+    let value = serde_json::json!({
+        "device_bytes": geometry.device_size_bytes(),
+        "files": files,
+        "file_bytes": FILE_BYTES,
+        "passes": arguments.passes,
+        "raw_bit_error_rate": rate,
+        "pages_read": pages_read,
+        "bits_flipped": bits_flipped,
+        "pages_corrected_ecc": totals.pages_corrected_ecc,
+        "bits_corrected_ecc": totals.bits_corrected_ecc,
+        "pages_read_again": totals.pages_read_again,
+        "pages_repaired_block_parity": totals.pages_repaired_block_parity,
+        "pages_repaired_zone_parity": totals.pages_repaired_zone_parity,
+        "pages_unrepairable": totals.pages_unrepairable,
+        "files_eio": eio,
+        "files_silent": silent,
+    });
+    if arguments.json {
+        println!("{value}");
+    } else {
+        println!(
+            "end-of-life soak, seed {}: {} files of 1 MiB on {} MiB of emulated flash, read {} times (mlc-eol: {rate:.1e} raw, \
+             nine tenths of it stored), default protection",
+            arguments.seed,
+            files,
+            geometry.device_size_bytes() >> 20,
+            arguments.passes
+        );
+        for (name, value) in value.as_object().expect("an object") {
+            println!("  {name:<28} {value}");
+        }
+        println!("  {}", ecc_analysis(rate));
+    }
+    Ok(if silent == 0 && eio == 0 && totals.pages_unrepairable == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+}
+
 pub fn atlas(arguments: AtlasArguments) -> Outcome<ExitCode> {
+    if let Some(size) = arguments.soak {
+        return soak(&arguments, size);
+    }
     let modes = modes();
     let mut rows = Vec::new();
     let bar = indicatif::ProgressBar::new((modes.len() * LEVELS.len()) as u64);
@@ -387,6 +548,8 @@ pub fn atlas(arguments: AtlasArguments) -> Outcome<ExitCode> {
             "RCFFS (EMSOFT'09, 5.3): every damaged page repaired whatever its bit count; 24.7 ms to repair from \
              block parity, 57 ms from segment parity"
         );
+        let rate = BitErrorModel::mlc().rate(3000, 3000, 365 * 24 * 3600 * 1_000_000_000, 0);
+        println!("{}", ecc_analysis(rate));
     }
     Ok(if silent == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE })
 }

@@ -20,7 +20,7 @@ use clap::Args;
 use flintfs_core::{FsOptions, FsyncMode};
 use flintfs_flash::{Counters, FlashDevice};
 
-use crate::device::{open_device, Device};
+use crate::device::{open_device, open_device_with, Device};
 use flintfs_fuse::{FlintFuse, Shared};
 
 use crate::image::{mount_fs, parse_size, IMAGE_WAIT};
@@ -43,7 +43,10 @@ pub struct MountArguments {
     #[arg(short = 'f', long)]
     pub foreground: bool,
     /// Options: node_cache=SIZE, data_buffer=SIZE, read_cache=SIZE,
-    /// checkpoint_interval=SECONDS, fsync=wp-check|ordered|unchecked,
+    /// checkpoint_interval=SECONDS, scrub_rate=PAGES (pages a second the
+    /// idle-time scrub reads; 0 turns it off), faults=PRESET|FILE (aging
+    /// flash from the emulator: see mkfs --faults), fault_seed=N,
+    /// fsync=wp-check|ordered|unchecked,
     /// nobarrier, allow_other (the default for root), private or
     /// noallow_other (only the mounting user; mount(8) keeps `private` for
     /// itself, so fstab says noallow_other), the kernel's ro, rw, nosuid, suid, nodev, dev,
@@ -60,6 +63,9 @@ pub struct MountArguments {
 /// What `-o` chose.
 struct MountOptions {
     fs: FsOptions,
+    /// `faults=`: the emulator injects these while mounted.
+    faults: Option<String>,
+    fault_seed: u64,
     /// Whether users other than the one who mounted may use the mount.
     /// Root mounts a system file system: every user reaches it, as on
     /// ext4, and the kernel checks each one's permissions
@@ -85,7 +91,13 @@ pub fn is_mount_program_option(name: &str) -> bool {
 fn parse_options(options: &[String]) -> Outcome<MountOptions> {
     // SAFETY: geteuid has no preconditions.
     let root = unsafe { libc::geteuid() } == 0;
-    let mut parsed = MountOptions { fs: FsOptions::default(), allow_other: root, kernel_flags: Vec::new() };
+    let mut parsed = MountOptions {
+        fs: FsOptions::default(),
+        faults: None,
+        fault_seed: crate::faults::FAULT_SEED_DEFAULT,
+        allow_other: root,
+        kernel_flags: Vec::new(),
+    };
     for option in options.iter().filter(|option| !option.is_empty()) {
         let (name, value) = match option.split_once('=') {
             Some((name, value)) => (name, Some(value)),
@@ -100,6 +112,22 @@ fn parse_options(options: &[String]) -> Outcome<MountOptions> {
             "node_cache" => parsed.fs.node_cache_bytes = size(value)?,
             "data_buffer" => parsed.fs.data_buffer_bytes = size(value)?,
             "read_cache" => parsed.fs.read_cache_bytes = size(value)?,
+            "faults" => {
+                let spec = value.ok_or_else(|| Failure("option faults needs a preset or a TOML file".to_string()))?;
+                // Checked now, so a bad name fails the mount command itself.
+                crate::faults::parse_faults(spec, parsed.fault_seed)?;
+                parsed.faults = Some(spec.to_string());
+            }
+            "fault_seed" => {
+                parsed.fault_seed = value
+                    .and_then(|value| value.parse().ok())
+                    .ok_or_else(|| Failure("option fault_seed needs a whole number".to_string()))?;
+            }
+            "scrub_rate" => {
+                parsed.fs.scrub_pages_per_second = value
+                    .and_then(|value| value.parse().ok())
+                    .ok_or_else(|| Failure("option scrub_rate needs whole pages a second (0: no idle scrub)".to_string()))?;
+            }
             "checkpoint_interval" => {
                 let seconds: u64 = value
                     .and_then(|value| value.parse().ok())
@@ -130,7 +158,7 @@ fn parse_options(options: &[String]) -> Outcome<MountOptions> {
             "nobarrier" if value.is_none() => parsed.fs.barrier = false,
             _ => fail!(
                 "unknown mount option {option:?} (known: node_cache=SIZE, data_buffer=SIZE, read_cache=SIZE, \
-                 checkpoint_interval=SECONDS, fsync=wp-check|ordered|unchecked, nobarrier, allow_other, private, noallow_other, \
+                 checkpoint_interval=SECONDS, scrub_rate=PAGES, faults=PRESET|FILE, fault_seed=N, fsync=wp-check|ordered|unchecked, nobarrier, allow_other, private, noallow_other, \
                  and the kernel's {})",
                 flintfs_fuse::KERNEL_FLAGS.join(", ")
             ),
@@ -304,7 +332,11 @@ fn run_daemon(arguments: MountArguments) -> Outcome<ExitCode> {
     {
         fail!("{}: in use: mounted at {}", arguments.image.display(), mount_point.display());
     }
-    let device = open_device(&arguments.image, IMAGE_WAIT)?;
+    let faults = match &options.faults {
+        Some(spec) => Some(crate::faults::parse_faults(spec, options.fault_seed)?),
+        None => None,
+    };
+    let device = open_device_with(&arguments.image, IMAGE_WAIT, faults)?;
     let baseline = device.counters();
     let (fs, report) = mount_fs(device, options.fs)?;
     let shared = Shared::new(fs);
@@ -494,17 +526,21 @@ fn serve_control(
         let words: Vec<&str> = line.split_whitespace().collect();
         let mut cutting = false;
         let answer = match words.as_slice() {
-            ["stat"] => match shared.with(|fs| (fs.device().counters(), fs.protection_counters())) {
-                Some((counters, protection)) => {
-                    let mut value = counters_json(&counters.since(&baseline), Some(mount_pages_read));
-                    for (name, count) in protection_fields(&protection) {
-                        value[name] = count.into();
+            ["stat"] => {
+                match shared.with(|fs| (fs.device().counters(), fs.protection_counters(), fs.counters().clone())) {
+                    Some((counters, protection, engine)) => {
+                        let mut value = counters_json(&counters.since(&baseline), Some(mount_pages_read));
+                        for (name, count) in protection_fields(&protection) {
+                            value[name] = count.into();
+                        }
+                        value["pages_scrubbed_in_background"] = engine.pages_scrubbed_in_background.into();
+                        value["scrub_passes_finished"] = engine.scrub_passes_finished.into();
+                        value["pid"] = std::process::id().into();
+                        value.to_string()
                     }
-                    value["pid"] = std::process::id().into();
-                    value.to_string()
+                    None => "error the file system is stopping".to_string(),
                 }
-                None => "error the file system is stopping".to_string(),
-            },
+            }
             ["scrub", mode @ ..] if mode.is_empty() || mode == ["quick"] => {
                 match shared.with(|fs| fs.scrub(!mode.is_empty())) {
                     None => "error the file system is stopping".to_string(),

@@ -69,18 +69,27 @@ impl Device {
 /// (a daemon finishing its unmount) to let go of it. Says clearly when the
 /// path is missing, of the wrong kind, or not flintfs.
 pub fn open_device(path: &Path, wait: Duration) -> Outcome<Device> {
+    open_device_with(path, wait, None)
+}
+
+/// [`open_device`], with faults injected (the emulator only).
+pub fn open_device_with(path: &Path, wait: Duration, faults: Option<flintfs_flash::FaultConfig>) -> Outcome<Device> {
     use std::os::unix::fs::FileTypeExt;
     let metadata = std::fs::metadata(path).map_err(|error| format!("{}: {error}", path.display()))?;
     if !metadata.is_file() && !metadata.file_type().is_block_device() {
         fail!("{}: not an image file or a block device", path.display());
     }
     let block = BlockFlash::probe(path);
+    if block && faults.is_some() {
+        fail!("{}: faults are injected by the emulator; a block device has its own", path.display());
+    }
+    let options = DeviceOptions { faults: faults.unwrap_or_default(), ..DeviceOptions::default() };
     let start = Instant::now();
     loop {
         let opened = if block {
             BlockFlash::open(path).map(Device::Block)
         } else {
-            ImageFlash::open_image(path, DeviceOptions::default()).map(Device::Image)
+            ImageFlash::open_image(path, options.clone()).map(Device::Image)
         };
         match opened {
             Ok(device) => return Ok(device),

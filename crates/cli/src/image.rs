@@ -80,6 +80,15 @@ pub struct MkfsArguments {
     /// zones of 4 blocks or more.
     #[arg(long, value_name = "R")]
     pub zone_parity: Option<u32>,
+    /// Make the image on aging flash: a preset (slc-fresh, mlc-fresh,
+    /// mlc-midlife, mlc-eol, read-disturb, bad-blocks, misdirected) or a
+    /// TOML file. Factory bad blocks are drawn now, once; the rest applies
+    /// while mkfs writes (a mount takes -o faults= for its own).
+    #[arg(long, value_name = "PRESET|FILE")]
+    pub faults: Option<String>,
+    /// The seed of every fault --faults injects.
+    #[arg(long, default_value_t = crate::faults::FAULT_SEED_DEFAULT)]
+    pub fault_seed: u64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -193,7 +202,11 @@ pub fn mkfs(arguments: MkfsArguments) -> Outcome<ExitCode> {
         drop(file);
         std::fs::remove_file(path).map_err(|error| format!("{}: removing: {error}", path.display()))?;
     }
-    let device = ImageFlash::create_image(path, geometry, DeviceOptions::default())?;
+    let faults = match &arguments.faults {
+        Some(spec) => crate::faults::parse_faults(spec, arguments.fault_seed)?,
+        None => flintfs_flash::FaultConfig::none(arguments.fault_seed),
+    };
+    let device = ImageFlash::create_image(path, geometry, DeviceOptions { faults, ..DeviceOptions::default() })?;
     let options = mkfs_options(&arguments)?;
     let clock = Box::new(flintfs_fuse::SystemClock);
     let device = Fs::format(device, &options, clock).map_err(|error| format!("mkfs: {}", error.message))?;

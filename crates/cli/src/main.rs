@@ -10,6 +10,7 @@ mod crashtest;
 mod daemon;
 mod demo;
 mod device;
+mod faults;
 mod image;
 mod inspect;
 

@@ -748,6 +748,58 @@ impl<D: FlashDevice> Protected<D> {
         Ok(())
     }
 
+    /// After an unclean stop: a zone whose finish was cut short after its
+    /// tail parity (the k pages right after a partial block's data) went
+    /// to flash, but before the finish did, is finished now. Unfinished, it
+    /// would be read with that parity taken for data pages, and an XOR of
+    /// an odd number of pages passes every check a page has (the CRC and
+    /// the signature are both linear). Reads the partial block of each
+    /// zone left open part way through a block (the heads after a cut);
+    /// returns the zones it finished.
+    pub fn complete_interrupted_finishes(&mut self) -> Result<u32> {
+        if !self.parity_on() || self.parity.block_parity_pages == 0 {
+            return Ok(0);
+        }
+        let mut finished = 0;
+        for report in self.inner.report_zones() {
+            if !self.parity_zone(report.zone) || !matches!(report.state, ZoneState::Open | ZoneState::Closed) {
+                continue;
+            }
+            let shape = self.shape(report.capacity_pages);
+            let (block, row) = (report.write_pointer / shape.block_pages, report.write_pointer % shape.block_pages);
+            if block >= shape.data_blocks || row < 2 {
+                continue;
+            }
+            let Some(code) = self.block_code(shape) else { continue };
+            let start = block * shape.block_pages;
+            let unit_size = unit_bytes(self.inner.geometry().page_size_bytes as usize);
+            // j of the k parity pages made it before the cut.
+            for written in (1..=shape.parity_pages.min(row - 1)).rev() {
+                let data_rows = row - written;
+                if data_rows >= shape.slots {
+                    continue;
+                }
+                let units: Option<Vec<Vec<u8>>> = (0..data_rows)
+                    .map(|index| self.read_unit(PageAddress::new(report.zone, start + index), false))
+                    .collect();
+                let Some(mut units) = units else { continue };
+                units.resize(shape.slots as usize, vec![0u8; unit_size]);
+                let expected = code.encode(&units.iter().map(Vec::as_slice).collect::<Vec<_>>());
+                let tail = (0..written).all(|index| {
+                    self.read_unit(PageAddress::new(report.zone, start + data_rows + index), true).as_ref()
+                        == Some(&expected[index as usize])
+                });
+                if tail {
+                    tracing::info!(zone = report.zone, "a finish cut short by a power cut is completed");
+                    self.inner.finish_zone(report.zone)?;
+                    finished += 1;
+                    break;
+                }
+            }
+        }
+        Ok(finished)
+    }
+
     /// Before a zone is finished: the parity its written pages are owed.
     fn finish_protected(&mut self, zone: u32) -> Result<()> {
         let report = self.inner.report_zone(zone)?;
@@ -775,6 +827,10 @@ impl<D: FlashDevice> Protected<D> {
                     break;
                 }
             }
+            // Durable before the finish is: a finished zone is read with its
+            // last k pages taken for parity, and a finish outlives a cut
+            // that drops pages still in the device's buffer.
+            self.inner.flush()?;
         }
         self.stripes.remove(&zone);
         Ok(())

@@ -117,6 +117,9 @@ pub struct MountReport {
     /// hold. Always zero: a checkpoint is programmed only after everything
     /// before it was flushed. Anything else means the medium lost pages.
     pub head_pages_missing: u64,
+    /// Zones whose finish a cut interrupted after their tail parity was
+    /// on flash, finished by this mount.
+    pub zones_finished_after_cut: u32,
     /// What recovery did, after an unclean stop.
     pub recovery: Option<crate::fs::RecoveryReport>,
 }
@@ -508,6 +511,9 @@ impl<D: FlashDevice> Volume<D> {
                 zone_parity_blocks: superblock.segment_parity_blocks,
             })
             .map_err(|reason| Error::corrupt(format!("the superblock's parity layout: {reason}")))?;
+        // A finish a cut interrupted is completed before any zone is read
+        // (see `Protected::complete_interrupted_finishes`).
+        report.zones_finished_after_cut = device.complete_interrupted_finishes()?;
         // The higher checkpoint number wins; between two records of the same
         // number (one written after the other was lost to a cut), the later
         // one, by sequence.

@@ -247,3 +247,33 @@ fn a_full_scrub_repairs_moves_the_data_and_leaves_nothing_to_repair() {
     let flash = fs.unmount().unwrap();
     read_back(flash, clock, 0);
 }
+
+#[test]
+fn the_idle_scrub_reads_at_its_rate_and_finds_the_damage_in_a_pass() {
+    let (flash, clock) = damaged_tree();
+    let options = FsOptions { scrub_pages_per_second: 100, ..FsOptions::default() };
+    let (mut fs, _) = Fs::mount(flash, options, Box::new(clock.clone())).unwrap();
+    assert_eq!(fs.scrub_in_background().unwrap(), 0, "no time has passed");
+    clock.advance(1_000_000_000);
+    assert_eq!(fs.scrub_in_background().unwrap(), 100, "one second at 100 pages a second");
+    clock.advance(3_600_000_000_000);
+    assert_eq!(
+        fs.scrub_in_background().unwrap(),
+        flintfs_core::SCRUB_PAGES_PER_STEP_MAX,
+        "an hour idle still reads one step's worth at a time"
+    );
+    let before = fs.protection_counters();
+    let mut steps = 0;
+    while fs.counters().scrub_passes_finished == 0 {
+        clock.advance(2_000_000_000);
+        fs.scrub_in_background().unwrap();
+        steps += 1;
+        assert!(steps < 10_000, "the scrub never finished a pass");
+    }
+    let after = fs.protection_counters();
+    let repaired = after.pages_repaired_block_parity + after.pages_repaired_zone_parity
+        - before.pages_repaired_block_parity
+        - before.pages_repaired_zone_parity;
+    assert!(repaired > 10, "{after:?}");
+    assert_eq!(after.pages_unrepairable, 0, "{after:?}");
+}

@@ -91,6 +91,18 @@ impl BitErrorModel {
     }
 }
 
+/// The names [`FaultConfig::named`] knows, with what each is.
+pub const FAULT_PRESETS: [(&str, &str); 8] = [
+    ("none", "no injected faults"),
+    ("slc-fresh", "SLC from the factory: ~1e-8 raw bit error rate, 2% bad blocks"),
+    ("mlc-fresh", "3x-nm MLC from the factory, wearing as it is used"),
+    ("mlc-midlife", "MLC at 1.5K of 3K P/E cycles, half a year's retention: ~4.7e-5 raw"),
+    ("mlc-eol", "MLC at 3K P/E cycles after a year: 3.4e-4 raw, mostly retention loss"),
+    ("read-disturb", "MLC whose reads disturb their block: +1e-8 raw per read since the erase"),
+    ("bad-blocks", "5% factory bad blocks; programs (1e-4) and erases (1e-3) fail and grow more"),
+    ("misdirected", "one program in 10^4 lands on another page"),
+];
+
 /// Every injected fault, all seeded from `seed`. [`FaultConfig::none`] (the
 /// default) injects nothing; power cuts are not faults of this kind but an
 /// explicit call, and their randomness comes from the seed given to the call.
@@ -202,6 +214,68 @@ impl FaultConfig {
             interrupted_erase_probability: 0.5,
             interrupted_erase_bit_error_rate: 1e-3,
         }
+    }
+
+    /// A named point of a device's life, for a user's mount
+    /// (`mkfs --faults`, `mount -o faults=`). `None` for an unknown name;
+    /// [`FAULT_PRESETS`] lists the names. The wear points are set as
+    /// rates rather than left to the blocks' own erase counts, because a
+    /// new image's blocks have none: `mlc-eol` is a device at its rated
+    /// 3K P/E cycles after a year's retention from the first program.
+    pub fn named(name: &str, seed: u64) -> Option<FaultConfig> {
+        let mlc = FaultConfig::preset(CellType::Mlc, seed);
+        let model = BitErrorModel::mlc();
+        let year_ns = 365 * 24 * 3600 * 1_000_000_000u64;
+        // Wear that the preset puts the device at: failure probabilities
+        // at that wear, with no further growth (exponent 0).
+        let worn = |fraction: f64, config: FaultConfig| FaultConfig {
+            program_failure_probability_at_endurance: config.program_failure_probability_at_endurance
+                * fraction.powf(config.failure_growth_exponent),
+            erase_failure_probability_at_endurance: config.erase_failure_probability_at_endurance
+                * fraction.powf(config.failure_growth_exponent),
+            failure_growth_exponent: 0.0,
+            ..config
+        };
+        Some(match name {
+            "none" => FaultConfig::none(seed),
+            // SLC as it leaves the factory: ~1e-8 raw, 2% factory bad
+            // blocks, no paired pages; wear then grows it as blocks are
+            // erased.
+            "slc-fresh" => FaultConfig::preset(CellType::Slc, seed),
+            "mlc-fresh" => mlc,
+            // Half the rated cycles, half a year of retention: ~4.7e-5 raw,
+            // half of it stored (retention), half read noise.
+            "mlc-midlife" => FaultConfig {
+                bit_errors: Some(BitErrorModel::flat(model.rate(1500, 3000, year_ns / 2, 0))),
+                stored_bit_error_fraction: 0.5,
+                ..worn(0.5, mlc)
+            },
+            // 3x-nm MLC at 3K P/E after a year: 3.4e-4 raw (Cai et al.,
+            // DATE 2012), nine tenths of it retention loss that a re-read
+            // meets again.
+            "mlc-eol" => FaultConfig {
+                bit_errors: Some(BitErrorModel::flat(model.rate(3000, 3000, year_ns, 0))),
+                stored_bit_error_fraction: 0.9,
+                ..worn(1.0, mlc)
+            },
+            // Reads disturb their block's neighbours: 1e-8 more raw bit
+            // error rate per read of the block since its erase.
+            "read-disturb" => {
+                FaultConfig { bit_errors: Some(BitErrorModel { read_disturb_rate_per_read: 1e-8, ..model }), ..mlc }
+            }
+            // 5% of blocks bad from the factory, and blocks going bad under
+            // use: one program in 10^4 and one erase in 10^3 fails.
+            "bad-blocks" => FaultConfig {
+                factory_bad_block_fraction: 0.05,
+                program_failure_probability_at_endurance: 1e-4,
+                erase_failure_probability_at_endurance: 1e-3,
+                failure_growth_exponent: 0.0,
+                ..FaultConfig::none(seed)
+            },
+            // One program in 10^4 lands on another page.
+            "misdirected" => FaultConfig { misdirected_write_probability: 1e-4, ..FaultConfig::none(seed) },
+            _ => return None,
+        })
     }
 
     /// Probability of a program (or erase) failure at the given wear.

@@ -143,7 +143,7 @@ pub use device::{
     WRITE_BUFFER_PAGES_MAX,
 };
 pub use error::{errno, DeviceError, Result};
-pub use faults::{BitErrorModel, CellType, FaultConfig, RAW_BIT_ERROR_RATE_MAX};
+pub use faults::{BitErrorModel, CellType, FaultConfig, FAULT_PRESETS, RAW_BIT_ERROR_RATE_MAX};
 pub use geometry::{
     Geometry, PageAddress, BLOCK_COUNT_MAX, DEVICE_PAGES_MAX, NVM_SIZE_BYTES_MAX, NVM_WORD_BYTES, OOB_SIZE_BYTES_MAX,
     OOB_SIZE_BYTES_MIN, PAGE_SIZE_BYTES_MAX, PAGE_SIZE_BYTES_MIN, ZONE_COUNT_MAX, ZONE_PAGES_MAX,

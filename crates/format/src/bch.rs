@@ -21,21 +21,23 @@
 //! parity bytes follow the message, most significant bit first.
 
 /// Smallest and largest field the codes use: GF(2^4) for the published
-/// small codes the tests check, GF(2^15) for 2 KiB sectors.
+/// small codes the tests check, GF(2^16) for one codeword over a whole
+/// 4 KiB page and its header (33,344 message bits).
 pub const FIELD_BITS_MIN: u32 = 4;
-pub const FIELD_BITS_MAX: u32 = 15;
+pub const FIELD_BITS_MAX: u32 = 16;
 /// Most bit errors one codeword corrects: bounds the locator and the
-/// parity register (`15 * 16 = 240` bits).
-pub const CORRECTABLE_BITS_MAX: u32 = 16;
+/// parity register (`16 * 32 = 512` bits).
+pub const CORRECTABLE_BITS_MAX: u32 = 32;
 /// Words of the parity register.
-const REGISTER_WORDS: usize = 4;
+const REGISTER_WORDS: usize = 8;
 
 const _: () = assert!((FIELD_BITS_MAX * CORRECTABLE_BITS_MAX) as usize <= REGISTER_WORDS * 64);
 
-/// Primitive polynomials for m = 4..=15, as in Linux's `lib/bch.c`
+/// Primitive polynomials for m = 4..=16, as in Linux's `lib/bch.c`
 /// (`prim_poly_tab`, extended below m = 5 with `x^4 + x + 1`).
-const PRIMITIVE_POLYNOMIALS: [u32; 12] =
-    [0x13, 0x25, 0x43, 0x83, 0x11d, 0x211, 0x409, 0x805, 0x1053, 0x201b, 0x402b, 0x8003];
+const PRIMITIVE_POLYNOMIALS: [u32; 13] =
+    [0x13, 0x25, 0x43, 0x83, 0x11d, 0x211, 0x409, 0x805, 0x1053, 0x201b, 0x402b, 0x8003, 0x1002d];
+const _: () = assert!(PRIMITIVE_POLYNOMIALS.len() as u32 == FIELD_BITS_MAX - FIELD_BITS_MIN + 1);
 
 type Register = [u64; REGISTER_WORDS];
 
@@ -273,15 +275,20 @@ impl Bch {
             };
         }
         let mut register = [0u64; REGISTER_WORDS];
+        // Only the words that hold the r bits take part.
+        let words = self.parity_bits.div_ceil(64) as usize;
         // The hot loop of every program: a byte in, the register shifted
         // by eight and masked to r bits, a table row out.
         for &byte in message {
             let top = self.register_top_byte(&register);
-            for index in (1..REGISTER_WORDS).rev() {
+            for index in (1..words).rev() {
                 register[index] = (register[index] << 8 | register[index - 1] >> 56) & mask[index];
             }
             register[0] = (register[0] << 8) & mask[0];
-            register_xor(&mut register, &self.byte_table[(top ^ byte) as usize]);
+            let row = &self.byte_table[(top ^ byte) as usize];
+            for index in 0..words {
+                register[index] ^= row[index];
+            }
         }
         register
     }
@@ -352,22 +359,28 @@ impl Bch {
             return None;
         }
         // Chien search over the shortened code's positions: the error at
-        // degree d makes the locator vanish at a^-d.
-        let mut terms: Vec<u16> = locator.clone();
+        // degree d makes the locator vanish at a^-d. Term i is carried as
+        // its logarithm, which drops by i at each step (no modulo in the
+        // loop: it runs once per bit of the codeword).
+        let mut terms: Vec<(u32, u32)> = locator
+            .iter()
+            .enumerate()
+            .skip(1)
+            .filter(|(_, &coefficient)| coefficient != 0)
+            .map(|(power, &coefficient)| (u32::from(self.log[coefficient as usize]), power as u32 % self.modulus))
+            .collect();
+        let constant = locator[0];
         let mut positions = Vec::with_capacity(errors as usize);
         for degree in 0..self.codeword_bits {
-            let sum = terms.iter().fold(0u16, |sum, term| sum ^ term);
+            let sum = terms.iter().fold(constant, |sum, &(log, _)| sum ^ self.exp[log as usize]);
             if sum == 0 {
                 positions.push(degree);
                 if positions.len() as u32 == errors {
                     break;
                 }
             }
-            for (power, term) in terms.iter_mut().enumerate().skip(1) {
-                if *term != 0 {
-                    let log = u32::from(self.log[*term as usize]) + self.modulus - power as u32 % self.modulus;
-                    *term = self.exp[(log % self.modulus) as usize];
-                }
+            for (log, step) in terms.iter_mut() {
+                *log = if *log >= *step { *log - *step } else { *log + self.modulus - *step };
             }
         }
         if positions.len() as u32 != errors {

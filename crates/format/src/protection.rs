@@ -5,8 +5,9 @@
 //! ```text
 //! OOB: [0, 64)   page header (its CRC-32C binds header and data)
 //!      [64, 72)  signature: GF(2^16), four symbols, over data ++ header
-//!      [72, ..)  ECC: BCH parity, one codeword per sector of the stream
-//!                data ++ OOB[0, 72), codewords back to back
+//!      [72, ..)  ECC: BCH parity over the stream data ++ OOB[0, 72), in as
+//!                few codewords as GF(2^16) allows (one for pages up to
+//!                8 KiB less the parity), codewords back to back
 //! ```
 //!
 //! The ECC's shape is a function of the page and OOB sizes alone
@@ -27,9 +28,6 @@ pub const PROTECTED_OOB_BYTES: usize = SIGNATURE_OFFSET + SIGNATURE_BYTES;
 /// The spare area a file system needs: the header and the signature. ECC
 /// takes whatever is left.
 pub const OOB_BYTES_MIN: usize = PROTECTED_OOB_BYTES;
-/// Page data per ECC codeword, before the OOB bytes are spread over them:
-/// 1 KiB sectors, as NAND controllers use for 4 KiB pages.
-pub const ECC_SECTOR_BYTES: usize = 1024;
 /// Below this many parity bytes per codeword the ECC is not worth its
 /// decoding: the layout keeps none.
 pub const ECC_PARITY_BYTES_MIN: usize = 2;
@@ -59,8 +57,17 @@ impl EccLayout {
             return None;
         }
         let stream_bytes = page_size_bytes + PROTECTED_OOB_BYTES;
-        let codewords = (page_size_bytes / ECC_SECTOR_BYTES).max(1);
-        let codeword_parity_bytes = (oob_size_bytes - PROTECTED_OOB_BYTES) / codewords;
+        // As few codewords as the largest field allows: one long codeword
+        // corrects far more than the same parity split into sectors, since
+        // errors pool (at 3.4e-4 raw, a 4 KiB page with 56 parity bytes
+        // fails about once in 10^5 reads as one codeword of t = 28, once
+        // in 10^2 as four of t = 8). The cost is decoding time, spent only
+        // on a page whose CRC failed.
+        let budget_bytes = oob_size_bytes - PROTECTED_OOB_BYTES;
+        let length_max_bits = (1usize << FIELD_BITS_MAX) - 1;
+        let codewords = (1..=stream_bytes)
+            .find(|&count| stream_bytes.div_ceil(count) * 8 + budget_bytes / count * 8 <= length_max_bits)?;
+        let codeword_parity_bytes = budget_bytes / codewords;
         if codeword_parity_bytes < ECC_PARITY_BYTES_MIN {
             return None;
         }

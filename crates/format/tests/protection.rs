@@ -160,7 +160,7 @@ proptest! {
     #[test]
     fn bch_past_its_bound_reports_or_the_signature_catches_it(
         data in bytes_of(4096),
-        flips in proptest::collection::btree_set(0usize..1042 * 8, 9..40),
+        flips in proptest::collection::btree_set(0usize..4096 * 8, 29..80),
     ) {
         let layout = EccLayout::for_geometry(4096, 128).unwrap();
         let mut oob = vec![0u8; 128];
@@ -172,7 +172,7 @@ proptest! {
         }
         let correction = protection::correct(&mut damaged, &mut damaged_oob, &layout);
         if correction.codewords_uncorrectable == 0 {
-            prop_assert!(damaged != data || damaged_oob != oob, "nine or more errors cannot be corrected exactly by t = 8");
+            prop_assert!(damaged != data || damaged_oob != oob, "29 or more errors cannot be corrected exactly by t = 28");
             prop_assert!(!protection::signature_matches(&damaged, &damaged_oob));
         }
     }
@@ -181,7 +181,7 @@ proptest! {
     fn a_sealed_page_corrects_t_errors_per_codeword(
         data in bytes_of(4096),
         header in bytes_of(64),
-        flips in proptest::collection::vec(proptest::collection::btree_set(0usize..(1042 * 8), 0..=8), 4),
+        flips in proptest::collection::vec(proptest::collection::btree_set(0usize..((4096 + 72) * 8), 0..=28), 1),
     ) {
         let layout = EccLayout::for_geometry(4096, 128).unwrap();
         let mut oob = vec![0u8; 128];
@@ -192,7 +192,7 @@ proptest! {
         let mut total = 0;
         for (codeword, bits) in flips.iter().enumerate() {
             for &bit in bits {
-                let bit = codeword * 1042 * 8 + bit;
+                let bit = codeword * (4096 + 72) * 8 + bit;
                 stream[bit / 8] ^= 0x80 >> (bit % 8);
                 total += 1;
             }
@@ -229,10 +229,18 @@ fn bch_generators_match_the_published_table() {
 }
 
 #[test]
-fn the_default_geometry_gets_eight_bits_per_kibibyte() {
+fn the_default_geometry_gets_one_codeword_of_28_bits() {
     let layout = EccLayout::for_geometry(4096, 128).unwrap();
-    assert_eq!((layout.codewords, layout.correctable_bits(), layout.field_bits()), (4, 8, 14));
+    assert_eq!((layout.codewords, layout.correctable_bits(), layout.field_bits()), (1, 28, 16));
     assert_eq!(layout.oob_bytes(), 56);
+    // 8 KiB pages are too long for one codeword of GF(2^16).
+    let large = EccLayout::for_geometry(8192, 256).unwrap();
+    assert_eq!((large.codewords, large.correctable_bits(), large.field_bits()), (2, 32, 16));
+    // The rest of FORMAT.md's table.
+    let two = EccLayout::for_geometry(2048, 96).unwrap();
+    assert_eq!((two.codewords, two.correctable_bits(), two.field_bits(), two.oob_bytes()), (1, 12, 15, 24));
+    let tiny = EccLayout::for_geometry(512, 128).unwrap();
+    assert_eq!((tiny.codewords, tiny.correctable_bits(), tiny.field_bits()), (1, 32, 13));
     assert!(EccLayout::for_geometry(4096, 72).is_none(), "no room past the signature");
     assert!(EccLayout::for_geometry(512, 64).is_none(), "no room for the signature");
     let small = EccLayout::for_geometry(512, 128).unwrap();

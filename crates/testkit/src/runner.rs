@@ -41,8 +41,8 @@ impl Setup {
             geometry: Geometry {
                 page_size_bytes: 512,
                 oob_size_bytes: 128,
-                block_pages: 16,
-                zone_blocks: 2,
+                block_pages: 8,
+                zone_blocks: 4,
                 zone_count: 96,
                 open_zones_max: 8,
                 nvm_size_bytes: 0,

@@ -323,7 +323,11 @@ impl<D: FlashDevice> Fs<D> {
         if free < CLEAN_IDLE_WATER_ZONES + buffered {
             return Ok(self.clean(1)? > 0);
         }
-        Ok(self.wear_confirmed(wear) && self.clean_with(1, true, VictimChoice::CostBenefit)? > 0)
+        if self.wear_confirmed(wear) && self.clean_with(1, true, VictimChoice::CostBenefit)? > 0 {
+            return Ok(true);
+        }
+        // Nothing else to do: scrub a little (RCFFS's idle-time checker).
+        Ok(self.scrub_in_background()? > 0)
     }
 
     /// Foreground cleaning before an operation: a zone for space when free

@@ -53,7 +53,7 @@ pub use log::{
     LOG_ZONES_PER_CHECKPOINT,
 };
 pub use ops::{Attributes, DirectoryEntry, RenameFlags, SetAttributes, StatFs, XattrFlags};
-pub use scrub::{ScrubReport, SCRUB_NAMED_PAGES_MAX};
+pub use scrub::{ScrubReport, SCRUB_NAMED_PAGES_MAX, SCRUB_PAGES_PER_STEP_MAX};
 
 /// The root directory's slot.
 pub const ROOT_SLOT: u32 = 0;
@@ -65,6 +65,10 @@ pub const DATA_BUFFER_BYTES_DEFAULT: usize = 8 << 20;
 pub const READ_CACHE_BYTES_DEFAULT: usize = 4 << 20;
 /// Default time between timed checkpoints.
 pub const CHECKPOINT_INTERVAL_NS_DEFAULT: u64 = 30_000_000_000;
+/// Pages a mount scrubs a second while idle, by default: 1 MiB/s of 4 KiB
+/// pages, so a 1 GiB device is read through in about 17 minutes of idle
+/// time, and an idle step costs a few milliseconds of device time.
+pub const SCRUB_PAGES_PER_SECOND_DEFAULT: u32 = 256;
 /// Node pages one operation can dirty besides its data, at most (a rename
 /// touching two directories, each splitting a bucket and doubling a table
 /// page, two inodes, the map pages of their slots): the margin the space
@@ -127,6 +131,8 @@ pub struct FsOptions {
     /// Which correction layers reads use. All of them, except to measure
     /// what each one is worth (the fault atlas).
     pub correction: crate::protect::Correction,
+    /// Pages read a second by the scrub that runs in idle time (0: none).
+    pub scrub_pages_per_second: u32,
 }
 
 impl Default for FsOptions {
@@ -139,6 +145,7 @@ impl Default for FsOptions {
             fsync_mode: FsyncMode::WpCheck,
             barrier: true,
             correction: crate::protect::Correction::ALL,
+            scrub_pages_per_second: SCRUB_PAGES_PER_SECOND_DEFAULT,
         }
     }
 }
@@ -205,6 +212,10 @@ pub struct FsCounters {
     pub read_cache_hits: u64,
     /// Filler pages unmount wrote to close the heads' open blocks.
     pub pages_padded_at_unmount: u64,
+    /// Pages the idle-time scrub read, and the passes over the whole
+    /// device it finished.
+    pub pages_scrubbed_in_background: u64,
+    pub scrub_passes_finished: u64,
 }
 
 /// A mounted flintfs.
@@ -244,6 +255,8 @@ pub struct Fs<D: FlashDevice> {
     /// The running operation reserved its room at its start: what it
     /// calls may not clean, checkpoint or refuse for space again.
     pub(crate) space_reserved: bool,
+    /// Where the idle-time scrub goes on from, and when it last ran.
+    pub(crate) scrub_cursor: scrub::ScrubCursor,
 }
 
 impl<D: FlashDevice> Fs<D> {
@@ -415,6 +428,7 @@ impl<D: FlashDevice> Fs<D> {
             zone_scan_hint: None,
             log: log::LogState::default(),
             space_reserved: false,
+            scrub_cursor: scrub::ScrubCursor { zone: 0, page: 0, last_ns: now },
             volume,
         })
     }

@@ -19,6 +19,18 @@ use crate::error::Result;
 
 /// Unrepairable pages a report names one by one; past this it counts.
 pub const SCRUB_NAMED_PAGES_MAX: usize = 64;
+/// Most pages one idle step of the background scrub reads, however long
+/// the mount was idle: an operation that arrives waits for at most this.
+pub const SCRUB_PAGES_PER_STEP_MAX: u64 = 128;
+
+/// Where the background scrub is.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ScrubCursor {
+    pub zone: u32,
+    pub page: u32,
+    /// The engine's clock when the scrub's budget was last drawn.
+    pub last_ns: i64,
+}
 
 /// What a scrub checked and did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -49,6 +61,69 @@ pub struct ScrubReport {
 }
 
 impl<D: FlashDevice> Fs<D> {
+    /// The scrub that runs in idle time: reads the pages its rate allows
+    /// since it last ran (at most [`SCRUB_PAGES_PER_STEP_MAX`]) as a user
+    /// read would, going on from where it stopped, zone by zone, and checks
+    /// each zone's parity pages as it leaves it. What it meets is
+    /// corrected or repaired and its zone queued for moving, as on any
+    /// read. Returns the pages it read.
+    pub fn scrub_in_background(&mut self) -> Result<u64> {
+        let rate = u64::from(self.options.scrub_pages_per_second);
+        if rate == 0 {
+            return Ok(0);
+        }
+        let now = self.clock.now_ns();
+        let elapsed_ns = u64::try_from(now.saturating_sub(self.scrub_cursor.last_ns)).unwrap_or(0);
+        let due = (u128::from(elapsed_ns) * u128::from(rate) / 1_000_000_000) as u64;
+        if due == 0 {
+            return Ok(0);
+        }
+        self.scrub_cursor.last_ns = now;
+        let budget = due.min(SCRUB_PAGES_PER_STEP_MAX);
+        let geometry = self.volume.device.geometry();
+        let mut data = vec![0u8; geometry.page_size_bytes as usize];
+        let mut oob = vec![0u8; geometry.oob_size_bytes as usize];
+        let mut read = 0;
+        // Each zone is visited at most once a step, so a device with
+        // nothing written ends the step.
+        for _ in 0..=geometry.zone_count {
+            let zone = self.scrub_cursor.zone;
+            let in_use = self.volume.checkpoint.zones[zone as usize].role != ZoneRole::Free;
+            let write_pointer = if in_use { self.volume.device.report_zone(zone)?.write_pointer } else { 0 };
+            while self.scrub_cursor.page < write_pointer && read < budget {
+                let address = PageAddress::new(zone, self.scrub_cursor.page);
+                self.scrub_cursor.page += 1;
+                read += 1;
+                let failure = match self.volume.device.read_page(address, &mut data, &mut oob) {
+                    Ok(PageState::Erased) => Some("erased below the write pointer".to_string()),
+                    Ok(PageState::Programmed) => PageHeader::decode(&oob, &data).err().map(|error| error.to_string()),
+                    Err(error) if error.is_media_failure() => Some(error.to_string()),
+                    Err(error) => return Err(error.into()),
+                };
+                if let Some(reason) = failure {
+                    tracing::warn!(
+                        zone,
+                        page = address.page,
+                        "the background scrub met a page nothing brings back: {reason}"
+                    );
+                }
+            }
+            if read >= budget {
+                break;
+            }
+            if write_pointer > 0 {
+                self.volume.device.check_parity_pages(zone)?;
+            }
+            self.scrub_cursor.page = 0;
+            self.scrub_cursor.zone = (zone + 1) % geometry.zone_count;
+            if self.scrub_cursor.zone == 0 {
+                self.counters.scrub_passes_finished += 1;
+            }
+        }
+        self.counters.pages_scrubbed_in_background += read;
+        Ok(read)
+    }
+
     /// Scrubs every zone that holds pages (see the module's account).
     pub fn scrub(&mut self, quick: bool) -> Result<ScrubReport> {
         // What is buffered goes to flash first, so the scrub sees it.
