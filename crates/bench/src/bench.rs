@@ -91,7 +91,8 @@ pub(crate) const CREATE_DIRECTORIES: usize = 100;
 pub struct BenchArguments {
     /// A workload (create_fsync, delete, append_fsync1, append_fsync10, append_fsync1000, varmail, fileserver,
     /// webproxy, webserver, postmark, large_seq_write, large_rand_write, dir_N, near_full_P, large_seq_read,
-    /// large_rand_read, large_reread, ram_N, mount_N, recover_N) or `all`.
+    /// large_rand_read, large_reread, ram_N, mount_N, recover_N, protection_none, protection_ecc,
+    /// protection_k1, protection_k2, protection_k1_rs), `protection` (those five) or `all`.
     pub workload: String,
     /// The quick sizes (for CI and a first look).
     #[arg(long)]
@@ -1226,6 +1227,9 @@ fn run_one(arguments: &BenchArguments, target: &str) -> Outcome<ExitCode> {
     let directory = scratch_directory(std::process::id());
     std::fs::create_dir_all(&directory)?;
     let result = match target {
+        "flintfs" if arguments.workload.starts_with("protection_") => {
+            crate::bench_protection::run(&arguments.workload, arguments.quick, arguments.seed)
+        }
         "flintfs" => run_engine(&arguments.workload, target, FsyncMode::WpCheck, size, arguments.seed),
         "flintfs-ordered" => run_engine(&arguments.workload, target, FsyncMode::Ordered, size, arguments.seed),
         "flintfs-fuse" => run_fuse(&arguments.workload, size, arguments.seed, &directory),
@@ -1310,12 +1314,15 @@ pub fn bench(arguments: BenchArguments) -> Outcome<ExitCode> {
     known.extend(crate::bench_staged::names(file_counts(arguments.quick)));
     known.extend(mount_file_counts(arguments.quick).iter().map(|count| format!("mount_{count}")));
     known.extend(file_counts(arguments.quick).iter().map(|count| format!("recover_{count}")));
+    known.extend(crate::bench_protection::LEVELS.iter().map(|level| level.0.to_string()));
     let workloads: Vec<&str> = if arguments.workload == "all" {
         known.iter().map(String::as_str).collect()
+    } else if arguments.workload == "protection" {
+        crate::bench_protection::LEVELS.iter().map(|level| level.0).collect()
     } else if known.contains(&arguments.workload) {
         vec![arguments.workload.as_str()]
     } else {
-        fail!("unknown workload {:?} (known: {}, all)", arguments.workload, known.join(", "));
+        fail!("unknown workload {:?} (known: {}, protection, all)", arguments.workload, known.join(", "));
     };
     for peer in &arguments.peers {
         if !TARGETS[FLINTFS_TARGETS..].contains(&peer.as_str()) {
@@ -1352,6 +1359,11 @@ pub fn bench(arguments: BenchArguments) -> Outcome<ExitCode> {
     for workload in &workloads {
         for target in &targets {
             progress.set_message(format!("{workload} on {target}"));
+            if workload.starts_with("protection_") && *target != "flintfs" {
+                // Measured in process, where the device's time is the cost model's.
+                progress.inc(1);
+                continue;
+            }
             if workload.starts_with("recover_") && !matches!(*target, "flintfs" | "flintfs-ordered") {
                 // A power cut needs the emulated device; the peers' is the host's.
                 progress.inc(1);

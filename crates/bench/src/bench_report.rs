@@ -341,7 +341,7 @@ pub fn write(directory: &Path, rows: &[Value], header: &str, notes: &[String]) -
     // middle; their section reports what they measure.
     let others: Vec<Value> = rows
         .iter()
-        .filter(|row| !["mount_", "recover_", "ram_", "dir_"].iter().any(|prefix| is(row, prefix)))
+        .filter(|row| !["mount_", "recover_", "ram_", "dir_", "protection_"].iter().any(|prefix| is(row, prefix)))
         .cloned()
         .collect();
     for (field, title, file) in [
@@ -394,6 +394,13 @@ pub fn write(directory: &Path, rows: &[Value], header: &str, notes: &[String]) -
         ));
     }
     text.push_str(&staged_sections(rows));
+    if let Some(table) = crate::bench_protection::table(rows) {
+        text.push_str(
+            "\n## What protection costs\n\nOne large file written, synced and read back in process, at each \
+                       protection level (the `protection_*` workloads); in brackets, against no protection.\n\n",
+        );
+        text.push_str(&table);
+    }
     for (title, file) in &charts {
         text.push_str(&format!("\n### {title}\n\n![{title}]({file})\n"));
     }

@@ -10,6 +10,7 @@
 
 mod bench;
 mod bench_littlefs;
+mod bench_protection;
 mod bench_report;
 mod bench_staged;
 

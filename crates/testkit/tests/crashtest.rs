@@ -72,9 +72,10 @@ fn without_the_write_pointer_check_recovery_trusts_data_that_never_arrived() {
     // Violations of the data promises (or a file pointing at a page that
     // never reached the medium), not a mount failure.
     assert!(
-        summary.failures.iter().any(|failure| ["never there", "size", "is erased"]
+        summary
+            .failures
             .iter()
-            .any(|symptom| failure.what.contains(symptom))),
+            .any(|failure| ["never there", "size", "is erased"].iter().any(|symptom| failure.what.contains(symptom))),
         "{}",
         crashtest::summary_json(&options, &summary)
     );

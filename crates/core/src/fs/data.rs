@@ -356,7 +356,18 @@ impl<D: FlashDevice> Fs<D> {
                 if pointer.zone() >= self.volume.device().geometry().zone_count {
                     return Err(Error::corrupt(format!("inode {ino} block {block} points past the device: {pointer}")));
                 }
-                let read = self.volume.read_page(PageAddress::new(pointer.zone(), pointer.page()))?;
+                let address = PageAddress::new(pointer.zone(), pointer.page());
+                let read = self.volume.read_page(address).inspect_err(|error| {
+                    // The one line an operator needs: where, and whose bytes.
+                    tracing::error!(
+                        zone = address.zone,
+                        page = address.page,
+                        ino,
+                        offset = block * self.block_bytes(),
+                        "file data is lost: {}",
+                        error.message
+                    );
+                })?;
                 self.counters.data_pages_read += 1;
                 // Only clean pages go in: nothing comes back to write.
                 let _ = self.read_cache.insert(whole, read.clone(), page_size, crate::cache::Dirty::CLEAN);

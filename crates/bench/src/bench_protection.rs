@@ -1,0 +1,149 @@
+//! What each protection level costs (RCFFS's table 2, with parity on and
+//! off): the `protection_*` workloads. Each writes one large file through
+//! the engine on the emulated device at one level, syncs, mounts again and
+//! reads it back, and reports the space the level takes from the device,
+//! the pages it programs per data page, and the write and read throughput
+//! in device time (the emulator's cost model) and host time (the CPU the
+//! seal, the ECC and the parity cost here).
+
+use std::time::Instant;
+
+use flintfs_core::{Fs, FsOptions, ManualClock, MkfsOptions};
+use flintfs_flash::{DeviceOptions, FlashDevice, Geometry, MemoryFlash};
+use serde_json::{json, Value};
+
+use crate::{Failure, Outcome};
+
+/// (workload, what it is, OOB bytes, k, r).
+pub const LEVELS: [(&str, &str, u32, u32, u32); 5] = [
+    ("protection_none", "none: header and signature only (72-byte OOB, no ECC)", 72, 0, 0),
+    ("protection_ecc", "ECC only", 128, 0, 0),
+    ("protection_k1", "ECC, block parity k = 1", 128, 1, 0),
+    ("protection_k2", "ECC, block parity k = 2", 128, 2, 0),
+    ("protection_k1_rs", "ECC, k = 1, zone RS r = 1 (the default)", 128, 1, 1),
+];
+
+fn engine(error: flintfs_core::Error) -> Failure {
+    Failure(error.message)
+}
+
+pub fn run(workload: &str, quick: bool, seed: u64) -> Outcome<Value> {
+    let Some(&(_, description, oob, block_parity, zone_parity)) = LEVELS.iter().find(|level| level.0 == workload)
+    else {
+        return Err(Failure(format!("no protection level {workload}")));
+    };
+    let file_bytes: u64 = if quick { 16 << 20 } else { 128 << 20 };
+    let geometry = Geometry { oob_size_bytes: oob, zone_count: if quick { 32 } else { 128 }, ..Geometry::default() };
+    let clock = ManualClock::new(1_700_000_000_000_000_000);
+    let device = MemoryFlash::memory(geometry, DeviceOptions::default())?;
+    let options = MkfsOptions {
+        block_parity_pages: block_parity,
+        segment_parity_blocks: zone_parity,
+        ..MkfsOptions::new([5; 16], 0)
+    };
+    let device = Fs::format(device, &options, Box::new(clock.clone())).map_err(engine)?;
+    let (mut fs, _) = Fs::mount(device, FsOptions::default(), Box::new(clock.clone())).map_err(engine)?;
+    let statfs = fs.statfs().map_err(engine)?;
+    let usable_bytes = statfs.blocks * u64::from(statfs.block_size);
+    let chunk: Vec<u8> = {
+        let mut state = seed | 1;
+        (0..1 << 20)
+            .map(|_| {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                state as u8
+            })
+            .collect()
+    };
+    let before = fs.device().counters();
+    let host = Instant::now();
+    let file = fs.create(1, b"large", 0o644, 0, 0).map_err(engine)?;
+    for offset in (0..file_bytes).step_by(chunk.len()) {
+        fs.write(file.ino, offset, &chunk).map_err(engine)?;
+    }
+    fs.fsync(file.ino, false).map_err(engine)?;
+    let write_host_s = host.elapsed().as_secs_f64();
+    let written = fs.device().counters().since(&before);
+    fs.forget(file.ino, 1).map_err(engine)?;
+    let device = fs.unmount().map_err(engine)?;
+    let (mut fs, _) = Fs::mount(device, FsOptions::default(), Box::new(clock)).map_err(engine)?;
+    let before = fs.device().counters();
+    let host = Instant::now();
+    let file = fs.lookup(1, b"large").map_err(engine)?;
+    for offset in (0..file_bytes).step_by(chunk.len()) {
+        let read = fs.read(file.ino, offset, chunk.len() as u64).map_err(engine)?;
+        if read != chunk {
+            return Err(Failure(format!("{workload}: the file read back differs at {offset}")));
+        }
+    }
+    let read_host_s = host.elapsed().as_secs_f64();
+    let read = fs.device().counters().since(&before);
+    let data_pages = file_bytes / u64::from(geometry.page_size_bytes);
+    let megabytes = file_bytes as f64 / 1e6;
+    let per_second = |seconds: f64| if seconds > 0.0 { megabytes / seconds } else { 0.0 };
+    Ok(json!({
+        "workload": workload,
+        "target": "flintfs",
+        "level": description,
+        "file_bytes": file_bytes,
+        "device_bytes": geometry.device_size_bytes(),
+        "usable_bytes": usable_bytes,
+        // The data bytes of the device the file system can use (the report
+        // sets them against the level without parity).
+        "usable_fraction": usable_bytes as f64 / geometry.device_size_bytes() as f64,
+        "pages_programmed_per_data_page": written.pages_programmed as f64 / data_pages as f64,
+        "write_mb_per_s_device": per_second(written.device_time_ns as f64 / 1e9),
+        "read_mb_per_s_device": per_second(read.device_time_ns as f64 / 1e9),
+        "write_mb_per_s_host": per_second(write_host_s),
+        "read_mb_per_s_host": per_second(read_host_s),
+    }))
+}
+
+/// The cost table, in Markdown, from the rows of the `protection_*`
+/// workloads (none when there are none).
+pub fn table(rows: &[Value]) -> Option<String> {
+    let rows: Vec<&Value> = rows
+        .iter()
+        .filter(|row| row["workload"].as_str().is_some_and(|name| name.starts_with("protection_")))
+        .collect();
+    if rows.is_empty() {
+        return None;
+    }
+    let none = rows.iter().find(|row| row["workload"] == "protection_none").copied();
+    let relative = |row: &Value, field: &str| -> String {
+        match none.and_then(|none| none[field].as_f64()).filter(|value| *value > 0.0) {
+            Some(base) => format!("{:.2}x", row[field].as_f64().unwrap_or(0.0) / base),
+            None => "-".to_string(),
+        }
+    };
+    let mut out = String::from(
+        "| protection | space for files (against none) | pages programmed per data page | write MB/s (device) | \
+         read MB/s (device) | write MB/s (host CPU) | read MB/s (host CPU) |\n|---|---|---|---|---|---|---|\n",
+    );
+    for row in &rows {
+        out.push_str(&format!(
+            "| {} | {:.1}% ({}) | {:.3} | {:.1} ({}) | {:.1} ({}) | {:.1} ({}) | {:.1} ({}) |\n",
+            row["level"].as_str().unwrap_or("?"),
+            row["usable_fraction"].as_f64().unwrap_or(0.0) * 100.0,
+            relative(row, "usable_fraction"),
+            row["pages_programmed_per_data_page"].as_f64().unwrap_or(0.0),
+            row["write_mb_per_s_device"].as_f64().unwrap_or(0.0),
+            relative(row, "write_mb_per_s_device"),
+            row["read_mb_per_s_device"].as_f64().unwrap_or(0.0),
+            relative(row, "read_mb_per_s_device"),
+            row["write_mb_per_s_host"].as_f64().unwrap_or(0.0),
+            relative(row, "write_mb_per_s_host"),
+            row["read_mb_per_s_host"].as_f64().unwrap_or(0.0),
+            relative(row, "read_mb_per_s_host"),
+        ));
+    }
+    out.push_str(
+        "\nSpace for files is the device's data bytes less the parity pages and the file system's own reserve \
+         (the same at every level; large on the quick device); the OOB is not counted, so the ECC costs no space \
+         here, only OOB bytes a device has anyway. Host CPU is this machine's, one core, in process: sealing \
+         (signature and BCH parity) and, on read, the CRC check. RCFFS (EMSOFT'09, table 2) reports its parity's \
+         cost on the same axes.\n",
+    );
+    Some(out)
+}
