@@ -93,10 +93,19 @@ fn main() -> ExitCode {
     unsafe {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
+    // The atlas loses data on purpose, thousands of pages a run, and counts
+    // it in its table: the engine's line per lost page would bury that.
+    let atlas = std::env::args_os().nth(1).is_some_and(|action| action == "atlas");
     let filter = tracing_subscriber::EnvFilter::try_from_env("FLINTFS_LOG")
         // fuser warns of every request it answers ENOSYS (a tty ioctl on
         // each open by Python, say): not worth a line each.
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,fuser=error"));
+        .unwrap_or_else(|_| {
+            tracing_subscriber::EnvFilter::new(if atlas {
+                "warn,fuser=error,flintfs_core=off"
+            } else {
+                "warn,fuser=error"
+            })
+        });
     tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
     let mut arguments = std::env::args_os();
     if let Some(helper) = arguments.next().as_deref().and_then(conventions::helper_named) {
