@@ -10,6 +10,8 @@ use std::time::Instant;
 
 use flintfs_core::{Fs, FsOptions, ManualClock, MkfsOptions};
 use flintfs_flash::{DeviceOptions, FlashDevice, Geometry, MemoryFlash};
+use rand::{RngCore, SeedableRng};
+use rand_pcg::Pcg64Mcg;
 use serde_json::{json, Value};
 
 use crate::{Failure, Outcome};
@@ -45,17 +47,8 @@ pub fn run(workload: &str, quick: bool, seed: u64) -> Outcome<Value> {
     let (mut fs, _) = Fs::mount(device, FsOptions::default(), Box::new(clock.clone())).map_err(engine)?;
     let statfs = fs.statfs().map_err(engine)?;
     let usable_bytes = statfs.blocks * u64::from(statfs.block_size);
-    let chunk: Vec<u8> = {
-        let mut state = seed | 1;
-        (0..1 << 20)
-            .map(|_| {
-                state ^= state << 13;
-                state ^= state >> 7;
-                state ^= state << 17;
-                state as u8
-            })
-            .collect()
-    };
+    let mut chunk = vec![0u8; 1 << 20];
+    Pcg64Mcg::seed_from_u64(seed).fill_bytes(&mut chunk);
     let before = fs.device().counters();
     let host = Instant::now();
     let file = fs.create(1, b"large", 0o644, 0, 0).map_err(engine)?;

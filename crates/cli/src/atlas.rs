@@ -131,17 +131,19 @@ fn geometry(quick: bool) -> Geometry {
     Geometry { zone_count: if quick { 28 } else { 64 }, ..Geometry::default() }
 }
 
+/// `length` bytes drawn from `seed` and the file's index: every file's
+/// contents, known again when it is read back.
+fn seeded_bytes(seed: u64, index: u32, length: usize) -> Vec<u8> {
+    use rand::{RngCore, SeedableRng};
+    let mut bytes = vec![0u8; length];
+    rand_pcg::Pcg64Mcg::seed_from_u64(seed ^ u64::from(index).wrapping_mul(0x9E37_79B9_7F4A_7C15))
+        .fill_bytes(&mut bytes);
+    bytes
+}
+
 fn contents(seed: u64, index: u32, quick: bool) -> Vec<u8> {
     let length = if quick { (index as usize % 9 + 1) * 7000 } else { (index as usize % 17 + 1) * 9000 };
-    let mut state = seed ^ u64::from(index).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..length)
-        .map(|_| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state as u8
-        })
-        .collect()
+    seeded_bytes(seed, index, length)
 }
 
 fn file_count(quick: bool) -> u32 {
@@ -364,17 +366,7 @@ fn soak(arguments: &AtlasArguments, size: u64) -> Outcome<ExitCode> {
     let statfs = fs.statfs()?;
     let files = (statfs.blocks_available * u64::from(statfs.block_size) / 10 * 9 / FILE_BYTES) as u32;
     let bar = indicatif::ProgressBar::new(u64::from(files) * u64::from(arguments.passes + 1));
-    let contents = |index: u32| {
-        let mut state = arguments.seed ^ u64::from(index).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-        (0..FILE_BYTES / 8)
-            .flat_map(|_| {
-                state ^= state << 13;
-                state ^= state >> 7;
-                state ^= state << 17;
-                state.to_le_bytes()
-            })
-            .collect::<Vec<u8>>()
-    };
+    let contents = |index: u32| seeded_bytes(arguments.seed, index, FILE_BYTES as usize);
     let mut directory = 0;
     for index in 0..files {
         if index % FILES_PER_DIRECTORY == 0 {
