@@ -637,7 +637,7 @@ pub fn stat(arguments: StatArguments) -> Outcome<ExitCode> {
 }
 
 /// The protection layer's counters, by the names `stat --json` gives them.
-pub fn protection_fields(counters: &flintfs_core::ProtectionCounters) -> [(&'static str, u64); 11] {
+pub fn protection_fields(counters: &flintfs_core::ProtectionCounters) -> [(&'static str, u64); 12] {
     [
         ("pages_corrected_ecc", counters.pages_corrected_ecc),
         ("bits_corrected_ecc", counters.bits_corrected_ecc),
@@ -649,6 +649,7 @@ pub fn protection_fields(counters: &flintfs_core::ProtectionCounters) -> [(&'sta
         ("stripe_rebuild_pages_read", counters.stripe_rebuild_pages_read),
         ("unprotected_pages_max", counters.unprotected_pages_max),
         ("blocks_retired", counters.blocks_retired),
+        ("pages_worn", counters.pages_worn),
         ("pages_read_again", counters.pages_read_again),
     ]
 }
@@ -668,6 +669,7 @@ pub fn scrub_json(report: &flintfs_core::ScrubReport) -> serde_json::Value {
         "stripes_inconsistent": report.stripes_inconsistent,
         "oob_reads": report.oob_reads,
         "zones_refreshed": report.zones_refreshed,
+        "pages_worn": report.pages_worn,
         "blocks_retired": report.blocks_retired,
     })
 }

@@ -32,16 +32,25 @@ pub mod errno {
 pub struct Error {
     pub errno: i32,
     pub message: String,
+    /// The error is damage on the medium (a page nothing brings back, or
+    /// bytes that do not decode), not a device that stopped answering: a
+    /// walk over many pages may leave the damaged one out and go on.
+    damage: bool,
 }
 
 impl Error {
     pub fn new(errno: i32, message: impl Into<String>) -> Error {
-        Error { errno, message: message.into() }
+        Error { errno, message: message.into(), damage: false }
     }
 
     /// Damage or an unreadable image: the caller gets EIO and the reason.
     pub fn corrupt(message: impl Into<String>) -> Error {
-        Error::new(errno::EIO, message)
+        Error { damage: true, ..Error::new(errno::EIO, message) }
+    }
+
+    /// Whether this is damage on the medium (see the field).
+    pub fn is_damage(&self) -> bool {
+        self.damage
     }
 
     pub fn invalid(message: impl Into<String>) -> Error {
@@ -51,7 +60,7 @@ impl Error {
 
 impl From<DeviceError> for Error {
     fn from(error: DeviceError) -> Error {
-        Error::new(error.errno(), format!("device: {error}"))
+        Error { damage: error.is_media_failure(), ..Error::new(error.errno(), format!("device: {error}")) }
     }
 }
 

@@ -78,9 +78,13 @@ pub struct ProtectionCounters {
     /// The most data pages that were at once programmed but not yet
     /// covered by a parity page on flash (the open stripes' window).
     pub unprotected_pages_max: u64,
-    /// Erase blocks retired after [`RETIRE_REPAIRS_PER_BLOCK`] of their
-    /// pages needed parity.
+    /// Erase blocks retired: after [`RETIRE_REPAIRS_PER_BLOCK`] of their
+    /// pages needed parity, or after one page needed the ECC to correct
+    /// [`EccLayout::worn_bits`] or more in a codeword.
     pub blocks_retired: u64,
+    /// Pages whose ECC correction reached [`EccLayout::worn_bits`] in a
+    /// codeword (each retires its block and moves its zone's data).
+    pub pages_worn: u64,
     /// Reads that came back whole only on a later attempt (read retry):
     /// noise that a second sensing did not repeat.
     pub pages_read_again: u64,
@@ -95,6 +99,8 @@ pub const RETIRE_REPAIRS_PER_BLOCK: u32 = 2;
 pub const REFRESH_ZONES_MAX: usize = 256;
 /// Rebuilt pages remembered, to count them per block.
 pub const REPAIRED_PAGES_MAX: usize = 4096;
+/// Retired blocks remembered, to count each once.
+pub const RETIRED_BLOCKS_MAX: usize = 4096;
 
 /// Which layers of correction reads use.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -130,6 +136,11 @@ pub struct ParityLayout {
     pub block_parity_pages: u32,
     pub zone_parity_blocks: u32,
 }
+
+/// Zones the engine writes at once: one per log head, the checkpoint zone
+/// and the zone the cleaner fills.
+pub const ZONES_WRITTEN_AT_ONCE_MAX: u64 = flintfs_format::LOG_HEADS_MAX as u64 + 2;
+const _: () = assert!(ZONES_WRITTEN_AT_ONCE_MAX as usize <= OPEN_STRIPES_MAX, "every zone written keeps its stripe");
 
 /// Open stripes kept at once: one per zone being written, and a device has
 /// at most this many open zones in practice (the engine keeps six). Past
@@ -208,6 +219,10 @@ pub struct Protected<D: FlashDevice> {
     /// Physical pages (zone, page) rebuilt from parity since the mount
     /// (bounded by [`REPAIRED_PAGES_MAX`]).
     repaired_pages: BTreeSet<(u32, u32)>,
+    /// Erase blocks (zone, block) retired since the mount, so a block is
+    /// counted once however often it is read (bounded by
+    /// [`RETIRED_BLOCKS_MAX`]).
+    retired_blocks: BTreeSet<(u32, u32)>,
 }
 
 impl<D: FlashDevice> Protected<D> {
@@ -224,6 +239,7 @@ impl<D: FlashDevice> Protected<D> {
             codes: BTreeMap::new(),
             refresh: BTreeSet::new(),
             repaired_pages: BTreeSet::new(),
+            retired_blocks: BTreeSet::new(),
             correction: Correction::ALL,
         }
     }
@@ -283,10 +299,37 @@ impl<D: FlashDevice> Protected<D> {
         let block_pages = self.inner.geometry().block_pages;
         let start = page / block_pages * block_pages;
         let in_block = self.repaired_pages.range((zone, start)..(zone, start + block_pages)).count() as u32;
-        if in_block == RETIRE_REPAIRS_PER_BLOCK
-            && self.inner.retire_block(PageAddress::new(zone, page)).unwrap_or(false)
-        {
+        if in_block == RETIRE_REPAIRS_PER_BLOCK {
+            self.retire(zone, page);
+        }
+    }
+
+    /// The ECC brought back the page of `zone` at physical `page` with at
+    /// most `codeword_bits` corrected in a codeword. Past the worn mark the
+    /// block is retired and the zone's data moves while the code can still
+    /// read it (a real controller's read reclaim does the same), rather
+    /// than waiting for parity to be needed.
+    fn note_correction(&mut self, zone: u32, page: u32, codeword_bits: u32) {
+        let worn = self.ecc.as_deref().map_or(u32::MAX, EccLayout::worn_bits);
+        if codeword_bits < worn || SUPERBLOCK_ZONES.contains(&zone) {
+            return;
+        }
+        self.counters.pages_worn += 1;
+        self.want_refresh(zone);
+        self.retire(zone, page);
+    }
+
+    /// Retires the erase block of physical `page` in `zone` (it keeps its
+    /// data until the zone's next reset), counting it once.
+    fn retire(&mut self, zone: u32, page: u32) {
+        let block = page / self.inner.geometry().block_pages;
+        if self.retired_blocks.contains(&(zone, block)) || self.retired_blocks.len() >= RETIRED_BLOCKS_MAX {
+            return;
+        }
+        if self.inner.retire_block(PageAddress::new(zone, page)).unwrap_or(false) {
+            self.retired_blocks.insert((zone, block));
             self.counters.blocks_retired += 1;
+            tracing::info!(zone, block, "erase block retired");
         }
     }
 
@@ -389,6 +432,20 @@ impl<D: FlashDevice> Protected<D> {
         Ok((checked, bad))
     }
 
+    /// The most data pages that can be programmed and acknowledged with
+    /// no parity page on flash covering them yet: every data slot but the
+    /// last of the block being filled (the last one's program is followed
+    /// at once by the block's parity), in each zone written at once.
+    /// `None` without block parity: then every page of a zone being
+    /// written waits for the zone's parity.
+    pub fn unprotected_pages_bound(&self) -> Option<u64> {
+        if self.parity.block_parity_pages == 0 {
+            return None;
+        }
+        let slots = self.inner.geometry().block_pages - self.parity.block_parity_pages;
+        Some(ZONES_WRITTEN_AT_ONCE_MAX * u64::from(slots))
+    }
+
     pub fn inner(&self) -> &D {
         &self.inner
     }
@@ -412,7 +469,7 @@ impl<D: FlashDevice> Protected<D> {
 
     /// Tries the ECC on a page that failed its CRC; true if it is now
     /// whole by both the CRC and the signature.
-    fn correct_with_ecc(&mut self, data: &mut [u8], oob: &mut [u8]) -> bool {
+    fn correct_with_ecc(&mut self, physical: PageAddress, data: &mut [u8], oob: &mut [u8]) -> bool {
         let Some(layout) = self.ecc.clone().filter(|_| self.correction.ecc) else { return false };
         let correction = protection::correct(data, oob, &layout);
         if correction.bits_corrected == 0 {
@@ -421,6 +478,7 @@ impl<D: FlashDevice> Protected<D> {
         if PageHeader::decode(oob, data).is_ok() && protection::signature_matches(data, oob) {
             self.counters.pages_corrected_ecc += 1;
             self.counters.bits_corrected_ecc += u64::from(correction.bits_corrected);
+            self.note_correction(physical.zone, physical.page, correction.codeword_bits_max);
             return true;
         }
         false
@@ -514,6 +572,7 @@ impl<D: FlashDevice> Protected<D> {
                 if correction.bits_corrected > 0 && whole(&data, &oob) && protection::signature_matches(&data, &oob) {
                     self.counters.pages_corrected_ecc += 1;
                     self.counters.bits_corrected_ecc += u64::from(correction.bits_corrected);
+                    self.note_correction(address.zone, address.page, correction.codeword_bits_max);
                     return Some(unit_of(&data, &oob));
                 }
             }
@@ -1023,7 +1082,7 @@ impl<D: FlashDevice> FlashDevice for Protected<D> {
                 }
                 break Ok(state);
             }
-            if PageHeader::decode(oob, data).is_ok() || self.correct_with_ecc(data, oob) {
+            if PageHeader::decode(oob, data).is_ok() || self.correct_with_ecc(physical, data, oob) {
                 if attempt > 1 {
                     self.counters.pages_read_again += 1;
                 }

@@ -628,6 +628,11 @@ impl<D: FlashDevice> Volume<D> {
         self.device.protection_counters()
     }
 
+    /// The open-stripe window's bound (`Protected::unprotected_pages_bound`).
+    pub fn unprotected_pages_bound(&self) -> Option<u64> {
+        self.device.unprotected_pages_bound()
+    }
+
     /// Counts an inode created; returns the count before. The checkpoint
     /// keeps it (`ino_next`) as a lifetime statistic: inode numbers
     /// themselves are slots of the map.

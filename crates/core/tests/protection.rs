@@ -2,11 +2,14 @@
 //! back whole through the OOB's ECC, and what cannot be corrected is
 //! refused, never returned wrong.
 
-use flintfs_core::{Fs, FsOptions, ManualClock, MkfsOptions, ProtectionCounters};
+use std::collections::{BTreeMap, BTreeSet};
+
+use flintfs_core::{errno, Fs, FsOptions, ManualClock, MkfsOptions, ProtectionCounters};
 use flintfs_flash::{
-    BitErrorModel, DeviceOptions, FaultConfig, FlashDevice, Geometry, MemoryFlash, PageAddress, PageFault, ZoneState,
+    BitErrorModel, DeviceOptions, FaultConfig, FlashDevice, Geometry, MemoryFlash, PageAddress, PageFault, PageState,
+    ZoneState,
 };
-use flintfs_format::SUPERBLOCK_ZONES;
+use flintfs_format::{is_inode_pack, Node, PageHeader, PageKind, SUPERBLOCK_ZONES};
 
 fn geometry() -> Geometry {
     Geometry {
@@ -276,4 +279,226 @@ fn the_idle_scrub_reads_at_its_rate_and_finds_the_damage_in_a_pass() {
         - before.pages_repaired_zone_parity;
     assert!(repaired > 10, "{after:?}");
     assert_eq!(after.pages_unrepairable, 0, "{after:?}");
+}
+
+/// Flips exactly `bits` bits of the page's data, spread over it, as the
+/// medium's stored state (what every read of the page then meets).
+fn flip_bits(flash: &mut MemoryFlash, address: PageAddress, bits: u32) {
+    let (mut data, oob) = flash.pristine_page(address).unwrap().expect("a programmed page");
+    let stride = data.len() * 8 / bits as usize;
+    for index in 0..bits as usize {
+        let bit = index * stride + index % 8;
+        data[bit / 8] ^= 1 << (bit % 8);
+    }
+    let media: Vec<u8> = data.into_iter().chain(oob).collect();
+    assert!(flash.inject_page_fault(address, PageFault::Stored { media: media.into_boxed_slice() }).unwrap());
+}
+
+#[test]
+fn a_block_whose_ecc_nears_its_bound_is_retired_and_its_zone_moved() {
+    let clock = ManualClock::new(1_700_000_000_000_000_000);
+    let flash = MemoryFlash::memory(geometry(), DeviceOptions::default()).unwrap();
+    let mut flash = write_tree(flash, &clock);
+    let geometry = flash.geometry();
+    let worn_bits = flintfs_format::protection::EccLayout::for_geometry(4096, 128).unwrap().worn_bits();
+    assert_eq!(worn_bits, 25, "t = 28 leaves an eighth, 3 bits, of margin");
+    // The first page of a block in each of three zones written full (data
+    // zones, which the refresh moves) gets as many flips as the worn mark;
+    // of three other blocks, one fewer: those are ordinary corrections.
+    let full = full_zones(&flash);
+    assert!(full.len() >= 3, "zones written full: {full:?}");
+    let worn: Vec<(u32, u32)> = full[..3].iter().map(|&zone| (zone, geometry.block_pages)).collect();
+    let healthy: Vec<(u32, u32)> = protected_blocks(&flash)
+        .into_iter()
+        .filter(|(zone, _, _)| !full[..3].contains(zone))
+        .map(|(zone, start, _)| (zone, start))
+        .take(3)
+        .collect();
+    for &(zone, start) in &worn {
+        flip_bits(&mut flash, PageAddress::new(zone, start), worn_bits);
+    }
+    for &(zone, start) in &healthy {
+        flip_bits(&mut flash, PageAddress::new(zone, start), worn_bits - 1);
+    }
+    let (mut fs, _) = Fs::mount(flash, FsOptions::default(), Box::new(clock.clone())).unwrap();
+    let report = fs.scrub(false).unwrap();
+    eprintln!("{report:?}");
+    assert!(report.pages_corrected >= 6, "{report:?}");
+    assert_eq!(report.pages_worn, 3, "{report:?}");
+    assert_eq!(report.blocks_retired, 3, "{report:?}");
+    assert_eq!(report.pages_unrepairable, 0, "{report:?}");
+    assert!(report.zones_refreshed >= 1, "{report:?}");
+    let check = fs.check().unwrap();
+    assert!(check.is_clean(), "{:#?}", check.findings);
+    let flash = fs.unmount().unwrap();
+    let record =
+        |zone: u32, start: u32| flash.blocks()[(zone * geometry.zone_blocks + start / geometry.block_pages) as usize];
+    for &(zone, start) in &worn {
+        assert!(record(zone, start).bad, "zone {zone} block at page {start} was not retired");
+    }
+    for &(zone, start) in &healthy {
+        assert!(!record(zone, start).bad, "zone {zone} block at page {start} was retired with a margin left");
+    }
+    // The tree is whole, read from where the refresh moved it.
+    read_back(flash, clock, 0);
+}
+
+#[test]
+fn the_open_stripe_window_stays_within_its_bound() {
+    // Small files with an fsync every third, in four directories: every
+    // head has a block open at once, and fsyncs flush them part full.
+    let clock = ManualClock::new(1_700_000_000_000_000_000);
+    let flash = MemoryFlash::memory(geometry(), DeviceOptions::default()).unwrap();
+    let flash = Fs::format(flash, &MkfsOptions::new([7; 16], 0), Box::new(clock.clone())).unwrap();
+    let (mut fs, _) = Fs::mount(flash, FsOptions::default(), Box::new(clock.clone())).unwrap();
+    let directories: Vec<u64> =
+        (0..4).map(|index| fs.mkdir(1, format!("d{index}").as_bytes(), 0o755, 0, 0).unwrap().ino).collect();
+    for index in 0..200u32 {
+        let file = fs.create(directories[index as usize % 4], format!("f{index}").as_bytes(), 0o644, 0, 0).unwrap();
+        fs.write(file.ino, 0, &contents(index)).unwrap();
+        if index % 3 == 2 {
+            fs.fsync(file.ino, false).unwrap();
+        }
+        fs.forget(file.ino, 1).unwrap();
+    }
+    let seen = fs.protection_counters().unprotected_pages_max;
+    eprintln!("unprotected_pages_max {seen}");
+    let bound = fs.volume().unprotected_pages_bound().expect("block parity is on by default");
+    // 16-page blocks with k = 1: 15 data slots in each of six zones.
+    assert_eq!(bound, 6 * 15);
+    assert!(seen > 15, "several heads had pages waiting at once: {seen}");
+    assert!(seen <= bound, "{seen} pages without parity on flash, past the bound {bound}");
+}
+
+// A directory that loses one bucket page past what protection rebuilds
+// (here, an image made without parity): the rest of the directory and the
+// rest of the file system keep working, and the checker says exactly what
+// is gone.
+
+/// Names in the directory that loses a bucket.
+const FILES: u32 = 600;
+
+fn file_name(index: u32) -> Vec<u8> {
+    format!("file-{index:04}").into_bytes()
+}
+
+fn small_contents(index: u32) -> Vec<u8> {
+    (0..200 + index as usize % 300).map(|byte| (byte as u32 * 7 + index) as u8).collect()
+}
+
+/// Every version on flash of every bucket of directory `ino`: slot to
+/// (sequence, address, names), newest last.
+type BucketVersions = BTreeMap<u32, Vec<(u64, PageAddress, Vec<Vec<u8>>)>>;
+
+fn bucket_pages(flash: &mut MemoryFlash, ino: u64) -> BucketVersions {
+    let geometry = flash.geometry();
+    let mut buckets: BucketVersions = BTreeMap::new();
+    let mut data = vec![0u8; geometry.page_size_bytes as usize];
+    let mut oob = vec![0u8; geometry.oob_size_bytes as usize];
+    for report in flash.report_zones() {
+        for page in 0..report.write_pointer {
+            let address = PageAddress::new(report.zone, page);
+            if flash.read_page(address, &mut data, &mut oob).unwrap() != PageState::Programmed {
+                continue;
+            }
+            let Ok(header) = PageHeader::decode(&oob, &data) else { continue };
+            if header.kind != PageKind::Node || is_inode_pack(&data) {
+                continue;
+            }
+            if let Ok(Node::Bucket { directory, slot, entries, .. }) = Node::decode(&data) {
+                if directory == ino {
+                    let names = entries.into_iter().map(|entry| entry.name).collect();
+                    buckets.entry(slot).or_default().push((header.sequence, address, names));
+                }
+            }
+        }
+    }
+    for versions in buckets.values_mut() {
+        versions.sort_by_key(|version| version.0);
+    }
+    buckets
+}
+
+fn list(fs: &mut Fs<MemoryFlash>, ino: u64) -> Vec<Vec<u8>> {
+    let mut names = Vec::new();
+    let mut cookie = 0;
+    loop {
+        let batch = fs.readdir(ino, cookie, 64).unwrap();
+        let Some(last) = batch.last() else { return names };
+        cookie = last.offset;
+        names.extend(batch.into_iter().map(|entry| entry.name).filter(|name| name != b"." && name != b".."));
+    }
+}
+
+#[test]
+fn a_directory_with_a_lost_bucket_lists_and_opens_every_entry_of_the_others() {
+    let clock = ManualClock::new(1_700_000_000_000_000_000);
+    let flash = MemoryFlash::memory(geometry(), DeviceOptions::default()).unwrap();
+    // No parity: one lost page is past what protection brings back.
+    let mkfs = MkfsOptions { block_parity_pages: 0, segment_parity_blocks: 0, ..MkfsOptions::new([3; 16], 0) };
+    let flash = Fs::format(flash, &mkfs, Box::new(clock.clone())).unwrap();
+    let (mut fs, _) = Fs::mount(flash, FsOptions::default(), Box::new(clock.clone())).unwrap();
+    let directory = fs.mkdir(1, b"big", 0o755, 0, 0).unwrap().ino;
+    for index in 0..FILES {
+        let file = fs.create(directory, &file_name(index), 0o644, 0, 0).unwrap();
+        fs.write(file.ino, 0, &small_contents(index)).unwrap();
+        fs.forget(file.ino, 1).unwrap();
+    }
+    let mut flash = fs.unmount().unwrap();
+
+    // The newest version of one bucket holding entries is destroyed, and
+    // every older one with it, so nothing stale can stand in.
+    let buckets = bucket_pages(&mut flash, directory);
+    assert!(buckets.len() >= 4, "{FILES} names make a hashed directory: {} buckets", buckets.len());
+    let (&slot, versions) = buckets.iter().find(|(_, versions)| !versions.last().unwrap().2.is_empty()).unwrap();
+    let lost: BTreeSet<Vec<u8>> = versions.last().unwrap().2.iter().cloned().collect();
+    assert!(!lost.is_empty() && lost.len() < FILES as usize / 2, "{} names in bucket slot {slot}", lost.len());
+    for (seed, &(_, address, _)) in versions.iter().enumerate() {
+        let fault = PageFault::Disturbed { seed: seed as u64, rate_ppm: 100_000 };
+        assert!(flash.inject_page_fault(address, fault).unwrap());
+    }
+
+    let (mut fs, _) = Fs::mount(flash, FsOptions::default(), Box::new(clock)).unwrap();
+    let directory = fs.lookup(1, b"big").unwrap().ino;
+    // Every name outside the lost bucket is listed once, and no other.
+    let listed = list(&mut fs, directory);
+    let expected: BTreeSet<Vec<u8>> = (0..FILES).map(file_name).filter(|name| !lost.contains(name)).collect();
+    assert_eq!(listed.len(), expected.len(), "each surviving name listed once");
+    assert_eq!(listed.iter().cloned().collect::<BTreeSet<_>>(), expected);
+    // Each opens and reads back whole.
+    for index in (0..FILES).filter(|&index| !lost.contains(&file_name(index))) {
+        let file = fs.lookup(directory, &file_name(index)).unwrap();
+        assert_eq!(
+            fs.read(file.ino, 0, 4096).unwrap(),
+            small_contents(index),
+            "{}",
+            String::from_utf8_lossy(&file_name(index))
+        );
+    }
+    // A lost name answers EIO, not ENOENT: the file system does not know
+    // that it is absent.
+    let lost_name = lost.iter().next().unwrap();
+    assert_eq!(fs.lookup(directory, lost_name).unwrap_err().errno, errno::EIO);
+    // The rest of the file system goes on.
+    let other = fs.mkdir(1, b"elsewhere", 0o755, 0, 0).unwrap();
+    let file = fs.create(other.ino, b"new", 0o644, 0, 0).unwrap();
+    fs.write(file.ino, 0, b"still working").unwrap();
+    assert_eq!(fs.read(file.ino, 0, 100).unwrap(), b"still working");
+
+    // The checker names the bucket, its hash range, the count lost, and
+    // every file that went with it, each once.
+    let report = fs.check().unwrap();
+    let findings = report.findings.join("\n");
+    eprintln!("{findings}");
+    assert!(
+        report
+            .findings
+            .iter()
+            .any(|finding| finding.contains(&format!("bucket slot {slot}")) && finding.contains("is lost")),
+        "{findings}"
+    );
+    assert!(findings.contains(&format!("{} lost with its unreadable buckets", lost.len())), "{findings}");
+    let files_lost = report.findings.iter().filter(|finding| finding.contains("is lost: its entry was in")).count();
+    assert_eq!(files_lost, lost.len(), "{findings}");
+    assert!(!findings.contains("leaked"), "every unreached slot is explained: {findings}");
 }

@@ -33,6 +33,10 @@ pub const OOB_BYTES_MIN: usize = PROTECTED_OOB_BYTES;
 pub const ECC_PARITY_BYTES_MIN: usize = 2;
 
 const _: () = assert!(SIGNATURE_OFFSET == 64 && PROTECTED_OOB_BYTES == 72);
+/// A codeword is worn ([`EccLayout::worn_bits`]) when the code has less
+/// than this fraction of its reach (1/8) left unused.
+pub const WORN_MARGIN_FRACTION: u32 = 8;
+const _: () = assert!(WORN_MARGIN_FRACTION >= 2, "a worn page must still be one the code corrects");
 
 /// The shape of the per-page ECC on a geometry.
 #[derive(Clone, Debug)]
@@ -114,6 +118,17 @@ impl EccLayout {
         self.codes[0].correctable_bits()
     }
 
+    /// Bits corrected in one codeword at or past which the page's erase
+    /// block is worn out: the code has less than an eighth of its reach
+    /// left, so a little more wear or retention loses pages there. With the
+    /// default t = 28 that is 25 bits; at the end-of-life raw rate (3.4e-4,
+    /// about 11 flipped bits a page on average) one page in about 3,000
+    /// gets there.
+    pub fn worn_bits(&self) -> u32 {
+        let correctable = self.correctable_bits();
+        correctable - correctable / WORN_MARGIN_FRACTION
+    }
+
     /// The field the codes use, GF(2^m).
     pub fn field_bits(&self) -> u32 {
         self.codes[0].field_bits()
@@ -185,6 +200,9 @@ pub struct Correction {
     pub bits_corrected: u32,
     /// Codewords with more errors than the ECC corrects.
     pub codewords_uncorrectable: u32,
+    /// The most bits corrected in one codeword: how close the page came to
+    /// the code's bound, which is what wear shows first.
+    pub codeword_bits_max: u32,
 }
 
 /// Runs the ECC over a page read from flash, correcting data and OOB in
@@ -198,7 +216,10 @@ pub fn correct(data: &mut [u8], oob: &mut [u8], layout: &EccLayout) -> Correctio
         let parity_range = layout.parity_range(index);
         let message_range = layout.message_range(index);
         match code.correct(&mut stream[message_range], &mut oob[parity_range]) {
-            Some(bits) => result.bits_corrected += bits,
+            Some(bits) => {
+                result.bits_corrected += bits;
+                result.codeword_bits_max = result.codeword_bits_max.max(bits);
+            }
             None => result.codewords_uncorrectable += 1,
         }
     }

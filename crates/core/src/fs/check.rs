@@ -43,6 +43,19 @@ struct Walk {
     directories: u64,
     files: u64,
     blocks: u64,
+    /// Name-hash ranges (directory, first, last) of buckets that could not
+    /// be read: the entries there are lost.
+    lost_ranges: Vec<(u64, u64, u64)>,
+}
+
+/// The first and last name hash of `run` table entries from `index` in a
+/// table of depth `depth` (entries are indexed by the hash's top bits, of
+/// 63).
+fn hash_range(index: usize, run: usize, depth: u8) -> (u64, u64) {
+    let shift = 63 - u32::from(depth);
+    let low = (index as u64) << shift;
+    let high = (((index + run) as u64) << shift).wrapping_sub(1) & (u64::MAX >> 1);
+    (low, high)
 }
 
 impl<D: FlashDevice> Fs<D> {
@@ -128,7 +141,13 @@ impl<D: FlashDevice> Fs<D> {
             }
             let entries = self.directory_entries(walk, ino, content, &slot_home);
             if entries.len() as u64 != entry_count {
-                walk.findings.push(format!("directory {ino}: counts {entry_count} entries, holds {}", entries.len()));
+                let lost = if walk.lost_ranges.iter().any(|&(directory, _, _)| directory == ino) {
+                    format!(": {} lost with its unreadable buckets", entry_count.saturating_sub(entries.len() as u64))
+                } else {
+                    String::new()
+                };
+                walk.findings
+                    .push(format!("directory {ino}: counts {entry_count} entries, holds {}{lost}", entries.len()));
             }
             let mut names = BTreeSet::new();
             let mut subdirectories = 0;
@@ -211,7 +230,12 @@ impl<D: FlashDevice> Fs<D> {
         for slot in 0..self.slot_count {
             match (walk.slots.contains_key(&slot), free.contains(&slot)) {
                 (true, true) => walk.findings.push(format!("slot {slot} is both in use and free")),
-                (false, false) => walk.findings.push(format!("slot {slot} is neither reached nor free: leaked")),
+                (false, false) => {
+                    let finding = self
+                        .lost_with_a_bucket(walk, slot, &map_entries)
+                        .unwrap_or_else(|| format!("slot {slot} is neither reached nor free: leaked"));
+                    walk.findings.push(finding)
+                }
                 _ => {}
             }
         }
@@ -227,6 +251,33 @@ impl<D: FlashDevice> Fs<D> {
             if counted > 0 && !usage.role.is_log_head() {
                 walk.findings.push(format!("zone {zone} is {:?} but the tree references it", usage.role));
             }
+        }
+    }
+
+    /// What a slot that nothing reaches held, when its entry was in a
+    /// bucket that could not be read: the file or directory lost with it.
+    fn lost_with_a_bucket(&mut self, walk: &Walk, slot: u32, map_entries: &[u64]) -> Option<String> {
+        let in_lost = |directory: u64, hash: u64| {
+            walk.lost_ranges.iter().any(|&(lost, low, high)| lost == directory && (low..=high).contains(&hash))
+        };
+        let ino = u64::from(slot) + 1;
+        match MapEntry::decode(*map_entries.get(slot as usize)?) {
+            MapEntry::Locator { parent, hash_prefix } if in_lost(parent, hash_prefix) => Some(format!(
+                "inode {ino}, a file of directory {parent}, is lost: its entry was in an unreadable bucket"
+            )),
+            MapEntry::Home(home) => match self.peek(NodeKey::Slot(slot), home) {
+                Ok((Node::Directory { inode, .. }, _))
+                    if walk.lost_ranges.iter().any(|&(lost, _, _)| lost == inode.parent) =>
+                {
+                    Some(format!(
+                        "inode {ino}, a directory of directory {}, is lost with all below it: its entry was in an \
+                         unreadable bucket",
+                        inode.parent
+                    ))
+                }
+                _ => None,
+            },
+            _ => None,
         }
     }
 
@@ -283,7 +334,18 @@ impl<D: FlashDevice> Fs<D> {
                 let (node, home) = match self.peek(NodeKey::Slot(slot), slot_home(slot)) {
                     Ok(found) => found,
                     Err(reason) => {
-                        walk.findings.push(format!("directory {ino}: bucket slot {slot}: {reason}"));
+                        // The run of a lost head is the table entries that
+                        // point at it; the hashes it held are what is lost.
+                        if first {
+                            run = table[index..].iter().take_while(|&&other| other == head).count();
+                        }
+                        let (low, high) = hash_range(index, run, depth);
+                        walk.findings.push(format!(
+                            "directory {ino}: bucket slot {slot} at {} is lost ({reason}): its entries, with name \
+                             hashes {low:#018x} to {high:#018x}, are gone",
+                            slot_home(slot)
+                        ));
+                        walk.lost_ranges.push((ino, low, high));
                         break;
                     }
                 };

@@ -426,22 +426,64 @@ impl<D: FlashDevice> Fs<D> {
                 let mut index = table_index(from_hash, global_depth);
                 while index < size && listed.len() < count {
                     let head = self.table_get(key, index)?;
-                    let Node::Bucket { local_depth, .. } = self.node(NodeKey::Slot(head))? else {
-                        return Err(Error::corrupt(format!("slot {head} is in a hash table but is not a bucket")));
-                    };
-                    let mut bucket_entries = Vec::new();
-                    for slot in self.chain_from(head)? {
-                        let Node::Bucket { entries, .. } = self.node(NodeKey::Slot(slot))? else { unreachable!() };
-                        bucket_entries.extend(entries.into_iter().filter(|entry| entry.hash >= from_hash));
-                    }
+                    let (local_depth, mut bucket_entries) = self.chain_entries(ino, head, from_hash)?;
                     bucket_entries.sort_by_key(|entry| entry.hash);
                     listed.extend(bucket_entries);
-                    let run = 1usize << global_depth.saturating_sub(local_depth);
-                    index = (index / run + 1) * run;
+                    index = match local_depth {
+                        Some(local_depth) => {
+                            let run = 1usize << global_depth.saturating_sub(local_depth);
+                            (index / run + 1) * run
+                        }
+                        // The head bucket is lost, and with it its depth:
+                        // its run is the table entries that point at it.
+                        None => {
+                            let mut next = index + 1;
+                            while next < size && self.table_get(key, next)? == head {
+                                next += 1;
+                            }
+                            next
+                        }
+                    };
                 }
                 Ok(listed)
             }
         }
+    }
+
+    /// The entries of the chain from `head` with a hash of at least
+    /// `from_hash`, and the head's local depth. A bucket that the flash
+    /// lost (damage past what protection rebuilds) is left out with a log
+    /// line, and the chain ends there: a listing shows every entry the
+    /// other buckets hold rather than none. Lookups of names that hash to
+    /// the lost bucket still answer EIO.
+    fn chain_entries(&mut self, directory: u64, head: u32, from_hash: u64) -> Result<(Option<u8>, Vec<Entry>)> {
+        let mut entries = Vec::new();
+        let mut head_depth = None;
+        let mut slot = head;
+        for _ in 0..=self.slot_count {
+            let node = match self.node(NodeKey::Slot(slot)) {
+                Ok(node) => node,
+                Err(error) if error.is_damage() => {
+                    tracing::error!(
+                        directory,
+                        bucket_slot = slot,
+                        "a bucket of the directory is unreadable; the listing leaves out its entries: {error}"
+                    );
+                    return Ok((head_depth, entries));
+                }
+                Err(error) => return Err(error),
+            };
+            let Node::Bucket { local_depth, next, entries: bucket, .. } = node else {
+                return Err(Error::corrupt(format!("slot {slot} is chained but is not a bucket")));
+            };
+            head_depth.get_or_insert(local_depth);
+            entries.extend(bucket.into_iter().filter(|entry| entry.hash >= from_hash));
+            if next == SLOT_NONE {
+                return Ok((head_depth, entries));
+            }
+            slot = next;
+        }
+        Err(Error::corrupt(format!("a bucket chain of directory {directory} loops at slot {slot}")))
     }
 
     /// A chain from its head bucket.

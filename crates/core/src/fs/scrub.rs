@@ -56,7 +56,10 @@ pub struct ScrubReport {
     pub oob_reads: u64,
     /// Zones whose live data moved because of what the scrub found.
     pub zones_refreshed: u64,
-    /// Erase blocks retired during the scrub.
+    /// Of the pages checked, those whose ECC correction reached the worn
+    /// mark (`EccLayout::worn_bits`): each retires its block.
+    pub pages_worn: u64,
+    /// Erase blocks retired during the scrub, worn or twice repaired.
     pub blocks_retired: u64,
 }
 
@@ -176,6 +179,7 @@ impl<D: FlashDevice> Fs<D> {
         if !quick {
             report.zones_refreshed = self.refresh_zones()?;
         }
+        report.pages_worn = after.pages_worn - before.pages_worn;
         report.blocks_retired = self.volume.protection_counters().blocks_retired - before.blocks_retired;
         Ok(report)
     }
