@@ -407,6 +407,8 @@ fn soak(arguments: &AtlasArguments, size: u64) -> Outcome<ExitCode> {
         totals.pages_repaired_block_parity += counters.pages_repaired_block_parity;
         totals.pages_repaired_zone_parity += counters.pages_repaired_zone_parity;
         totals.pages_unrepairable += counters.pages_unrepairable;
+        totals.pages_worn += counters.pages_worn;
+        totals.blocks_retired += counters.blocks_retired;
         device = fs.unmount()?;
         let spent = device.counters().since(&before);
         bits_flipped += spent.bit_flips_injected;
@@ -427,6 +429,10 @@ fn soak(arguments: &AtlasArguments, size: u64) -> Outcome<ExitCode> {
         "pages_repaired_block_parity": totals.pages_repaired_block_parity,
         "pages_repaired_zone_parity": totals.pages_repaired_zone_parity,
         "pages_unrepairable": totals.pages_unrepairable,
+        // Pages whose correction neared the code's bound, and the blocks
+        // they retired (their data moves when the cleaner next runs).
+        "pages_worn": totals.pages_worn,
+        "blocks_retired": totals.blocks_retired,
         "files_eio": eio,
         "files_silent": silent,
     });

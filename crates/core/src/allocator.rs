@@ -276,7 +276,7 @@ impl<D: FlashDevice> Volume<D> {
         let usage = &mut self.checkpoint.zones[zone as usize];
         usage.generation = usage.generation.wrapping_add(1);
         usage.role = role;
-        usage.valid_bytes = 0;
+        self.set_valid_bytes(zone, 0);
         Ok(zone)
     }
 
@@ -365,12 +365,13 @@ impl<D: FlashDevice> Volume<D> {
     pub fn account(&mut self, zone: u32, bytes: i64) {
         // A pointer from a damaged page may name a zone past the device;
         // it references nothing there to count.
-        let Some(usage) = self.checkpoint.zones.get_mut(zone as usize) else { return };
-        usage.valid_bytes = if bytes >= 0 {
+        let Some(usage) = self.checkpoint.zones.get(zone as usize) else { return };
+        let valid_bytes = if bytes >= 0 {
             usage.valid_bytes.saturating_add(bytes as u64)
         } else {
             usage.valid_bytes.saturating_sub(bytes.unsigned_abs())
         };
+        self.set_valid_bytes(zone, valid_bytes);
     }
 
     /// Declares the next unindexed list: up to k allocatable zones, never

@@ -223,6 +223,10 @@ pub struct Protected<D: FlashDevice> {
     /// counted once however often it is read (bounded by
     /// [`RETIRED_BLOCKS_MAX`]).
     retired_blocks: BTreeSet<(u32, u32)>,
+    /// Zone resets asked of the device through this layer since it was
+    /// opened (never reset, unlike the device's counters): a zone's
+    /// capacity changes only at a reset.
+    resets_issued: u64,
 }
 
 impl<D: FlashDevice> Protected<D> {
@@ -240,6 +244,7 @@ impl<D: FlashDevice> Protected<D> {
             refresh: BTreeSet::new(),
             repaired_pages: BTreeSet::new(),
             retired_blocks: BTreeSet::new(),
+            resets_issued: 0,
             correction: Correction::ALL,
         }
     }
@@ -444,6 +449,12 @@ impl<D: FlashDevice> Protected<D> {
         }
         let slots = self.inner.geometry().block_pages - self.parity.block_parity_pages;
         Some(ZONES_WRITTEN_AT_ONCE_MAX * u64::from(slots))
+    }
+
+    /// Zone resets issued through this layer since it was opened: what a
+    /// cached sum of zone capacities is keyed by.
+    pub fn resets_issued(&self) -> u64 {
+        self.resets_issued
     }
 
     pub fn inner(&self) -> &D {
@@ -1154,6 +1165,10 @@ impl<D: FlashDevice> FlashDevice for Protected<D> {
         self.stripes.remove(&zone);
         self.refresh.remove(&zone);
         self.repaired_pages.retain(|(repaired_zone, _)| *repaired_zone != zone);
+        // The reset leaves retired blocks out, so the zone's block numbers
+        // name other blocks from now on.
+        self.retired_blocks.retain(|(retired_zone, _)| *retired_zone != zone);
+        self.resets_issued += 1;
         self.inner.reset_zone(zone)
     }
 

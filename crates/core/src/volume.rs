@@ -159,6 +159,17 @@ pub struct Volume<D: FlashDevice> {
     /// Set by unmount: the next checkpoint record ends at an erase block's
     /// end (filler pages before it), so its block's parity is on flash.
     pub(crate) align_checkpoint: bool,
+    /// The sum of every zone's valid bytes in `checkpoint`, kept as they
+    /// change so that statfs and the capacity check before each write do
+    /// not add up every zone (`Volume::valid_bytes_total`).
+    /// Wide enough never to overflow, so it stays the exact sum even of a
+    /// damaged table's counts.
+    valid_bytes_total: u128,
+}
+
+/// The exact sum of a usage table's valid bytes.
+fn valid_bytes_sum(checkpoint: &Checkpoint) -> u128 {
+    checkpoint.zones.iter().map(|usage| u128::from(usage.valid_bytes)).sum()
 }
 
 fn shape_of(device: &impl FlashDevice) -> DeviceShape {
@@ -587,7 +598,7 @@ impl<D: FlashDevice> Volume<D> {
             let device_pages = u64::from(device.geometry().zone_count) * device.geometry().zone_pages();
             checkpoint.sequence_next = checkpoint.sequence_next.max(sequence_at_checkpoint + 2 * device_pages);
         }
-        let volume = Volume {
+        let mut volume = Volume {
             device,
             superblock,
             checkpoint,
@@ -598,7 +609,9 @@ impl<D: FlashDevice> Volume<D> {
             program_failures: 0,
             reserve_allowed: false,
             align_checkpoint: false,
+            valid_bytes_total: 0,
         };
+        volume.recount_valid_bytes();
         Ok((volume, report))
     }
 
@@ -626,6 +639,25 @@ impl<D: FlashDevice> Volume<D> {
     /// What the protection layer corrected and repaired since the mount.
     pub fn protection_counters(&self) -> ProtectionCounters {
         self.device.protection_counters()
+    }
+
+    /// Bytes referenced in every zone together: what the usage table sums
+    /// to, kept as it changes. Checked against the sum in debug builds.
+    pub fn valid_bytes_total(&self) -> u64 {
+        debug_assert_eq!(self.valid_bytes_total, valid_bytes_sum(&self.checkpoint), "the running total drifted");
+        u64::try_from(self.valid_bytes_total).unwrap_or(u64::MAX)
+    }
+
+    /// Sets `zone`'s valid bytes, keeping the total.
+    pub(crate) fn set_valid_bytes(&mut self, zone: u32, bytes: u64) {
+        let Some(usage) = self.checkpoint.zones.get_mut(zone as usize) else { return };
+        let before = std::mem::replace(&mut usage.valid_bytes, bytes);
+        self.valid_bytes_total = self.valid_bytes_total - u128::from(before) + u128::from(bytes);
+    }
+
+    /// Counts the total afresh, after the table was replaced whole.
+    pub(crate) fn recount_valid_bytes(&mut self) {
+        self.valid_bytes_total = valid_bytes_sum(&self.checkpoint);
     }
 
     /// The open-stripe window's bound (`Protected::unprotected_pages_bound`).
@@ -715,6 +747,7 @@ impl<D: FlashDevice> Volume<D> {
         write_checkpoint_record(&mut self.device, &next, zone, write_pointer)?;
         self.device.flush()?;
         self.checkpoint = next;
+        self.recount_valid_bytes();
         self.checkpoint_zone = zone;
         self.unindexed_used = 0;
         self.undeclared_zones_taken = 0;

@@ -59,7 +59,10 @@ pub(crate) struct ZoneScanKey {
     zone_resets: u64,
     failures: u64,
     zones_stuck: usize,
-    reserve_allowed: bool,
+    /// The protection layer's own count of resets, which no counter reset
+    /// clears.
+    resets_issued: u64,
+    pub(crate) reserve_allowed: bool,
 }
 
 /// How the cleaner chooses a victim when it cleans for space.
@@ -366,8 +369,27 @@ impl<D: FlashDevice> Fs<D> {
     /// need not read every zone's report again. A hint, never a decision:
     /// what cleans re-chooses, and `reserve_space` counts afresh.
     fn zone_scan(&mut self) -> (usize, bool) {
+        let key = self.zone_scan_key();
+        // One hint for each side of the reserve: operations that free space
+        // (unlink) may use it and those that fill it may not, and a workload
+        // that alternates them must not count every zone at each turn.
+        let slot = usize::from(key.reserve_allowed);
+        if let Some((cached, free, wear)) = self.zone_scan_hint[slot] {
+            if cached == key {
+                return (free, wear);
+            }
+        }
+        let free = self.free_zones();
+        let wear = self.wear_victim_now();
+        self.zone_scan_hint[slot] = Some((key, free, wear));
+        (free, wear)
+    }
+
+    /// The state that the free zones, their capacities and the wear spread
+    /// follow from.
+    pub(crate) fn zone_scan_key(&self) -> ZoneScanKey {
         let counters = self.volume.device().counters();
-        let key = ZoneScanKey {
+        ZoneScanKey {
             checkpoint_number: self.volume.checkpoint.number,
             unindexed_used: self.volume.unindexed_used,
             undeclared_zones_taken: self.volume.undeclared_zones_taken,
@@ -375,17 +397,9 @@ impl<D: FlashDevice> Fs<D> {
             zone_resets: counters.zone_resets,
             failures: counters.program_failures_injected + counters.erase_failures_injected,
             zones_stuck: self.cleaner_stuck.len(),
+            resets_issued: self.volume.device.resets_issued(),
             reserve_allowed: self.volume.reserve_allowed,
-        };
-        if let Some((cached, free, wear)) = self.zone_scan_hint {
-            if cached == key {
-                return (free, wear);
-            }
         }
-        let free = self.free_zones();
-        let wear = self.wear_victim_now();
-        self.zone_scan_hint = Some((key, free, wear));
-        (free, wear)
     }
 
     /// Zones moving `zone`'s live contents fills directly: its valid bytes,

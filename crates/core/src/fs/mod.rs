@@ -250,7 +250,13 @@ pub struct Fs<D: FlashDevice> {
     /// [`CleanerCounters::zones_stuck`]).
     pub(crate) cleaner_stuck: std::collections::BTreeSet<u32>,
     /// The last zone scan before an operation (see `Fs::zone_scan`).
-    pub(crate) zone_scan_hint: Option<(cleaner::ZoneScanKey, usize, bool)>,
+    pub(crate) zone_scan_hint: [Option<(cleaner::ZoneScanKey, usize, bool)>; 2],
+    /// The allocatable zones' capacities, smallest first, under the same
+    /// key and on the same two sides of the reserve (`reserve_space`).
+    pub(crate) capacities_hint: [Option<(cleaner::ZoneScanKey, Vec<u64>)>; 2],
+    /// The allocatable zones' summed capacity, and the resets issued when
+    /// it was counted (`Fs::space_blocks`).
+    pub(crate) capacity_hint: std::cell::Cell<Option<(u64, u64)>>,
     pub(crate) log: log::LogState,
     /// The running operation reserved its room at its start: what it
     /// calls may not clean, checkpoint or refuse for space again.
@@ -352,7 +358,7 @@ impl<D: FlashDevice> Fs<D> {
                     let usage = &mut self.volume.checkpoint.zones[zone as usize];
                     usage.role = role;
                     usage.generation = header.zone_generation;
-                    usage.valid_bytes = 0;
+                    self.volume.set_valid_bytes(zone, 0);
                 }
             }
         }
@@ -425,7 +431,9 @@ impl<D: FlashDevice> Fs<D> {
             counters: FsCounters::default(),
             cleaner: CleanerCounters::default(),
             cleaner_stuck: std::collections::BTreeSet::new(),
-            zone_scan_hint: None,
+            zone_scan_hint: [None; 2],
+            capacities_hint: [None, None],
+            capacity_hint: std::cell::Cell::new(None),
             log: log::LogState::default(),
             space_reserved: false,
             scrub_cursor: scrub::ScrubCursor { zone: 0, page: 0, last_ns: now },
@@ -603,19 +611,29 @@ impl<D: FlashDevice> Fs<D> {
                 return Ok(());
             }
             // Smallest zones first: a zone shrunk by bad blocks counts for
-            // what it holds, and the estimate errs towards ENOSPC.
-            let mut capacities = self.volume.allocatable_capacities().into_iter();
+            // what it holds, and the estimate errs towards ENOSPC. The list
+            // is kept while nothing that changes it happens (the zone scan's
+            // key): a buffer larger than a zone asks before every write.
+            let key = self.zone_scan_key();
+            let slot = usize::from(key.reserve_allowed);
+            let capacities = match self.capacities_hint[slot].take() {
+                Some((cached, capacities)) if cached == key => capacities,
+                _ => self.volume.allocatable_capacities(),
+            };
+            let mut remaining = capacities.iter().copied();
             let mut covered = |need: u64| {
-                let mut remaining = need;
-                while remaining > 0 {
-                    match capacities.next() {
-                        Some(capacity) => remaining = remaining.saturating_sub(capacity),
+                let mut left = need;
+                while left > 0 {
+                    match remaining.next() {
+                        Some(capacity) => left = left.saturating_sub(capacity),
                         None => return false,
                     }
                 }
                 true
             };
-            if covered(data_need) && covered(node_need) {
+            let fits = covered(data_need) && covered(node_need);
+            self.capacities_hint[slot] = Some((key, capacities));
+            if fits {
                 return Ok(());
             }
             // Zones emptied by unlinks and truncates come back at the next

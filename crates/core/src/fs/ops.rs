@@ -1298,19 +1298,35 @@ impl<D: FlashDevice> Fs<D> {
     /// never promised to files.
     pub(crate) fn space_blocks(&self) -> (u64, u64) {
         let geometry = self.volume.device.geometry();
-        let reports = self.volume.device.report_zones();
-        let dynamic: u64 = reports
+        let dynamic = self.dynamic_capacity_pages();
+        let kept_back_zones =
+            u64::from(RESERVE_ZONES) + crate::volume::LOG_HEAD_ROLES.len() as u64 + super::CLEAN_LOW_WATER_ZONES as u64;
+        let blocks = dynamic.saturating_sub(kept_back_zones * geometry.zone_pages());
+        let used = self.volume.valid_bytes_total().div_ceil(self.block_bytes()) + self.dirty_blocks.len() as u64;
+        (blocks, used)
+    }
+
+    /// The pages of every zone the allocator hands out, summed. A zone's
+    /// capacity changes only when it is reset (a retired block drops out
+    /// then), so the sum is kept until a zone is reset, instead of reading
+    /// every zone's report before each write.
+    fn dynamic_capacity_pages(&self) -> u64 {
+        let key = self.volume.device.resets_issued();
+        if let Some((cached_key, pages)) = self.capacity_hint.get() {
+            if cached_key == key {
+                return pages;
+            }
+        }
+        let pages = self
+            .volume
+            .device
+            .report_zones()
             .iter()
             .filter(|report| report.zone >= FIRST_DYNAMIC_ZONE)
             .map(|report| u64::from(report.capacity_pages))
             .sum();
-        let kept_back_zones =
-            u64::from(RESERVE_ZONES) + crate::volume::LOG_HEAD_ROLES.len() as u64 + super::CLEAN_LOW_WATER_ZONES as u64;
-        let blocks = dynamic.saturating_sub(kept_back_zones * geometry.zone_pages());
-        let used_bytes: u64 =
-            self.volume.checkpoint.zones.iter().fold(0u64, |sum, usage| sum.saturating_add(usage.valid_bytes));
-        let used = used_bytes.div_ceil(self.block_bytes()) + self.dirty_blocks.len() as u64;
-        (blocks, used)
+        self.capacity_hint.set(Some((key, pages)));
+        pages
     }
 
     /// ENOSPC when `new_blocks` more blocks of file data would pass the
