@@ -45,6 +45,13 @@ impl<D: FlashDevice> Fs<D> {
     /// The directory node of `ino`, checked to be that directory: ENOTDIR
     /// for a file, ENOENT for nothing.
     pub(crate) fn directory(&mut self, ino: u64) -> Result<Node> {
+        let key = self.directory_checked(ino)?;
+        self.node(key)
+    }
+
+    /// Checks that `ino` is a directory (ENOTDIR for a file, ENOENT for
+    /// nothing) without copying its page, and returns its key.
+    pub(crate) fn directory_checked(&mut self, ino: u64) -> Result<NodeKey> {
         let key = self.directory_key(ino)?;
         if !self.in_memory(key) {
             match MapEntry::decode(self.map_get(ino as u32 - 1)?) {
@@ -57,31 +64,35 @@ impl<D: FlashDevice> Fs<D> {
                 }
             }
         }
-        let node = self.node(key)?;
-        match &node {
-            Node::Directory { inode, .. } if inode.ino == ino => Ok(node),
+        self.with_node(key, |node| match node {
+            Node::Directory { inode, .. } if inode.ino == ino => Ok(key),
             Node::File { inode, .. } if inode.ino == ino => {
                 Err(Error::new(errno::ENOTDIR, format!("inode {ino} is not a directory")))
             }
             _ => Err(Error::new(errno::ENOENT, format!("directory {ino} does not exist"))),
-        }
+        })?
     }
 
     /// Where the entry for file `ino` in `directory` points, found by the
     /// top bits of its name's hash (a locator's prefix).
     pub(crate) fn directory_find_ino(&mut self, directory: u64, hash_prefix: u64, ino: u64) -> Result<Option<Target>> {
-        let key = self.directory_key(directory)?;
-        let Node::Directory { content, .. } = self.directory(directory)? else { unreachable!() };
-        let slots = match content {
-            DirectoryContent::Inline(entries) => {
-                return Ok(entries.into_iter().find(|entry| entry.ino == ino).map(|entry| entry.target));
+        let key = self.directory_checked(directory)?;
+        let inline = self.with_node(key, |node| match node {
+            Node::Directory { content: DirectoryContent::Inline(entries), .. } => {
+                Some(entries.iter().find(|entry| entry.ino == ino).map(|entry| entry.target))
             }
-            DirectoryContent::Hashed { .. } => self.chain(key, hash_prefix)?,
-        };
-        for slot in slots {
-            let Node::Bucket { entries, .. } = self.node(NodeKey::Slot(slot))? else { unreachable!() };
-            if let Some(entry) = entries.into_iter().find(|entry| entry.ino == ino) {
-                return Ok(Some(entry.target));
+            _ => None,
+        })?;
+        if let Some(found) = inline {
+            return Ok(found);
+        }
+        for slot in self.chain(key, hash_prefix)? {
+            let found = self.with_node(NodeKey::Slot(slot), |node| match node {
+                Node::Bucket { entries, .. } => entries.iter().find(|entry| entry.ino == ino).map(|entry| entry.target),
+                _ => None,
+            })?;
+            if found.is_some() {
+                return Ok(found);
             }
         }
         Ok(None)
@@ -106,19 +117,28 @@ impl<D: FlashDevice> Fs<D> {
 
     /// The bucket slot at `index` of a hashed directory.
     fn table_get(&mut self, directory: NodeKey, index: usize) -> Result<u32> {
-        let Node::Directory { content: DirectoryContent::Hashed { global_depth, slots }, .. } = self.node(directory)?
-        else {
-            return Err(Error::corrupt(format!("{directory:?} is not a hashed directory")));
-        };
-        let slot = if (1usize << global_depth) <= self.direct_table_capacity() {
-            slots.get(index).copied()
-        } else {
-            let capacity = self.table_page_capacity();
-            let page = *slots.get(index / capacity).ok_or_else(|| Error::corrupt("table index past the table"))?;
-            match self.node(NodeKey::Slot(page))? {
+        let direct = self.direct_table_capacity();
+        let capacity = self.table_page_capacity();
+        // The slot itself, or the table page that holds it.
+        let found = self.with_node(directory, |node| match node {
+            Node::Directory { content: DirectoryContent::Hashed { global_depth, slots }, .. } => {
+                if (1usize << global_depth) <= direct {
+                    Ok(Ok(slots.get(index).copied()))
+                } else {
+                    slots
+                        .get(index / capacity)
+                        .map(|&page| Err(page))
+                        .ok_or_else(|| Error::corrupt("table index past the table"))
+                }
+            }
+            _ => Err(Error::corrupt(format!("{directory:?} is not a hashed directory"))),
+        })??;
+        let slot = match found {
+            Ok(slot) => slot,
+            Err(page) => self.with_node(NodeKey::Slot(page), |node| match node {
                 Node::Table { slots, .. } => slots.get(index % capacity).copied(),
                 _ => None,
-            }
+            })?,
         };
         slot.filter(|&slot| slot != SLOT_NONE && slot < self.slot_count)
             .ok_or_else(|| Error::corrupt(format!("{directory:?}: table entry {index} is missing or out of range")))
@@ -197,32 +217,45 @@ impl<D: FlashDevice> Fs<D> {
 
     /// The bucket slots of the chain that holds `hash`.
     fn chain(&mut self, directory: NodeKey, hash: u64) -> Result<Vec<u32>> {
-        let Node::Directory { content: DirectoryContent::Hashed { global_depth, .. }, .. } = self.node(directory)?
-        else {
-            unreachable!("only hashed directories have chains")
-        };
+        let global_depth = self.with_node(directory, |node| match node {
+            Node::Directory { content: DirectoryContent::Hashed { global_depth, .. }, .. } => *global_depth,
+            _ => unreachable!("only hashed directories have chains"),
+        })?;
         let head = self.table_get(directory, table_index(hash, global_depth))?;
         self.chain_from(head)
     }
 
-    /// The entry named `name` in directory `ino`.
+    /// The entry named `name` in directory `ino`. Reads the pages in
+    /// place and copies only the entry found.
     pub(crate) fn directory_lookup(&mut self, ino: u64, name: &[u8]) -> Result<Option<Entry>> {
         let hash = flintfs_format::name_hash(self.hash_seed, name);
-        let node = self.directory(ino)?;
-        let Node::Directory { content, .. } = node else { unreachable!() };
-        match content {
-            DirectoryContent::Inline(entries) => Ok(entries.into_iter().find(|entry| entry.name == name)),
-            DirectoryContent::Hashed { .. } => {
-                let key = self.directory_key(ino)?;
-                for slot in self.chain(key, hash)? {
-                    let Node::Bucket { entries, .. } = self.node(NodeKey::Slot(slot))? else { unreachable!() };
-                    if let Some(entry) = entries.into_iter().find(|entry| entry.name == name) {
-                        return Ok(Some(entry));
-                    }
-                }
-                Ok(None)
+        let key = self.directory_checked(ino)?;
+        // Inline: the entry or nothing; hashed: the table's depth.
+        let inline_or_depth = self.with_node(key, |node| match node {
+            Node::Directory { content: DirectoryContent::Inline(entries), .. } => {
+                Ok(entries.iter().find(|entry| entry.name == name).cloned())
             }
+            Node::Directory { content: DirectoryContent::Hashed { global_depth, .. }, .. } => Err(*global_depth),
+            _ => unreachable!("checked to be a directory"),
+        })?;
+        let global_depth = match inline_or_depth {
+            Ok(found) => return Ok(found),
+            Err(depth) => depth,
+        };
+        let mut slot = self.table_get(key, table_index(hash, global_depth))?;
+        for _ in 0..=self.slot_count {
+            let (found, next) = self.with_node(NodeKey::Slot(slot), |node| match node {
+                Node::Bucket { entries, next, .. } => {
+                    Ok((entries.iter().find(|entry| entry.hash == hash && entry.name == name).cloned(), *next))
+                }
+                _ => Err(Error::corrupt(format!("slot {slot} is chained but is not a bucket"))),
+            })??;
+            if found.is_some() || next == SLOT_NONE {
+                return Ok(found);
+            }
+            slot = next;
         }
+        Err(Error::corrupt(format!("a bucket chain of directory {ino} loops at slot {slot}")))
     }
 
     /// Adds an entry; the caller has checked the name is not there.
@@ -491,9 +524,10 @@ impl<D: FlashDevice> Fs<D> {
         let mut chain = vec![head];
         loop {
             let last = *chain.last().expect("not empty");
-            let Node::Bucket { next, .. } = self.node(NodeKey::Slot(last))? else {
-                return Err(Error::corrupt(format!("slot {last} is chained but is not a bucket")));
-            };
+            let next = self.with_node(NodeKey::Slot(last), |node| match node {
+                Node::Bucket { next, .. } => Ok(*next),
+                _ => Err(Error::corrupt(format!("slot {last} is chained but is not a bucket"))),
+            })??;
             if next == SLOT_NONE {
                 return Ok(chain);
             }

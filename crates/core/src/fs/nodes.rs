@@ -120,6 +120,13 @@ impl<D: FlashDevice> Fs<D> {
         Ok(())
     }
 
+    /// Reads a node in place: what the hot paths use, so that a lookup
+    /// copies the one entry it wants, not the page.
+    pub(crate) fn with_node<R>(&mut self, key: NodeKey, read: impl FnOnce(&Node) -> R) -> Result<R> {
+        self.ensure(key)?;
+        Ok(read(&self.nodes.get(key).expect("ensured").node))
+    }
+
     /// A copy of a node.
     pub(crate) fn node(&mut self, key: NodeKey) -> Result<Node> {
         self.ensure(key)?;
@@ -330,8 +337,10 @@ impl<D: FlashDevice> Fs<D> {
         }
         let capacity = map_capacity(self.page_size);
         let page = (slot as usize / capacity) as u32;
-        let Node::Map { entries, .. } = self.node(NodeKey::Map(page))? else { unreachable!("map keys hold maps") };
-        Ok(entries[slot as usize % capacity])
+        self.with_node(NodeKey::Map(page), |node| {
+            let Node::Map { entries, .. } = node else { unreachable!("map keys hold maps") };
+            entries[slot as usize % capacity]
+        })
     }
 
     /// Sets a slot's map entry.

@@ -178,10 +178,10 @@ impl<D: FlashDevice> Fs<D> {
     /// The inode of any file or directory.
     pub(crate) fn inode(&mut self, ino: u64) -> Result<Inode> {
         let key = self.file_key(ino)?;
-        match self.node(key)? {
-            Node::File { inode, .. } | Node::Directory { inode, .. } if inode.ino == ino => Ok(inode),
+        self.with_node(key, |node| match node {
+            Node::File { inode, .. } | Node::Directory { inode, .. } if inode.ino == ino => Ok(inode.clone()),
             _ => Err(Error::new(errno::ENOENT, format!("inode {ino} does not exist"))),
-        }
+        })?
     }
 
     /// Changes an inode in place.
@@ -222,16 +222,22 @@ impl<D: FlashDevice> Fs<D> {
     pub fn getattr(&mut self, ino: u64) -> Result<Attributes> {
         let key = self.file_key(ino)?;
         let sector_bytes = 512;
-        let (inode, sectors) = match self.node(key)? {
+        let page_sectors = self.page_size as u64 / sector_bytes;
+        // The inode, and its sectors, or the blocks its index stores (the
+        // buffered ones are added after).
+        let (inode, sectors) = self.with_node(key, |node| match node {
             Node::File { inode, content: FileContent::Index { blocks_stored, .. }, .. } if inode.ino == ino => {
-                let blocks = self.blocks_used(ino, blocks_stored)?;
-                (inode, blocks * (self.block_bytes() / sector_bytes))
+                Ok((inode.clone(), Err(*blocks_stored)))
             }
             Node::File { inode, content: FileContent::Inline(data), .. } if inode.ino == ino => {
-                (inode, (data.len() as u64).div_ceil(sector_bytes))
+                Ok((inode.clone(), Ok((data.len() as u64).div_ceil(sector_bytes))))
             }
-            Node::Directory { inode, .. } if inode.ino == ino => (inode, self.page_size as u64 / sector_bytes),
-            _ => return Err(Error::new(errno::ENOENT, format!("inode {ino} does not exist"))),
+            Node::Directory { inode, .. } if inode.ino == ino => Ok((inode.clone(), Ok(page_sectors))),
+            _ => Err(Error::new(errno::ENOENT, format!("inode {ino} does not exist"))),
+        })??;
+        let sectors = match sectors {
+            Ok(sectors) => sectors,
+            Err(blocks_stored) => self.blocks_used(ino, blocks_stored)? * (self.block_bytes() / sector_bytes),
         };
         let attributes = self.attributes_of(&inode, sectors);
         self.drain()?;
@@ -254,7 +260,7 @@ impl<D: FlashDevice> Fs<D> {
                 let NodeKey::Slot(slot) = key else {
                     return Err(Error::corrupt(format!("inode {ino} is found physically but not remembered")));
                 };
-                let directory = matches!(self.node(key)?, Node::Directory { .. });
+                let directory = self.with_node(key, |node| matches!(node, Node::Directory { .. }))?;
                 self.known.insert(ino, Known { location: Location::Slot(slot), lookups: 0, orphan: false, directory });
             }
         }
