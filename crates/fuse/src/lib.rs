@@ -10,11 +10,24 @@
 //! being answered, and let a slow fsync not stall replies being written.
 //!
 //! ## Kernel caching, and why
-//! - **Attribute and entry timeouts** of [`ATTRIBUTE_TTL`]: every change
-//!   reaches the core through this one mount, and the kernel updates its
-//!   own caches on the replies, so nothing can change behind its back.
-//! - **keep_cache** on open, for the same reason: the page cache of a file
-//!   is never stale.
+//! - **Attribute and entry timeouts** of [`ATTRIBUTE_TTL`] (an hour, as
+//!   long as a kernel file system keeps them): the engine is owned by this
+//!   daemon, so every change reaches it through this one mount, and the
+//!   kernel updates or drops its own caches on the replies (a write drops
+//!   the cached size, times and blocks; an unlink or rename the inode's
+//!   attributes and the names; a link returns the new count). Nothing
+//!   changes behind its back. After `powercut` the engine is gone and
+//!   every request fails until the mount is replaced, so nothing cached
+//!   outlives the state it came from.
+//! - **No open, no opendir, no flush** (the kernel's zero-message open):
+//!   `open`, `opendir` and `flush` answer ENOSYS, after which the kernel
+//!   sends none of them, nor `release`. None of them has work to do here
+//!   (a file is ready once looked up; a write reaches the engine when it
+//!   is made, so close makes nothing more durable). Opening and closing a
+//!   file then costs no request, where it cost three. The kernel then
+//!   keeps each file's page cache across opens, and caches directory
+//!   listings, dropping a listing whenever an entry changes through the
+//!   mount: both are never stale, for the reason above.
 //! - **No writeback cache.** With it the kernel would hold written pages
 //!   and send them later, so a write that returned would not yet be in the
 //!   engine. fsync still flushes them first, but `powercut` (which stops
@@ -39,8 +52,9 @@ use fuser::{
     TimeOrNow, WriteFlags,
 };
 
-/// How long the kernel may trust attributes and entries it was given.
-pub const ATTRIBUTE_TTL: Duration = Duration::from_secs(1);
+/// How long the kernel may trust attributes and entries it was given
+/// (see the module's account of why a long time is safe).
+pub const ATTRIBUTE_TTL: Duration = Duration::from_secs(3600);
 /// Session worker threads.
 pub const WORKER_THREADS: usize = 2;
 /// Entries asked of the core per readdir reply (the reply buffer bounds
@@ -366,11 +380,15 @@ impl<D: FlashDevice + Send + 'static> Filesystem for FlintFuse<D> {
         reply_entry(reply, self.call(|fs| fs.link(ino.0, new_parent.0, new_name.as_bytes())));
     }
 
-    fn open(&self, _request: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        match self.call(|fs| fs.getattr(ino.0)) {
-            Ok(_) => reply.opened(FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE),
-            Err(errno) => reply.error(errno),
-        }
+    /// ENOSYS: the kernel opens files itself from now on, keeping their
+    /// page cache (the module's account).
+    fn open(&self, _request: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        reply.error(Errno::ENOSYS);
+    }
+
+    /// ENOSYS: the kernel opens directories itself and caches listings.
+    fn opendir(&self, _request: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        reply.error(Errno::ENOSYS);
     }
 
     fn read(
@@ -409,8 +427,9 @@ impl<D: FlashDevice + Send + 'static> Filesystem for FlintFuse<D> {
     }
 
     /// close(2): nothing to do, writes reach the engine as they are made.
-    fn flush(&self, _request: &Request, ino: INodeNo, _handle: FileHandle, _owner: LockOwner, reply: ReplyEmpty) {
-        reply_empty(reply, self.call(|fs| fs.getattr(ino.0).map(|_| ())));
+    /// ENOSYS, so the kernel sends no more of them.
+    fn flush(&self, _request: &Request, _ino: INodeNo, _handle: FileHandle, _owner: LockOwner, reply: ReplyEmpty) {
+        reply.error(Errno::ENOSYS);
     }
 
     fn fsync(&self, _request: &Request, ino: INodeNo, _handle: FileHandle, datasync: bool, reply: ReplyEmpty) {

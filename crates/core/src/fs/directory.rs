@@ -260,13 +260,18 @@ impl<D: FlashDevice> Fs<D> {
 
     /// Adds an entry; the caller has checked the name is not there.
     pub(crate) fn directory_insert(&mut self, ino: u64, entry: Entry) -> Result<()> {
-        let key = self.directory_key(ino)?;
+        let key = self.directory_checked(ino)?;
         let page_size = self.page_size;
-        let Node::Directory { inode, content, .. } = self.directory(ino)? else { unreachable!() };
-        if let DirectoryContent::Inline(entries) = content {
+        // The bytes an inline directory's entries use; `None` once hashed.
+        let inline_used = self.with_node(key, |node| match node {
+            Node::Directory { content: DirectoryContent::Inline(entries), .. } => {
+                Some(entries.iter().map(Entry::encoded_bytes).sum::<usize>())
+            }
+            _ => None,
+        })?;
+        if let Some(used) = inline_used {
             // Measured against the area that leaves room for the most xattrs
             // an inode may have, so a later setxattr always fits.
-            let used: usize = entries.iter().map(Entry::encoded_bytes).sum();
             if used + entry.encoded_bytes() <= directory_area_bytes(page_size) {
                 return self.modify(key, |node| {
                     let Node::Directory { content: DirectoryContent::Inline(entries), entry_count, .. } = node else {
@@ -280,21 +285,26 @@ impl<D: FlashDevice> Fs<D> {
             // Full: the entries move to a first bucket, and the page holds a
             // table of one slot.
             let bucket = self.allocate_slot()?;
+            let entries = self.modify(key, |node| {
+                let Node::Directory { content, .. } = node else { unreachable!() };
+                match std::mem::replace(content, DirectoryContent::Hashed { global_depth: 0, slots: vec![bucket] }) {
+                    DirectoryContent::Inline(entries) => entries,
+                    DirectoryContent::Hashed { .. } => unreachable!("inline a moment ago"),
+                }
+            })?;
             self.insert_new(
                 NodeKey::Slot(bucket),
-                Node::Bucket { directory: inode.ino, slot: bucket, local_depth: 0, next: SLOT_NONE, entries },
+                Node::Bucket { directory: ino, slot: bucket, local_depth: 0, next: SLOT_NONE, entries },
             );
-            self.modify(key, |node| {
-                let Node::Directory { content, .. } = node else { unreachable!() };
-                *content = DirectoryContent::Hashed { global_depth: 0, slots: vec![bucket] };
-            })?;
         }
         let bucket_room = bucket_area_bytes(page_size);
         loop {
             let chain = self.chain(key, entry.hash)?;
             for &slot in &chain {
-                let Node::Bucket { entries, .. } = self.node(NodeKey::Slot(slot))? else { unreachable!() };
-                let used: usize = entries.iter().map(Entry::encoded_bytes).sum();
+                let used = self.with_node(NodeKey::Slot(slot), |node| match node {
+                    Node::Bucket { entries, .. } => entries.iter().map(Entry::encoded_bytes).sum::<usize>(),
+                    _ => unreachable!("chains hold buckets"),
+                })?;
                 if used + entry.encoded_bytes() <= bucket_room {
                     self.modify(NodeKey::Slot(slot), |node| {
                         let Node::Bucket { entries, .. } = node else { unreachable!() };
@@ -321,7 +331,7 @@ impl<D: FlashDevice> Fs<D> {
                 self.insert_new(
                     NodeKey::Slot(sibling),
                     Node::Bucket {
-                        directory: inode.ino,
+                        directory: ino,
                         slot: sibling,
                         local_depth: local_depth + 1,
                         next: SLOT_NONE,
@@ -337,20 +347,14 @@ impl<D: FlashDevice> Fs<D> {
                 let start = (table_index(entry.hash, global_depth) / run) * run;
                 self.table_set(key, start + run / 2..start + run, sibling)?;
             } else if self.table_fits(global_depth + 1) {
-                self.table_double(key, inode.ino)?;
+                self.table_double(key, ino)?;
             } else {
                 // The table is at its bound: chain an overflow bucket.
                 let overflow = self.allocate_slot()?;
                 let last = *chain.last().expect("not empty");
                 self.insert_new(
                     NodeKey::Slot(overflow),
-                    Node::Bucket {
-                        directory: inode.ino,
-                        slot: overflow,
-                        local_depth,
-                        next: SLOT_NONE,
-                        entries: Vec::new(),
-                    },
+                    Node::Bucket { directory: ino, slot: overflow, local_depth, next: SLOT_NONE, entries: Vec::new() },
                 );
                 self.modify(NodeKey::Slot(last), |node| {
                     let Node::Bucket { next, .. } = node else { unreachable!() };
@@ -362,13 +366,19 @@ impl<D: FlashDevice> Fs<D> {
 
     /// Removes the entry named `name` and returns it.
     pub(crate) fn directory_remove(&mut self, ino: u64, name: &[u8]) -> Result<Entry> {
-        let key = self.directory_key(ino)?;
+        let key = self.directory_checked(ino)?;
         let hash = flintfs_format::name_hash(self.hash_seed, name);
         let not_found = || Error::new(errno::ENOENT, format!("no entry {:?} in directory {ino}", name_text(name)));
-        let Node::Directory { content, .. } = self.directory(ino)? else { unreachable!() };
-        let removed = match content {
-            DirectoryContent::Inline(entries) => {
-                let at = entries.iter().position(|entry| entry.name == name).ok_or_else(not_found)?;
+        // Inline: where the entry is, if it is; hashed: `Err`.
+        let inline = self.with_node(key, |node| match node {
+            Node::Directory { content: DirectoryContent::Inline(entries), .. } => {
+                Ok(entries.iter().position(|entry| entry.name == name))
+            }
+            _ => Err(()),
+        })?;
+        let removed = match inline {
+            Ok(at) => {
+                let at = at.ok_or_else(not_found)?;
                 self.modify(key, |node| {
                     let Node::Directory { content: DirectoryContent::Inline(entries), .. } = node else {
                         unreachable!()
@@ -376,18 +386,25 @@ impl<D: FlashDevice> Fs<D> {
                     entries.remove(at)
                 })?
             }
-            DirectoryContent::Hashed { .. } => {
+            Err(()) => {
                 let chain = self.chain(key, hash)?;
                 let mut found = None;
                 for (position, &slot) in chain.iter().enumerate() {
-                    let Node::Bucket { entries, next, .. } = self.node(NodeKey::Slot(slot))? else { unreachable!() };
-                    if let Some(at) = entries.iter().position(|entry| entry.name == name) {
+                    // Where the entry is in this bucket, the bucket's count
+                    // and its successor.
+                    let (at, count, next) = self.with_node(NodeKey::Slot(slot), |node| match node {
+                        Node::Bucket { entries, next, .. } => {
+                            (entries.iter().position(|entry| entry.name == name), entries.len(), *next)
+                        }
+                        _ => unreachable!("chains hold buckets"),
+                    })?;
+                    if let Some(at) = at {
                         let removed = self.modify(NodeKey::Slot(slot), |node| {
                             let Node::Bucket { entries, .. } = node else { unreachable!() };
                             entries.remove(at)
                         })?;
                         // An emptied overflow bucket leaves its chain.
-                        if position > 0 && entries.len() == 1 {
+                        if position > 0 && count == 1 {
                             self.modify(NodeKey::Slot(chain[position - 1]), |node| {
                                 let Node::Bucket { next: previous_next, .. } = node else { unreachable!() };
                                 *previous_next = next;
@@ -411,11 +428,17 @@ impl<D: FlashDevice> Fs<D> {
     /// Points the entry for `ino` (whose name hashes to `hash`) in
     /// directory `directory` at `target`.
     pub(crate) fn directory_set_target(&mut self, directory: u64, hash: u64, ino: u64, target: Target) -> Result<()> {
-        let key = self.directory_key(directory)?;
-        let Node::Directory { content, .. } = self.directory(directory)? else { unreachable!() };
-        let slots = match content {
-            DirectoryContent::Inline(entries) => {
-                if entries.iter().any(|entry| entry.ino == ino && entry.hash == hash) {
+        let key = self.directory_checked(directory)?;
+        // Inline: whether the entry is there; hashed: `None`.
+        let inline = self.with_node(key, |node| match node {
+            Node::Directory { content: DirectoryContent::Inline(entries), .. } => {
+                Some(entries.iter().any(|entry| entry.ino == ino && entry.hash == hash))
+            }
+            _ => None,
+        })?;
+        let slots = match inline {
+            Some(found) => {
+                if found {
                     return self.modify(key, |node| {
                         let Node::Directory { content: DirectoryContent::Inline(entries), .. } = node else {
                             unreachable!()
@@ -427,11 +450,14 @@ impl<D: FlashDevice> Fs<D> {
                 }
                 Vec::new()
             }
-            DirectoryContent::Hashed { .. } => self.chain(key, hash)?,
+            None => self.chain(key, hash)?,
         };
         for slot in slots {
-            let Node::Bucket { entries, .. } = self.node(NodeKey::Slot(slot))? else { unreachable!() };
-            if entries.iter().any(|entry| entry.ino == ino && entry.hash == hash) {
+            let found = self.with_node(NodeKey::Slot(slot), |node| match node {
+                Node::Bucket { entries, .. } => entries.iter().any(|entry| entry.ino == ino && entry.hash == hash),
+                _ => false,
+            })?;
+            if found {
                 return self.modify(NodeKey::Slot(slot), |node| {
                     let Node::Bucket { entries, .. } = node else { unreachable!() };
                     for entry in entries.iter_mut().filter(|entry| entry.ino == ino && entry.hash == hash) {
