@@ -53,7 +53,7 @@ use flintfs_flash::{
 };
 use flintfs_format::erasure::{unit_bytes, unit_of, ErasureCode};
 use flintfs_format::protection::{self, EccLayout, OOB_BYTES_MIN, PROTECTED_OOB_BYTES};
-use flintfs_format::{PageHeader, SUPERBLOCK_ZONES};
+use flintfs_format::{PageHeader, FIRST_DYNAMIC_ZONE, SUPERBLOCK_ZONES};
 
 /// What the protection layer did, since the volume was opened.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -315,8 +315,15 @@ impl<D: FlashDevice> Protected<D> {
     /// read it (a real controller's read reclaim does the same), rather
     /// than waiting for parity to be needed.
     fn note_correction(&mut self, zone: u32, page: u32, codeword_bits: u32) {
-        let worn = self.ecc.as_deref().map_or(u32::MAX, EccLayout::worn_bits);
-        if codeword_bits < worn || SUPERBLOCK_ZONES.contains(&zone) {
+        // A code too weak to leave a margin (t under the fraction's
+        // denominator, where the mark would be t itself) says nothing about
+        // wear: one bit past an ordinary flip is already a failure.
+        let worn = self
+            .ecc
+            .as_deref()
+            .filter(|layout| layout.correctable_bits() >= protection::WORN_MARGIN_FRACTION)
+            .map_or(u32::MAX, EccLayout::worn_bits);
+        if codeword_bits < worn {
             return;
         }
         self.counters.pages_worn += 1;
@@ -326,13 +333,23 @@ impl<D: FlashDevice> Protected<D> {
 
     /// Retires the erase block of physical `page` in `zone` (it keeps its
     /// data until the zone's next reset), counting it once.
+    /// The superblock and checkpoint zones are never shrunk: they are fixed
+    /// places, and their records must keep fitting (their pages are kept
+    /// twice over instead).
     fn retire(&mut self, zone: u32, page: u32) {
+        if zone < FIRST_DYNAMIC_ZONE {
+            return;
+        }
         let block = page / self.inner.geometry().block_pages;
-        if self.retired_blocks.contains(&(zone, block)) || self.retired_blocks.len() >= RETIRED_BLOCKS_MAX {
+        if self.retired_blocks.contains(&(zone, block)) {
             return;
         }
         if self.inner.retire_block(PageAddress::new(zone, page)).unwrap_or(false) {
-            self.retired_blocks.insert((zone, block));
+            // Past the bound a block may be counted twice; it is retired
+            // all the same.
+            if self.retired_blocks.len() < RETIRED_BLOCKS_MAX {
+                self.retired_blocks.insert((zone, block));
+            }
             self.counters.blocks_retired += 1;
             tracing::info!(zone, block, "erase block retired");
         }

@@ -17,8 +17,10 @@
 //!   the cached size, times and blocks; an unlink or rename the inode's
 //!   attributes and the names; a link returns the new count). Nothing
 //!   changes behind its back. After `powercut` the engine is gone and
-//!   every request fails until the mount is replaced, so nothing cached
-//!   outlives the state it came from.
+//!   every request fails until the mount is replaced; what the kernel
+//!   already holds (names, attributes, pages read before the cut) it may
+//!   still answer from until then, as a kernel file system's caches
+//!   outlive a yanked disk. The next mount starts with nothing cached.
 //! - **No open, no opendir, no flush** (the kernel's zero-message open):
 //!   `open`, `opendir` and `flush` answer ENOSYS, after which the kernel
 //!   sends none of them, nor `release`. None of them has work to do here
@@ -27,7 +29,9 @@
 //!   file then costs no request, where it cost three. The kernel then
 //!   keeps each file's page cache across opens, and caches directory
 //!   listings, dropping a listing whenever an entry changes through the
-//!   mount: both are never stale, for the reason above.
+//!   mount: both are never stale, for the reason above. A kernel that
+//!   does not offer this (before Linux 4.14 for files, 5.1 for
+//!   directories) gets handles that keep the caches instead.
 //! - **No writeback cache.** With it the kernel would hold written pages
 //!   and send them later, so a write that returned would not yet be in the
 //!   engine. fsync still flushes them first, but `powercut` (which stops
@@ -124,6 +128,12 @@ pub struct FlintFuse<D: FlashDevice> {
     clock: SystemClock,
     /// What unmount did: `Some(Ok)` after a clean checkpoint.
     unmounted: Arc<Mutex<Option<std::result::Result<D, Error>>>>,
+    /// Whether the kernel takes ENOSYS from open (and from opendir) as
+    /// "open it yourself from now on" (FUSE 7.23 and 7.29, Linux 4.14 and
+    /// 5.1). An older kernel would hand the ENOSYS to the program, so then
+    /// open answers as before, with a handle.
+    no_open: bool,
+    no_opendir: bool,
 }
 
 impl<D: FlashDevice + 'static> FlintFuse<D> {
@@ -131,7 +141,10 @@ impl<D: FlashDevice + 'static> FlintFuse<D> {
     #[allow(clippy::type_complexity)]
     pub fn new(shared: Arc<Shared<D>>) -> (FlintFuse<D>, Arc<Mutex<Option<std::result::Result<D, Error>>>>) {
         let unmounted = Arc::new(Mutex::new(None));
-        (FlintFuse { shared, clock: SystemClock, unmounted: unmounted.clone() }, unmounted)
+        (
+            FlintFuse { shared, clock: SystemClock, unmounted: unmounted.clone(), no_open: false, no_opendir: false },
+            unmounted,
+        )
     }
 
     fn call<R>(&self, work: impl FnOnce(&mut Fs<D>) -> flintfs_core::Result<R>) -> Result<R, Errno> {
@@ -238,6 +251,8 @@ impl<D: FlashDevice + Send + 'static> Filesystem for FlintFuse<D> {
         if let Err(unsupported) = config.add_capabilities(wanted) {
             tracing::info!("the kernel lacks {unsupported:?}; plain readdir only");
         }
+        self.no_open = config.capabilities().contains(InitFlags::FUSE_NO_OPEN_SUPPORT);
+        self.no_opendir = config.capabilities().contains(InitFlags::FUSE_NO_OPENDIR_SUPPORT);
         Ok(())
     }
 
@@ -381,14 +396,24 @@ impl<D: FlashDevice + Send + 'static> Filesystem for FlintFuse<D> {
     }
 
     /// ENOSYS: the kernel opens files itself from now on, keeping their
-    /// page cache (the module's account).
+    /// page cache (the module's account); on a kernel without that, a
+    /// handle that keeps the cache.
     fn open(&self, _request: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        reply.error(Errno::ENOSYS);
+        if self.no_open {
+            reply.error(Errno::ENOSYS);
+        } else {
+            reply.opened(FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE);
+        }
     }
 
-    /// ENOSYS: the kernel opens directories itself and caches listings.
+    /// ENOSYS: the kernel opens directories itself and caches listings; on
+    /// a kernel without that, a handle that caches them.
     fn opendir(&self, _request: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        reply.error(Errno::ENOSYS);
+        if self.no_opendir {
+            reply.error(Errno::ENOSYS);
+        } else {
+            reply.opened(FileHandle(0), FopenFlags::FOPEN_KEEP_CACHE | FopenFlags::FOPEN_CACHE_DIR);
+        }
     }
 
     fn read(

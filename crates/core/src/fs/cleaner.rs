@@ -367,7 +367,8 @@ impl<D: FlashDevice> Fs<D> {
     /// since. Both change only when a zone is taken, reset, released (at
     /// a checkpoint), found bad or given up on; an operation between those
     /// need not read every zone's report again. A hint, never a decision:
-    /// what cleans re-chooses, and `reserve_space` counts afresh.
+    /// what cleans re-chooses, and `reserve_space` keeps its own list
+    /// of capacities under the same key.
     fn zone_scan(&mut self) -> (usize, bool) {
         let key = self.zone_scan_key();
         // One hint for each side of the reserve: operations that free space

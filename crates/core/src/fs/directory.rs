@@ -27,6 +27,16 @@ fn table_index(hash: u64, depth: u8) -> usize {
     }
 }
 
+/// The next bucket of a chain whose buckets so far are `visited`: damage
+/// that loops the chain (or runs it past every slot) is an error at once,
+/// before a walk could copy the same entries again and again.
+fn chain_step(visited: &[u32], next: u32, slot_count: u32, directory: u64) -> Result<u32> {
+    if visited.contains(&next) || visited.len() as u32 > slot_count {
+        return Err(Error::corrupt(format!("a bucket chain of directory {directory} loops at slot {next}")));
+    }
+    Ok(next)
+}
+
 /// The bit that decides which half of a split bucket of depth `depth` an
 /// entry goes to.
 fn split_bit(hash: u64, depth: u8) -> bool {
@@ -243,7 +253,8 @@ impl<D: FlashDevice> Fs<D> {
             Err(depth) => depth,
         };
         let mut slot = self.table_get(key, table_index(hash, global_depth))?;
-        for _ in 0..=self.slot_count {
+        let mut visited = Vec::new();
+        loop {
             let (found, next) = self.with_node(NodeKey::Slot(slot), |node| match node {
                 Node::Bucket { entries, next, .. } => {
                     Ok((entries.iter().find(|entry| entry.hash == hash && entry.name == name).cloned(), *next))
@@ -253,9 +264,9 @@ impl<D: FlashDevice> Fs<D> {
             if found.is_some() || next == SLOT_NONE {
                 return Ok(found);
             }
-            slot = next;
+            visited.push(slot);
+            slot = chain_step(&visited, next, self.slot_count, ino)?;
         }
-        Err(Error::corrupt(format!("a bucket chain of directory {ino} loops at slot {slot}")))
     }
 
     /// Adds an entry; the caller has checked the name is not there.
@@ -519,7 +530,8 @@ impl<D: FlashDevice> Fs<D> {
         let mut entries = Vec::new();
         let mut head_depth = None;
         let mut slot = head;
-        for _ in 0..=self.slot_count {
+        let mut visited = Vec::new();
+        loop {
             let node = match self.node(NodeKey::Slot(slot)) {
                 Ok(node) => node,
                 Err(error) if error.is_damage() => {
@@ -540,9 +552,9 @@ impl<D: FlashDevice> Fs<D> {
             if next == SLOT_NONE {
                 return Ok((head_depth, entries));
             }
-            slot = next;
+            visited.push(slot);
+            slot = chain_step(&visited, next, self.slot_count, directory)?;
         }
-        Err(Error::corrupt(format!("a bucket chain of directory {directory} loops at slot {slot}")))
     }
 
     /// A chain from its head bucket.

@@ -1189,13 +1189,37 @@ impl<D: FlashDevice> Fs<D> {
         let listed = self.readdir(ino, cookie, count)?;
         let mut out = Vec::with_capacity(listed.len());
         for entry in listed {
-            let attributes = self.getattr(entry.ino)?;
+            let attributes = match self.getattr(entry.ino) {
+                Ok(attributes) => attributes,
+                // A file whose inode the flash lost is left out, as a lost
+                // bucket is: the listing shows the rest (the name alone
+                // answers EIO when looked up).
+                Err(error) if error.is_damage() => {
+                    tracing::error!(directory = ino, file = entry.ino, "an inode is unreadable: {error}");
+                    continue;
+                }
+                Err(error) => {
+                    self.forget_listed(&out);
+                    return Err(error);
+                }
+            };
             if entry.name != b"." && entry.name != b".." {
-                self.remember(entry.ino)?;
+                if let Err(error) = self.remember(entry.ino) {
+                    self.forget_listed(&out);
+                    return Err(error);
+                }
             }
             out.push((entry, attributes));
         }
         Ok(out)
+    }
+
+    /// Gives back the references a failed readdirplus took: the kernel
+    /// never saw those entries, so it will never forget them.
+    fn forget_listed(&mut self, listed: &[(DirectoryEntry, Attributes)]) {
+        for (entry, _) in listed.iter().filter(|(entry, _)| entry.name != b"." && entry.name != b"..") {
+            let _ = self.forget(entry.ino, 1);
+        }
     }
 
     pub fn setxattr(&mut self, ino: u64, name: &[u8], value: &[u8], flags: XattrFlags) -> Result<()> {
