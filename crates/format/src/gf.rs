@@ -155,41 +155,62 @@ pub fn signature(bytes: &[u8]) -> [u16; SIGNATURE_SYMBOLS] {
     assert!(bytes.len().div_ceil(2) <= SIGNATURE_SYMBOLS_MAX, "signature over more symbols than the field can place");
     let tables = shift_tables();
     let mut result = [0u16; SIGNATURE_SYMBOLS];
-    // Horner's rule from the last symbol down: acc = acc * base + symbol,
-    // one accumulator per power. Multiplying by a constant is linear over
-    // GF(2), so it is two lookups in small tables (one per byte of the
-    // accumulator) that stay in the L1 cache.
+    // Horner's rule from the last symbol down, one accumulator per power
+    // b = a^(j+1), taking HORNER_STEP symbols at a time:
+    //   acc = acc * b^4 + s[i+3] * b^3 + s[i+2] * b^2 + s[i+1] * b + s[i].
+    // Multiplying by a constant is linear over GF(2), so each product is
+    // two lookups in small tables (one per byte) that stay in the L1 cache;
+    // the products of the four symbols do not wait on the accumulator, so
+    // the chain through it is one step in four (the single-symbol rule made
+    // every lookup wait on the one before).
     let chunk_count = bytes.len().div_ceil(SYMBOL_CHUNK_BYTES);
     for chunk_index in (0..chunk_count).rev() {
         let start = chunk_index * SYMBOL_CHUNK_BYTES;
         let chunk = &bytes[start..bytes.len().min(start + SYMBOL_CHUNK_BYTES)];
         let mut padded = [0u8; SYMBOL_CHUNK_BYTES];
         padded[..chunk.len()].copy_from_slice(chunk);
-        for index in (0..CHUNK_SYMBOLS).rev() {
-            let symbol = u16::from(padded[index]) | u16::from(padded[index + CHUNK_SYMBOLS]) << 8;
+        let symbol = |index: usize| u16::from(padded[index]) | u16::from(padded[index + CHUNK_SYMBOLS]) << 8;
+        for group in (0..CHUNK_SYMBOLS / HORNER_STEP).rev() {
+            let first = group * HORNER_STEP;
+            let symbols = [symbol(first), symbol(first + 1), symbol(first + 2), symbol(first + 3)];
             for (power, accumulator) in result.iter_mut().enumerate() {
-                let table = &tables[power];
-                *accumulator =
-                    table[0][(*accumulator & 0xFF) as usize] ^ table[1][(*accumulator >> 8) as usize] ^ symbol;
+                let [by_1, by_2, by_3, by_4] = &tables[power];
+                let times = |table: &[[u16; 256]; 2], value: u16| {
+                    table[0][(value & 0xFF) as usize] ^ table[1][(value >> 8) as usize]
+                };
+                *accumulator = times(by_4, *accumulator)
+                    ^ times(by_3, symbols[3])
+                    ^ times(by_2, symbols[2])
+                    ^ times(by_1, symbols[1])
+                    ^ symbols[0];
             }
         }
     }
     result
 }
 
-/// For each power `j + 1` of the base: the products of `a^(j+1)` with
-/// every low byte and every high byte of an element.
-type ShiftTables = [[[u16; 256]; 2]; SIGNATURE_SYMBOLS];
+/// Symbols each step of [`signature`]'s Horner rule takes.
+const HORNER_STEP: usize = 4;
+const _: () = assert!(CHUNK_SYMBOLS % HORNER_STEP == 0, "a chunk is whole steps");
+
+/// For each power `b = a^(j + 1)` of the base, and each of `b^1` to
+/// `b^4`: the products of that constant with every low byte and every high
+/// byte of an element (16 KiB in all).
+type ShiftTables = [[[[u16; 256]; 2]; HORNER_STEP]; SIGNATURE_SYMBOLS];
 
 fn shift_tables() -> &'static ShiftTables {
     static SHIFT: OnceLock<Box<ShiftTables>> = OnceLock::new();
     SHIFT.get_or_init(|| {
-        let mut out = Box::new([[[0u16; 256]; 2]; SIGNATURE_SYMBOLS]);
-        for (power, table) in out.iter_mut().enumerate() {
+        let mut out = Box::new([[[[0u16; 256]; 2]; HORNER_STEP]; SIGNATURE_SYMBOLS]);
+        for (power, tables) in out.iter_mut().enumerate() {
             let base = power_of_generator(power as u32 + 1);
-            for byte in 0..256u16 {
-                table[0][byte as usize] = mul(byte, base);
-                table[1][byte as usize] = mul(byte << 8, base);
+            let mut constant = 1u16;
+            for table in tables.iter_mut() {
+                constant = mul(constant, base);
+                for byte in 0..256u16 {
+                    table[0][byte as usize] = mul(byte, constant);
+                    table[1][byte as usize] = mul(byte << 8, constant);
+                }
             }
         }
         out

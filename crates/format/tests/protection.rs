@@ -28,6 +28,26 @@ proptest! {
     }
 
     #[test]
+    fn the_signature_is_its_definition(bytes in proptest::collection::vec(any::<u8>(), 0..300)) {
+        // sig_j(D) = sum_p D_p * a^((j + 1) * p), symbol p being byte p % 32
+        // (low) and byte p % 32 + 32 (high) of chunk p / 32, zero padded.
+        let mut padded = bytes.clone();
+        padded.resize(bytes.len().div_ceil(SYMBOL_CHUNK_BYTES) * SYMBOL_CHUNK_BYTES, 0);
+        let mut expected = [0u16; 4];
+        for (chunk_index, chunk) in padded.chunks(SYMBOL_CHUNK_BYTES).enumerate() {
+            for index in 0..SYMBOL_CHUNK_BYTES / 2 {
+                let symbol = u16::from(chunk[index]) | u16::from(chunk[index + SYMBOL_CHUNK_BYTES / 2]) << 8;
+                let position = (chunk_index * SYMBOL_CHUNK_BYTES / 2 + index) as u32;
+                for (power, sum) in expected.iter_mut().enumerate() {
+                    let exponent = ((power as u64 + 1) * u64::from(position) % u64::from(gf::FIELD_MODULUS)) as u32;
+                    *sum ^= gf::mul(symbol, gf::power_of_generator(exponent));
+                }
+            }
+        }
+        prop_assert_eq!(signature(&bytes), expected);
+    }
+
+    #[test]
     fn the_signature_commutes_with_xor(a in bytes_of(4160), b in bytes_of(4160)) {
         let xored: Vec<u8> = a.iter().zip(&b).map(|(x, y)| x ^ y).collect();
         let expected: Vec<u16> = signature(&a).iter().zip(signature(&b)).map(|(x, y)| x ^ y).collect();
