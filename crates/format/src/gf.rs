@@ -191,7 +191,7 @@ pub fn signature(bytes: &[u8]) -> [u16; SIGNATURE_SYMBOLS] {
 
 /// Symbols each step of [`signature`]'s Horner rule takes.
 const HORNER_STEP: usize = 4;
-const _: () = assert!(CHUNK_SYMBOLS % HORNER_STEP == 0, "a chunk is whole steps");
+const _: () = assert!(CHUNK_SYMBOLS.is_multiple_of(HORNER_STEP), "a chunk is whole steps");
 
 /// For each power `b = a^(j + 1)` of the base, and each of `b^1` to
 /// `b^4`: the products of that constant with every low byte and every high
