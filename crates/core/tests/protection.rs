@@ -295,49 +295,44 @@ fn flip_bits(flash: &mut MemoryFlash, address: PageAddress, bits: u32) {
 }
 
 #[test]
-fn a_block_whose_ecc_nears_its_bound_is_retired_and_its_zone_moved() {
+fn a_page_near_the_ecc_bound_moves_its_zone_and_a_block_past_end_of_life_is_retired() {
     let clock = ManualClock::new(1_700_000_000_000_000_000);
     let flash = MemoryFlash::memory(geometry(), DeviceOptions::default()).unwrap();
     let mut flash = write_tree(flash, &clock);
     let geometry = flash.geometry();
-    let worn_bits = flintfs_format::protection::EccLayout::for_geometry(4096, 128).unwrap().worn_bits();
-    assert_eq!(worn_bits, 25, "t = 28 leaves an eighth, 3 bits, of margin");
-    // The first page of a block in each of three zones written full (data
-    // zones, which the refresh moves) gets as many flips as the worn mark;
-    // of three other blocks, one fewer: those are ordinary corrections.
+    let layout = flintfs_format::protection::EccLayout::for_geometry(4096, 128).unwrap();
+    let (worn_bits, half) = (layout.worn_bits(), layout.correctable_bits() / 2);
+    assert_eq!((worn_bits, half), (25, 14), "t = 28: an eighth of margin, and half its reach");
+    // Three zones written full (data zones, which the refresh moves): one
+    // page of each at the worn mark. A fourth: every page of one block at
+    // half the reach, a block past end of life. A fifth: every page of a
+    // block one bit under that, a block merely old.
     let full = full_zones(&flash);
-    assert!(full.len() >= 3, "zones written full: {full:?}");
-    let worn: Vec<(u32, u32)> = full[..3].iter().map(|&zone| (zone, geometry.block_pages)).collect();
-    let healthy: Vec<(u32, u32)> = protected_blocks(&flash)
-        .into_iter()
-        .filter(|(zone, _, _)| !full[..3].contains(zone))
-        .map(|(zone, start, _)| (zone, start))
-        .take(3)
-        .collect();
-    for &(zone, start) in &worn {
-        flip_bits(&mut flash, PageAddress::new(zone, start), worn_bits);
+    assert!(full.len() >= 5, "zones written full: {full:?}");
+    for &zone in &full[..3] {
+        flip_bits(&mut flash, PageAddress::new(zone, geometry.block_pages), worn_bits);
     }
-    for &(zone, start) in &healthy {
-        flip_bits(&mut flash, PageAddress::new(zone, start), worn_bits - 1);
+    let (dying, old) = (full[3], full[4]);
+    for page in 0..geometry.block_pages {
+        flip_bits(&mut flash, PageAddress::new(dying, page), half);
+        flip_bits(&mut flash, PageAddress::new(old, page), half - 1);
     }
     let (mut fs, _) = Fs::mount(flash, FsOptions::default(), Box::new(clock.clone())).unwrap();
     let report = fs.scrub(false).unwrap();
     eprintln!("{report:?}");
-    assert!(report.pages_corrected >= 6, "{report:?}");
     assert_eq!(report.pages_worn, 3, "{report:?}");
-    assert_eq!(report.blocks_retired, 3, "{report:?}");
+    assert_eq!(report.blocks_retired, 1, "only the block past end of life: {report:?}");
     assert_eq!(report.pages_unrepairable, 0, "{report:?}");
-    assert!(report.zones_refreshed >= 1, "{report:?}");
+    assert!(report.zones_refreshed >= 4, "the worn pages' zones and the dying block's: {report:?}");
     let check = fs.check().unwrap();
     assert!(check.is_clean(), "{:#?}", check.findings);
     let flash = fs.unmount().unwrap();
     let record =
-        |zone: u32, start: u32| flash.blocks()[(zone * geometry.zone_blocks + start / geometry.block_pages) as usize];
-    for &(zone, start) in &worn {
-        assert!(record(zone, start).bad, "zone {zone} block at page {start} was not retired");
-    }
-    for &(zone, start) in &healthy {
-        assert!(!record(zone, start).bad, "zone {zone} block at page {start} was retired with a margin left");
+        |zone: u32, page: u32| flash.blocks()[(zone * geometry.zone_blocks + page / geometry.block_pages) as usize];
+    assert!(record(dying, 0).bad, "the block past end of life was not retired");
+    assert!(!record(old, 0).bad, "a block under half the reach was retired");
+    for &zone in &full[..3] {
+        assert!(!record(zone, geometry.block_pages).bad, "one worn page retired its block");
     }
     // The tree is whole, read from where the refresh moved it.
     read_back(flash, clock, 0);

@@ -118,9 +118,9 @@ impl EccLayout {
         self.codes[0].correctable_bits()
     }
 
-    /// Bits corrected in one codeword at or past which the page's erase
-    /// block is worn out: the code has less than an eighth of its reach
-    /// left, so a little more wear or retention loses pages there. With the
+    /// Bits corrected in one codeword at or past which the page is worn:
+    /// the code has less than an eighth of its reach left, so a little more
+    /// retention loses it, and its data should move (read reclaim). With the
     /// default t = 28 that is 25 bits; at the end-of-life raw rate (3.4e-4,
     /// about 11 flipped bits a page on average) one page in about 3,000
     /// gets there.

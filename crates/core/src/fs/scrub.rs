@@ -57,9 +57,10 @@ pub struct ScrubReport {
     /// Zones whose live data moved because of what the scrub found.
     pub zones_refreshed: u64,
     /// Of the pages checked, those whose ECC correction reached the worn
-    /// mark (`EccLayout::worn_bits`): each retires its block.
+    /// mark (`EccLayout::worn_bits`): each moves its zone's data.
     pub pages_worn: u64,
-    /// Erase blocks retired during the scrub, worn or twice repaired.
+    /// Erase blocks retired during the scrub: their corrected reads needed
+    /// half the ECC's reach on average, or two of their pages parity.
     pub blocks_retired: u64,
 }
 
