@@ -103,8 +103,13 @@ pub const REPAIRED_PAGES_MAX: usize = 4096;
 pub const RETIRED_BLOCKS_MAX: usize = 4096;
 /// Erase blocks whose corrected reads are tallied at once.
 pub const BLOCK_SAMPLES_MAX: usize = 65536;
-/// Corrected reads of a block before its average may retire it.
-pub const RETIRE_SAMPLE_READS_MIN: u32 = 8;
+/// Corrected reads of a block before its average may retire it. The
+/// average is tested after every read, so it must be steady by then: at
+/// the end-of-life rate a page's bits spread by about 3.4 around 11, so
+/// the mean of 64 reads sits within 0.4 of it, and half the reach (14) is
+/// six spreads away. With 8 reads, chance alone retired 1,163 of 4,096
+/// blocks in the soak's ten reads of a healthy end-of-life device.
+pub const RETIRE_SAMPLE_READS_MIN: u32 = 64;
 
 /// Which layers of correction reads use.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -325,8 +330,9 @@ impl<D: FlashDevice> Protected<D> {
     ///   that retention flipped are fresh again.
     /// - The block is retired when its corrected reads need, on average,
     ///   half the code's reach ([`RETIRE_SAMPLE_READS_MIN`] of them at
-    ///   least): its raw error rate is then past the end-of-life point the
-    ///   code was sized for (at 3.4e-4 a page averages 11 of 28 bits). One
+    ///   least, so chance cannot): its raw error rate is then past the
+    ///   end-of-life point the code was sized for (at 3.4e-4 a page
+    ///   averages 11 of 28 bits). One
     ///   page at the mark is not enough: at end of life one read in about
     ///   3,000 gets there by chance, and retiring on that would take a
     ///   fifth of the blocks in ten reads of the device (a soak measured

@@ -318,12 +318,21 @@ fn a_page_near_the_ecc_bound_moves_its_zone_and_a_block_past_end_of_life_is_reti
         flip_bits(&mut flash, PageAddress::new(old, page), half - 1);
     }
     let (mut fs, _) = Fs::mount(flash, FsOptions::default(), Box::new(clock.clone())).unwrap();
-    let report = fs.scrub(false).unwrap();
-    eprintln!("{report:?}");
-    assert_eq!(report.pages_worn, 3, "{report:?}");
-    assert_eq!(report.blocks_retired, 1, "only the block past end of life: {report:?}");
-    assert_eq!(report.pages_unrepairable, 0, "{report:?}");
-    assert!(report.zones_refreshed >= 4, "the worn pages' zones and the dying block's: {report:?}");
+    let first = fs.scrub(false).unwrap();
+    eprintln!("{first:?}");
+    assert_eq!(first.pages_worn, 3, "{first:?}");
+    assert_eq!(first.pages_unrepairable, 0, "{first:?}");
+    assert!(first.zones_refreshed >= 3, "the worn pages' zones move: {first:?}");
+    // A block is judged on 64 corrected reads at least; a 16-page block
+    // gets 17 a scrub (its parity page too). The fourth scrub retires it.
+    let mut retired = first.blocks_retired;
+    for _ in 0..3 {
+        let report = fs.scrub(false).unwrap();
+        eprintln!("{report:?}");
+        assert_eq!(report.pages_unrepairable, 0, "{report:?}");
+        retired += report.blocks_retired;
+    }
+    assert_eq!(retired, 1, "only the block past end of life");
     let check = fs.check().unwrap();
     assert!(check.is_clean(), "{:#?}", check.findings);
     let flash = fs.unmount().unwrap();
