@@ -99,10 +99,12 @@ pub const RETIRE_REPAIRS_PER_BLOCK: u32 = 2;
 pub const REFRESH_ZONES_MAX: usize = 256;
 /// Rebuilt pages remembered, to count them per block.
 pub const REPAIRED_PAGES_MAX: usize = 4096;
-/// Retired blocks remembered, to count each once.
-pub const RETIRED_BLOCKS_MAX: usize = 4096;
 /// Erase blocks whose corrected reads are tallied at once.
 pub const BLOCK_SAMPLES_MAX: usize = 65536;
+/// Retired blocks remembered, to retire and count each once. Past it, no
+/// more are retired in this mount (a warning says so): retiring one the
+/// set forgot would count it again at every read.
+pub const RETIRED_BLOCKS_MAX: usize = BLOCK_SAMPLES_MAX;
 /// Corrected reads of a block before its average may retire it. The
 /// average is tested after every read, so it must be steady by then: at
 /// the end-of-life rate a page's bits spread by about 3.4 around 11, so
@@ -351,7 +353,8 @@ impl<D: FlashDevice> Protected<D> {
             self.want_refresh(zone);
         }
         let block = page / self.inner.geometry().block_pages;
-        if !self.block_samples.contains_key(&(zone, block)) && self.block_samples.len() >= BLOCK_SAMPLES_MAX {
+        let tallied = self.block_samples.contains_key(&(zone, block));
+        if self.retired_blocks.contains(&(zone, block)) || (!tallied && self.block_samples.len() >= BLOCK_SAMPLES_MAX) {
             return;
         }
         let sample = self.block_samples.entry((zone, block)).or_default();
@@ -376,12 +379,14 @@ impl<D: FlashDevice> Protected<D> {
         if self.retired_blocks.contains(&(zone, block)) {
             return;
         }
+        if self.retired_blocks.len() >= RETIRED_BLOCKS_MAX {
+            tracing::warn!(zone, block, "{RETIRED_BLOCKS_MAX} blocks retired in this mount; this one is left in use");
+            return;
+        }
         if self.inner.retire_block(PageAddress::new(zone, page)).unwrap_or(false) {
-            // Past the bound a block may be counted twice; it is retired
-            // all the same.
-            if self.retired_blocks.len() < RETIRED_BLOCKS_MAX {
-                self.retired_blocks.insert((zone, block));
-            }
+            self.retired_blocks.insert((zone, block));
+            // Its reads need tallying no more.
+            self.block_samples.remove(&(zone, block));
             self.counters.blocks_retired += 1;
             tracing::info!(zone, block, "erase block retired");
         }

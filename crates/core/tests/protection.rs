@@ -37,6 +37,14 @@ fn round_trip(rate: f64, seed: u64) -> ProtectionCounters {
     read_back(flash, clock, seed)
 }
 
+/// The tree written on a fresh device of the tests' geometry, and its
+/// clock.
+fn written_tree() -> (MemoryFlash, ManualClock) {
+    let clock = ManualClock::new(1_700_000_000_000_000_000);
+    let flash = MemoryFlash::memory(geometry(), DeviceOptions::default()).unwrap();
+    (write_tree(flash, &clock), clock)
+}
+
 fn write_tree(flash: MemoryFlash, clock: &ManualClock) -> MemoryFlash {
     let flash = Fs::format(flash, &MkfsOptions::new([7; 16], 0), Box::new(clock.clone())).unwrap();
     let (mut fs, _) = Fs::mount(flash, FsOptions::default(), Box::new(clock.clone())).unwrap();
@@ -126,9 +134,7 @@ fn destroyed(seed: u64) -> PageFault {
 
 #[test]
 fn one_destroyed_page_in_every_erase_block_is_rebuilt_from_block_parity() {
-    let clock = ManualClock::new(1_700_000_000_000_000_000);
-    let flash = MemoryFlash::memory(geometry(), DeviceOptions::default()).unwrap();
-    let mut flash = write_tree(flash, &clock);
+    let (mut flash, clock) = written_tree();
     let blocks = protected_blocks(&flash);
     assert!(blocks.len() > 20, "{} blocks", blocks.len());
     for (index, &(zone, start, end)) in blocks.iter().enumerate() {
@@ -145,9 +151,7 @@ fn one_destroyed_page_in_every_erase_block_is_rebuilt_from_block_parity() {
 
 #[test]
 fn an_erase_block_lost_whole_is_rebuilt_from_zone_parity() {
-    let clock = ManualClock::new(1_700_000_000_000_000_000);
-    let flash = MemoryFlash::memory(geometry(), DeviceOptions::default()).unwrap();
-    let mut flash = write_tree(flash, &clock);
+    let (mut flash, clock) = written_tree();
     let geometry = flash.geometry();
     // A zone written full: its zone parity is on flash.
     let full = full_zones(&flash);
@@ -166,9 +170,7 @@ fn an_erase_block_lost_whole_is_rebuilt_from_zone_parity() {
 
 #[test]
 fn damage_that_neither_a_block_nor_a_row_undoes_alone_is_solved_by_iterating_over_both() {
-    let clock = ManualClock::new(1_700_000_000_000_000_000);
-    let flash = MemoryFlash::memory(geometry(), DeviceOptions::default()).unwrap();
-    let mut flash = write_tree(flash, &clock);
+    let (mut flash, clock) = written_tree();
     let geometry = flash.geometry();
     let full = full_zones(&flash);
     assert!(!full.is_empty());
@@ -205,9 +207,7 @@ fn full_zones(flash: &MemoryFlash) -> Vec<u32> {
 }
 
 fn damaged_tree() -> (MemoryFlash, ManualClock) {
-    let clock = ManualClock::new(1_700_000_000_000_000_000);
-    let flash = MemoryFlash::memory(geometry(), DeviceOptions::default()).unwrap();
-    let mut flash = write_tree(flash, &clock);
+    let (mut flash, clock) = written_tree();
     for (index, (zone, start, end)) in protected_blocks(&flash).into_iter().enumerate() {
         let page = start + index as u32 % (end - start);
         assert!(flash.inject_page_fault(PageAddress::new(zone, page), destroyed(index as u64)).unwrap());
@@ -217,8 +217,7 @@ fn damaged_tree() -> (MemoryFlash, ManualClock) {
 
 #[test]
 fn the_quick_scan_finds_damaged_stripes_from_the_oob_alone() {
-    let clock = ManualClock::new(1_700_000_000_000_000_000);
-    let flash = write_tree(MemoryFlash::memory(geometry(), DeviceOptions::default()).unwrap(), &clock);
+    let (flash, clock) = written_tree();
     let (mut fs, _) = Fs::mount(flash, FsOptions::default(), Box::new(clock)).unwrap();
     let clean = fs.scrub(true).unwrap();
     assert!(clean.stripes_checked > 20, "{clean:?}");
@@ -296,9 +295,7 @@ fn flip_bits(flash: &mut MemoryFlash, address: PageAddress, bits: u32) {
 
 #[test]
 fn a_page_near_the_ecc_bound_moves_its_zone_and_a_block_past_end_of_life_is_retired() {
-    let clock = ManualClock::new(1_700_000_000_000_000_000);
-    let flash = MemoryFlash::memory(geometry(), DeviceOptions::default()).unwrap();
-    let mut flash = write_tree(flash, &clock);
+    let (mut flash, clock) = written_tree();
     let geometry = flash.geometry();
     let layout = flintfs_format::protection::EccLayout::for_geometry(4096, 128).unwrap();
     let (worn_bits, half) = (layout.worn_bits(), layout.correctable_bits() / 2);

@@ -30,9 +30,9 @@ fn table_index(hash: u64, depth: u8) -> usize {
 /// The next bucket of a chain whose buckets so far are `visited`: damage
 /// that loops the chain (or runs it past every slot) is an error at once,
 /// before a walk could copy the same entries again and again.
-fn chain_step(visited: &[u32], next: u32, slot_count: u32, directory: u64) -> Result<u32> {
+fn chain_step(visited: &[u32], next: u32, slot_count: u32) -> Result<u32> {
     if visited.contains(&next) || visited.len() as u32 > slot_count {
-        return Err(Error::corrupt(format!("a bucket chain of directory {directory} loops at slot {next}")));
+        return Err(Error::corrupt(format!("a bucket chain loops at slot {next}")));
     }
     Ok(next)
 }
@@ -265,7 +265,7 @@ impl<D: FlashDevice> Fs<D> {
                 return Ok(found);
             }
             visited.push(slot);
-            slot = chain_step(&visited, next, self.slot_count, ino)?;
+            slot = chain_step(&visited, next, self.slot_count)?;
         }
     }
 
@@ -532,8 +532,19 @@ impl<D: FlashDevice> Fs<D> {
         let mut slot = head;
         let mut visited = Vec::new();
         loop {
-            let node = match self.node(NodeKey::Slot(slot)) {
-                Ok(node) => node,
+            // The bucket's depth and successor, and a copy of the entries
+            // the listing wants (not of the page).
+            let read = self.with_node(NodeKey::Slot(slot), |node| match node {
+                Node::Bucket { local_depth, next, entries: bucket, .. } => Some((
+                    *local_depth,
+                    *next,
+                    bucket.iter().filter(|entry| entry.hash >= from_hash).cloned().collect::<Vec<_>>(),
+                )),
+                _ => None,
+            });
+            let (local_depth, next, bucket) = match read {
+                Ok(Some(read)) => read,
+                Ok(None) => return Err(Error::corrupt(format!("slot {slot} is chained but is not a bucket"))),
                 Err(error) if error.is_damage() => {
                     tracing::error!(
                         directory,
@@ -544,16 +555,13 @@ impl<D: FlashDevice> Fs<D> {
                 }
                 Err(error) => return Err(error),
             };
-            let Node::Bucket { local_depth, next, entries: bucket, .. } = node else {
-                return Err(Error::corrupt(format!("slot {slot} is chained but is not a bucket")));
-            };
             head_depth.get_or_insert(local_depth);
-            entries.extend(bucket.into_iter().filter(|entry| entry.hash >= from_hash));
+            entries.extend(bucket);
             if next == SLOT_NONE {
                 return Ok((head_depth, entries));
             }
             visited.push(slot);
-            slot = chain_step(&visited, next, self.slot_count, directory)?;
+            slot = chain_step(&visited, next, self.slot_count)?;
         }
     }
 
@@ -569,9 +577,7 @@ impl<D: FlashDevice> Fs<D> {
             if next == SLOT_NONE {
                 return Ok(chain);
             }
-            if chain.contains(&next) || chain.len() as u32 > self.slot_count {
-                return Err(Error::corrupt(format!("a bucket chain loops at slot {next}")));
-            }
+            let next = chain_step(&chain, next, self.slot_count)?;
             chain.push(next);
         }
     }
