@@ -75,6 +75,8 @@ struct MountOptions {
     allow_other: bool,
     /// The kernel's own flags, from [`flintfs_fuse::KERNEL_FLAGS`].
     kernel_flags: Vec<String>,
+    /// `writeback_cache` turns the kernel's writeback cache on.
+    writeback_cache: bool,
 }
 
 /// Options of fstab and mount(8) that mean something to them (or to
@@ -97,6 +99,7 @@ fn parse_options(options: &[String]) -> Outcome<MountOptions> {
         fault_seed: crate::faults::FAULT_SEED_DEFAULT,
         allow_other: root,
         kernel_flags: Vec::new(),
+        writeback_cache: false,
     };
     for option in options.iter().filter(|option| !option.is_empty()) {
         let (name, value) = match option.split_once('=') {
@@ -156,9 +159,13 @@ fn parse_options(options: &[String]) -> Outcome<MountOptions> {
             // For devices whose write buffer survives power loss: fsync
             // issues no flush.
             "nobarrier" if value.is_none() => parsed.fs.barrier = false,
+            // The kernel's writeback cache (off by default: see
+            // flintfs_fuse's account of ENOSPC under it).
+            "writeback_cache" if value.is_none() => parsed.writeback_cache = true,
+            "nowriteback_cache" if value.is_none() => parsed.writeback_cache = false,
             _ => fail!(
                 "unknown mount option {option:?} (known: node_cache=SIZE, data_buffer=SIZE, read_cache=SIZE, \
-                 checkpoint_interval=SECONDS, scrub_rate=PAGES, faults=PRESET|FILE, fault_seed=N, fsync=wp-check|ordered|unchecked, nobarrier, allow_other, private, noallow_other, \
+                 checkpoint_interval=SECONDS, scrub_rate=PAGES, faults=PRESET|FILE, fault_seed=N, fsync=wp-check|ordered|unchecked, nobarrier, writeback_cache, allow_other, private, noallow_other, \
                  and the kernel's {})",
                 flintfs_fuse::KERNEL_FLAGS.join(", ")
             ),
@@ -341,6 +348,7 @@ fn run_daemon(arguments: MountArguments) -> Outcome<ExitCode> {
     let (fs, report) = mount_fs(device, options.fs)?;
     let shared = Shared::new(fs);
     let (filesystem, unmounted) = FlintFuse::new(shared.clone());
+    let filesystem = filesystem.with_writeback_cache(options.writeback_cache);
 
     let directory = runtime_directory()?;
     let socket = socket_path(&directory, &canonical);
@@ -726,6 +734,15 @@ pub struct SyncArguments {
 /// system (FUSE_SYNCFS is for virtiofs only), so this is the command that
 /// does; so does fsync of the mount's root directory.
 pub fn sync(arguments: SyncArguments) -> Outcome<ExitCode> {
+    // syncfs(2) first: it does not reach the daemon, but it makes the
+    // kernel write back the pages its writeback cache holds, so the
+    // checkpoint covers every write that returned.
+    let root = std::fs::File::open(&arguments.mountpoint)
+        .map_err(|error| format!("{}: {error}", arguments.mountpoint.display()))?;
+    // SAFETY: syncfs takes any open descriptor, which `root` keeps open.
+    if unsafe { libc::syncfs(std::os::fd::AsRawFd::as_raw_fd(&root)) } != 0 {
+        fail!("{}: syncfs: {}", arguments.mountpoint.display(), std::io::Error::last_os_error());
+    }
     ask(&arguments.mountpoint, "sync")?;
     Ok(ExitCode::SUCCESS)
 }

@@ -23,7 +23,7 @@ pub use check::CheckReport;
 pub use error::{errno, Error, Result};
 pub use fs::{
     Attributes, CleanerCounters, Clock, DirectoryEntry, Fs, FsCounters, FsOptions, FsyncMode, ManualClock,
-    RecoveryReport, RenameFlags, ScrubReport, SetAttributes, StatFs, XattrFlags, CACHE_PAGES_MIN,
+    RecoveryReport, RenameFlags, ScrubReport, SetAttributes, SetIdOnWrite, StatFs, XattrFlags, CACHE_PAGES_MIN,
     CLEAN_IDLE_WATER_ZONES, CLEAN_LOW_WATER_ZONES, CLEAN_ZONES_PER_OPERATION_MAX, LOG_BUFFER_BYTES_MAX,
     LOG_PENDING_BLOCKS_MAX, LOG_RECORD_PAGES_MAX, LOG_ZONES_PER_CHECKPOINT, SCRUB_NAMED_PAGES_MAX,
     SCRUB_PAGES_PER_SECOND_DEFAULT, SCRUB_PAGES_PER_STEP_MAX, WEAR_SPREAD_MAX,

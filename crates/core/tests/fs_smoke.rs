@@ -244,3 +244,36 @@ fn posix_acls_are_refused_so_that_callers_fall_back_to_chmod() {
     assert_eq!(fs.getxattr(file, b"user.kept").unwrap(), b"yes");
     assert_clean(&mut fs);
 }
+
+/// The set-ID bits on write follow the caller's rule: `write` clears
+/// set-user-ID; `write_with` keeps both (a writer with CAP_FSETID) or
+/// clears set-user-ID and, where the group may execute, set-group-ID; and
+/// `drop_set_id` clears them by that rule, durably.
+#[test]
+fn writes_clear_the_set_id_bits_by_the_callers_rule() {
+    use flintfs_core::SetIdOnWrite;
+    let (flash, clock) = fresh();
+    let (mut fs, _) = Fs::mount(flash, FsOptions::default(), Box::new(clock.clone())).unwrap();
+    let permissions = |fs: &mut Fs<MemoryFlash>, ino| fs.getattr(ino).unwrap().permissions;
+    let file = fs.create(1, b"f", 0o6755, 0, 0).unwrap().ino;
+    fs.write_with(file, 0, b"kept", SetIdOnWrite::Keep).unwrap();
+    assert_eq!(permissions(&mut fs, file), 0o6755);
+    fs.write(file, 0, b"plain").unwrap();
+    assert_eq!(permissions(&mut fs, file), 0o2755, "write clears set-user-ID only");
+    fs.setattr(file, &SetAttributes { permissions: Some(0o6755), ..SetAttributes::default() }).unwrap();
+    fs.write_with(file, 0, b"killed", SetIdOnWrite::ClearBoth).unwrap();
+    assert_eq!(permissions(&mut fs, file), 0o755, "group execute: both go");
+    let locking = fs.create(1, b"g", 0o6745, 0, 0).unwrap().ino;
+    fs.write_with(locking, 0, b"x", SetIdOnWrite::ClearBoth).unwrap();
+    assert_eq!(permissions(&mut fs, locking), 0o2745, "without group execute set-group-ID stays");
+    let dropped = fs.create(1, b"h", 0o6711, 0, 0).unwrap().ino;
+    assert_eq!(fs.drop_set_id(dropped).unwrap().permissions, 0o711);
+    let plain = fs.create(1, b"i", 0o644, 0, 0).unwrap().ino;
+    assert_eq!(fs.drop_set_id(plain).unwrap().permissions, 0o644);
+    fs.sync().unwrap();
+    let flash = fs.unmount().unwrap();
+    let (mut fs, _) = Fs::mount(flash, FsOptions::default(), Box::new(clock)).unwrap();
+    assert_eq!(permissions(&mut fs, dropped), 0o711);
+    assert_eq!(permissions(&mut fs, file), 0o755);
+    assert_clean(&mut fs);
+}

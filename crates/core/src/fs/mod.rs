@@ -52,7 +52,7 @@ pub use log::{
     FsyncMode, RecoveryReport, LOG_BUFFER_BYTES_MAX, LOG_PENDING_BLOCKS_MAX, LOG_RECORD_PAGES_MAX,
     LOG_ZONES_PER_CHECKPOINT,
 };
-pub use ops::{Attributes, DirectoryEntry, RenameFlags, SetAttributes, StatFs, XattrFlags};
+pub use ops::{Attributes, DirectoryEntry, RenameFlags, SetAttributes, SetIdOnWrite, StatFs, XattrFlags};
 pub use scrub::{ScrubReport, SCRUB_NAMED_PAGES_MAX, SCRUB_PAGES_PER_STEP_MAX};
 
 /// The root directory's slot.

@@ -39,6 +39,36 @@ pub struct Attributes {
     pub generation: u64,
 }
 
+/// What a write does to the set-ID bits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SetIdOnWrite {
+    /// Clear set-user-ID ([`Fs::write`]'s rule).
+    ClearSetUserId,
+    /// Clear set-user-ID, and set-group-ID where the group may execute
+    /// (the kernel's rule for a writer without CAP_FSETID).
+    ClearBoth,
+    /// Leave both (a writer with CAP_FSETID).
+    Keep,
+}
+
+impl SetIdOnWrite {
+    const SET_USER_ID: u32 = 0o4000;
+    const SET_GROUP_ID: u32 = 0o2000;
+    const GROUP_EXECUTE: u32 = 0o010;
+
+    /// The bits of `mode` this rule clears.
+    pub fn cleared_bits(self, mode: u32) -> u32 {
+        match self {
+            SetIdOnWrite::ClearSetUserId => mode & Self::SET_USER_ID,
+            SetIdOnWrite::ClearBoth if mode & Self::GROUP_EXECUTE != 0 => {
+                mode & (Self::SET_USER_ID | Self::SET_GROUP_ID)
+            }
+            SetIdOnWrite::ClearBoth => mode & Self::SET_USER_ID,
+            SetIdOnWrite::Keep => 0,
+        }
+    }
+}
+
 /// What `setattr` changes; `None` leaves a field alone (the log's record
 /// of it, as it is).
 pub use flintfs_format::SetAttributes;
@@ -931,7 +961,16 @@ impl<D: FlashDevice> Fs<D> {
         Ok(data)
     }
 
+    /// Writes `data` at `offset`. A write clears set-user-ID (POSIX, for a
+    /// caller without privilege: this call says nothing of privilege).
     pub fn write(&mut self, ino: u64, offset: u64, data: &[u8]) -> Result<usize> {
+        self.write_with(ino, offset, data, SetIdOnWrite::ClearSetUserId)
+    }
+
+    /// [`Fs::write`], with what becomes of the set-ID bits chosen by the
+    /// caller, which knows the writer's privilege (a FUSE mount: the
+    /// kernel says, with FUSE_WRITE_KILL_SUIDGID).
+    pub fn write_with(&mut self, ino: u64, offset: u64, data: &[u8], set_id: SetIdOnWrite) -> Result<usize> {
         let pages = (data.len() as u64).div_ceil(self.block_bytes()) + 1;
         self.mutate(pages, |fs| {
             let inode = fs.inode(ino)?;
@@ -948,12 +987,24 @@ impl<D: FlashDevice> Fs<D> {
             fs.change_inode(ino, |inode| {
                 inode.mtime_ns = now;
                 inode.ctime_ns = now;
-                // A write by anyone clears set-user-ID (POSIX; the caller
-                // says nothing of privilege here).
-                inode.mode &= !0o4000;
+                inode.mode &= !set_id.cleared_bits(inode.mode);
             })?;
             Ok(data.len())
         })
+    }
+
+    /// Clears set-user-ID, and set-group-ID where the group may execute
+    /// (Linux's rule for a change by a caller without CAP_FSETID; without
+    /// group execute the bit means mandatory locking, and stays). A file
+    /// with neither changes nothing and logs nothing.
+    pub fn drop_set_id(&mut self, ino: u64) -> Result<Attributes> {
+        let attributes = self.getattr(ino)?;
+        let cleared = SetIdOnWrite::ClearBoth.cleared_bits(attributes.permissions);
+        if cleared == 0 || attributes.file_type == FileType::Directory {
+            return Ok(attributes);
+        }
+        let changes = SetAttributes { permissions: Some(attributes.permissions & !cleared), ..SetAttributes::default() };
+        self.setattr(ino, &changes)
     }
 
     pub fn setattr(&mut self, ino: u64, changes: &SetAttributes) -> Result<Attributes> {
