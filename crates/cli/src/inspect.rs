@@ -91,7 +91,8 @@ fn checkpoint(volume: &Volume<Device>) -> Value {
         "slot_count": tree.slot_count,
         "free_slot_head": tree.free_slot_head,
         "version_next": tree.version_next,
-        "map_pages": tree.map_pages.len(),
+        "map_directory_pages": tree.map_directory.len(),
+        "root": tree.root.to_string(),
         "orphans": tree.orphans,
     })
 }
@@ -289,6 +290,10 @@ fn node_summary(node: &Node) -> Value {
             json!({ "node": "table", "directory": directory, "slot": slot, "slots": slots.len() })
         }
         Node::Map { number, entries } => json!({ "node": "map", "number": number, "entries": entries.len() }),
+        Node::MapDirectory { number, pointers } => json!({
+            "node": "map_directory", "number": number,
+            "pointers": pointers.iter().filter(|pointer| !pointer.is_null()).count(),
+        }),
         Node::File { slot, inode, .. } => {
             json!({ "node": "file", "slot": slot, "ino": inode.ino, "size": inode.size, "nlink": inode.nlink })
         }

@@ -212,6 +212,23 @@ impl<D: FlashDevice> Volume<D> {
         }
     }
 
+    /// Moves `role`'s head to a new zone and finishes the one it was in, so
+    /// that zone can be cleaned: the scrub does this to a head's zone that
+    /// holds damage, which refreshing would otherwise never reach while
+    /// the head stays. If no zone can be taken, the head stays.
+    pub(crate) fn move_head_on(&mut self, role: ZoneRole) -> Result<()> {
+        let Some(head) = self.checkpoint.heads.iter().find(|head| head.role == role).copied() else {
+            return Ok(());
+        };
+        let zone = self.take_unindexed_zone(role)?;
+        if matches!(self.device.report_zone(head.zone)?.state, ZoneState::Open | ZoneState::Closed) {
+            self.device.finish_zone(head.zone)?;
+        }
+        self.checkpoint.heads.retain(|other| other.role != role);
+        self.checkpoint.heads.push(LogHead { role, zone, write_pointer: 0 });
+        Ok(())
+    }
+
     /// Free, usable zones no head is in, least worn first, leaving
     /// [`RESERVE_ZONES`] of them for the cleaner.
     fn allocatable_zones(&self, checkpoint: &flintfs_format::Checkpoint) -> Vec<u32> {
@@ -375,12 +392,26 @@ impl<D: FlashDevice> Volume<D> {
     }
 
     /// Declares the next unindexed list: up to k allocatable zones, never
-    /// the cleaner's reserve (whatever the current operation may use).
-    pub(crate) fn declare_unindexed(&mut self, checkpoint: &mut flintfs_format::Checkpoint) {
+    /// the cleaner's reserve (whatever the current operation may use),
+    /// least worn first; at unmount, empty zones before those that hold
+    /// pages of an earlier use (see `declare_empty_first`).
+    pub(crate) fn declare_unindexed(&mut self, checkpoint: &mut flintfs_format::Checkpoint) -> Result<()> {
         let k = self.superblock.unindexed_segments as usize;
         let allowed = std::mem::replace(&mut self.reserve_allowed, false);
-        checkpoint.unindexed = self.allocatable_zones(checkpoint).into_iter().take(k).collect();
+        let mut zones = self.allocatable_zones(checkpoint);
         self.reserve_allowed = allowed;
+        if self.declare_empty_first {
+            let mut holds_pages = Vec::with_capacity(zones.len());
+            for &zone in &zones {
+                holds_pages.push(self.device.report_zone(zone)?.write_pointer > 0);
+            }
+            // A stable sort: least worn first within each group.
+            let mut order: Vec<usize> = (0..zones.len()).collect();
+            order.sort_by_key(|&index| holds_pages[index]);
+            zones = order.into_iter().map(|index| zones[index]).collect();
+        }
+        checkpoint.unindexed = zones.into_iter().take(k).collect();
+        Ok(())
     }
 }
 

@@ -159,6 +159,11 @@ pub struct Volume<D: FlashDevice> {
     /// Set by unmount: the next checkpoint record ends at an erase block's
     /// end (filler pages before it), so its block's parity is on flash.
     pub(crate) align_checkpoint: bool,
+    /// Set by unmount: the next checkpoint declares empty zones before
+    /// zones holding pages of an earlier use. Mount reads the first page of
+    /// each declared zone that holds pages, to learn whether they were
+    /// written since the checkpoint; an empty one costs no read.
+    pub(crate) declare_empty_first: bool,
     /// The sum of every zone's valid bytes in `checkpoint`, kept as they
     /// change so that statfs and the capacity check before each write do
     /// not add up every zone (`Volume::valid_bytes_total`).
@@ -187,13 +192,14 @@ fn shape_of(device: &impl FlashDevice) -> DeviceShape {
 /// Pages a checkpoint record of `zone_count` zones and `unindexed` segments
 /// takes, with every log head open.
 fn checkpoint_pages(geometry: &flintfs_flash::Geometry, unindexed: u32) -> u64 {
-    let map_pages =
-        slots_max(geometry).div_ceil(flintfs_format::array_capacity(geometry.page_size_bytes as usize, 8) as u32);
+    let page_size = geometry.page_size_bytes as usize;
+    let map_pages = crate::fs::map_page_count(slots_max(geometry), page_size);
+    let map_directory_pages = crate::fs::map_directory_page_count(map_pages, page_size);
     let payload = Checkpoint::encoded_bytes(
         geometry.zone_count as usize,
         unindexed as usize,
         LOG_HEAD_ROLES.len(),
-        map_pages as usize,
+        map_directory_pages as usize,
         flintfs_format::orphans_max(geometry.page_size_bytes as usize),
     );
     checkpoint_record_page_count(payload, geometry.page_size_bytes) as u64
@@ -201,7 +207,7 @@ fn checkpoint_pages(geometry: &flintfs_flash::Geometry, unindexed: u32) -> u64 {
 
 /// Most slots the map holds on this geometry: every node a slot names
 /// takes at least an inode record, so the device cannot hold more. It
-/// bounds the checkpoint, which carries a pointer per map page.
+/// bounds the checkpoint, which carries a pointer per map directory page.
 pub fn slots_max(geometry: &flintfs_flash::Geometry) -> u32 {
     let record_bytes_min = (flintfs_format::INODE_RECORD_HEADER_BYTES
         + flintfs_format::INODE_FIXED_BYTES
@@ -412,60 +418,106 @@ fn checkpoint_record_page_count(payload_bytes: usize, page_size_bytes: u32) -> u
     (RECORD_HEADER_BYTES + payload_bytes).div_ceil(page_size_bytes as usize)
 }
 
-/// The newest whole, self-consistent checkpoint record in `zone`, walking
-/// back from its write pointer over anything torn or damaged.
-fn newest_in_zone<D: FlashDevice>(
+/// The last page at or below `*cursor - 1` of checkpoint zone `zone` that
+/// ends a record, walking back over anything torn or damaged; `*cursor`
+/// is left at that page.
+fn last_record_end<D: FlashDevice>(
     device: &mut D,
     zone: u32,
-    write_pointer: u32,
+    cursor: &mut u32,
     report: &mut MountReport,
-) -> Option<Checkpoint> {
-    let mut last = write_pointer;
-    while last > 0 {
-        let end = last - 1;
-        last = end;
+) -> Option<(u32, PageHeader, Vec<u8>)> {
+    while *cursor > 0 {
+        let end = *cursor - 1;
+        *cursor = end;
         let Ok((header, data)) = read_verified(device, PageAddress::new(zone, end), None, &mut report.pages_read)
         else {
             continue;
         };
         report.saw(&header);
-        if header.kind != PageKind::Checkpoint || !header.end_of_record || header.count > end {
-            continue;
-        }
-        let start = end - header.count;
-        let mut assembler = RecordAssembler::new(RecordKind::Checkpoint);
-        let mut generation = header.zone_generation;
-        let mut whole = None;
-        for page in start..=end {
-            let read = if page == end {
-                Ok((header, data.clone()))
-            } else {
-                read_verified(device, PageAddress::new(zone, page), Some(generation), &mut report.pages_read)
-            };
-            let Ok((page_header, page_data)) = read else { break };
-            generation = page_header.zone_generation;
-            match assembler.push(&page_header, &page_data) {
-                Ok(Some(record)) => whole = Some(record),
-                Ok(None) => {}
-                Err(_) => break,
-            }
-        }
-        let checkpoint = whole.and_then(|(_, payload)| Checkpoint::decode(&payload).ok()).filter(|checkpoint| {
-            // Self-consistent: its pages carry the generation its own table
-            // gives the zone it sits in, and the table covers the device.
-            checkpoint.zones.len() == device.geometry().zone_count as usize
-                && checkpoint.zones[zone as usize].generation == header.zone_generation
-                && checkpoint.zones[zone as usize].role == ZoneRole::Checkpoint
-        });
-        match checkpoint {
-            Some(checkpoint) => return Some(checkpoint),
-            None => {
-                report.records_rejected += 1;
-                last = start;
-            }
+        if header.kind == PageKind::Checkpoint && header.end_of_record && header.count <= end {
+            return Some((end, header, data));
         }
     }
     None
+}
+
+/// The checkpoint whose record ends at page `end` of `zone` (its last
+/// page already read), if the record is whole, decodable and
+/// self-consistent; otherwise the page it starts at, from where the walk
+/// back goes on.
+fn record_ending_at<D: FlashDevice>(
+    device: &mut D,
+    zone: u32,
+    (end, header, data): (u32, PageHeader, Vec<u8>),
+    report: &mut MountReport,
+) -> std::result::Result<Checkpoint, u32> {
+    let start = end - header.count;
+    let mut assembler = RecordAssembler::new(RecordKind::Checkpoint);
+    let mut generation = header.zone_generation;
+    let mut whole = None;
+    // The pages before the last one, then the last one, as it was read.
+    let mut pages_whole = true;
+    for page in start..end {
+        let read = read_verified(device, PageAddress::new(zone, page), Some(generation), &mut report.pages_read);
+        let pushed = read.ok().and_then(|(page_header, page_data)| {
+            generation = page_header.zone_generation;
+            assembler.push(&page_header, &page_data).ok()
+        });
+        if pushed.is_none() {
+            pages_whole = false;
+            break;
+        }
+    }
+    if pages_whole {
+        if let Ok(Some(record)) = assembler.push(&header, &data) {
+            whole = Some(record);
+        }
+    }
+    let checkpoint = whole.and_then(|(_, payload)| Checkpoint::decode(&payload).ok()).filter(|checkpoint| {
+        // Self-consistent: its pages carry the generation its own table
+        // gives the zone it sits in, and the table covers the device.
+        checkpoint.zones.len() == device.geometry().zone_count as usize
+            && checkpoint.zones[zone as usize].generation == header.zone_generation
+            && checkpoint.zones[zone as usize].role == ZoneRole::Checkpoint
+    });
+    checkpoint.ok_or_else(|| {
+        report.records_rejected += 1;
+        start
+    })
+}
+
+/// The newest whole, self-consistent checkpoint record of the two
+/// checkpoint zones, and its zone. Only the last page of each zone is read
+/// to choose: sequences rise over every page programmed, so the record
+/// whose last page has the higher sequence is the later one (the higher
+/// checkpoint number, or of two with one number, the one written after the
+/// other was lost to a cut). Only that record is read whole; if it fails,
+/// its zone walks back to its previous record and the choice is made
+/// again.
+fn newest_checkpoint<D: FlashDevice>(
+    device: &mut D,
+    write_pointers: [u32; 2],
+    report: &mut MountReport,
+) -> Option<(Checkpoint, u32)> {
+    let mut cursors = write_pointers;
+    let mut ends: [Option<(u32, PageHeader, Vec<u8>)>; 2] = [None, None];
+    loop {
+        for (index, &zone) in CHECKPOINT_ZONES.iter().enumerate() {
+            if ends[index].is_none() {
+                ends[index] = last_record_end(device, zone, &mut cursors[index], report);
+            }
+        }
+        let index = (0..ends.len())
+            .filter_map(|index| ends[index].as_ref().map(|(_, header, _)| (header.sequence, index)))
+            .max()?
+            .1;
+        let end = ends[index].take().expect("chosen among the zones with a record end");
+        match record_ending_at(device, CHECKPOINT_ZONES[index], end, report) {
+            Ok(checkpoint) => return Some((checkpoint, CHECKPOINT_ZONES[index])),
+            Err(start) => cursors[index] = start,
+        }
+    }
 }
 
 impl<D: FlashDevice> Volume<D> {
@@ -525,19 +577,11 @@ impl<D: FlashDevice> Volume<D> {
         // A finish a cut interrupted is completed before any zone is read
         // (see `Protected::complete_interrupted_finishes`).
         report.zones_finished_after_cut = device.complete_interrupted_finishes()?;
-        // The higher checkpoint number wins; between two records of the same
-        // number (one written after the other was lost to a cut), the later
-        // one, by sequence.
-        let mut newest: Option<(Checkpoint, u32)> = None;
-        for zone in CHECKPOINT_ZONES {
-            let write_pointer = device.report_zone(zone)?.write_pointer;
-            if let Some(checkpoint) = newest_in_zone(&mut device, zone, write_pointer, &mut report) {
-                let key = |checkpoint: &Checkpoint| (checkpoint.number, checkpoint.sequence_next);
-                if newest.as_ref().is_none_or(|(best, _)| key(&checkpoint) > key(best)) {
-                    newest = Some((checkpoint, zone));
-                }
-            }
-        }
+        let write_pointers = [
+            device.report_zone(CHECKPOINT_ZONES[0])?.write_pointer,
+            device.report_zone(CHECKPOINT_ZONES[1])?.write_pointer,
+        ];
+        let newest = newest_checkpoint(&mut device, write_pointers, &mut report);
         let (mut checkpoint, checkpoint_zone) =
             newest.ok_or_else(|| Error::corrupt("no valid checkpoint in either checkpoint zone"))?;
         report.checkpoint_number = checkpoint.number;
@@ -609,6 +653,7 @@ impl<D: FlashDevice> Volume<D> {
             program_failures: 0,
             reserve_allowed: false,
             align_checkpoint: false,
+            declare_empty_first: false,
             valid_bytes_total: 0,
         };
         volume.recount_valid_bytes();
@@ -695,7 +740,7 @@ impl<D: FlashDevice> Volume<D> {
                 usage.role = ZoneRole::Free;
             }
         }
-        self.declare_unindexed(&mut next);
+        self.declare_unindexed(&mut next)?;
         let page_count = checkpoint_record_page_count(next.encode().len(), geometry.page_size_bytes) as u32;
         // Where the record goes comes from the device, not from memory: a
         // failed attempt may have programmed pages.

@@ -9,7 +9,7 @@ use crate::superblock::{CHECKPOINT_ZONES, FIRST_DYNAMIC_ZONE, SUPERBLOCK_ZONES};
 use crate::DecodeError;
 
 /// Bytes of the fixed part of a checkpoint payload.
-pub const CHECKPOINT_FIXED_BYTES: usize = 64;
+pub const CHECKPOINT_FIXED_BYTES: usize = 72;
 /// Bytes of one zone usage entry.
 pub const ZONE_USAGE_BYTES: usize = 24;
 /// Most orphans a checkpoint lists (files unlinked while open,
@@ -112,8 +112,10 @@ pub struct Checkpoint {
     pub tree: TreeRoots,
 }
 
-/// Where the namespace starts: the map pages, which locate directories,
-/// buckets, table pages and multi-link files by slot.
+/// Where the namespace starts: the map, which locates directories,
+/// buckets, table pages and multi-link files by slot. Its pages are found
+/// through map directory pages (a second level), so the record holds one
+/// pointer per directory page, not one per map page.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TreeRoots {
     /// Slots ever allocated: the map covers slots `0..slot_count`.
@@ -123,8 +125,12 @@ pub struct TreeRoots {
     pub free_slot_head: u32,
     /// The next inode version to hand out.
     pub version_next: u64,
-    /// Where each map page is; null for a page never written.
-    pub map_pages: Vec<crate::Pointer>,
+    /// Where each map directory page is; null for a page never written.
+    pub map_directory: Vec<crate::Pointer>,
+    /// Where the root directory's page is (the node of slot 0, as the map
+    /// also says): mount proves the tree is there with one read. Null
+    /// before mkfs has made the root.
+    pub root: crate::Pointer,
     /// Inode numbers of files unlinked while open and directories removed
     /// while held, when the checkpoint was taken: mount frees them.
     pub orphans: Vec<u64>,
@@ -137,7 +143,8 @@ impl Default for TreeRoots {
             slot_count: 0,
             free_slot_head: crate::SLOT_NONE,
             version_next: 1,
-            map_pages: Vec::new(),
+            map_directory: Vec::new(),
+            root: crate::Pointer::NULL,
             orphans: Vec::new(),
         }
     }
@@ -152,7 +159,7 @@ impl Checkpoint {
             self.zones.len(),
             self.unindexed.len(),
             self.heads.len(),
-            self.tree.map_pages.len(),
+            self.tree.map_directory.len(),
             self.tree.orphans.len(),
         ));
         writer
@@ -164,10 +171,11 @@ impl Checkpoint {
             .u32(self.heads.len() as u32)
             .u32(self.tree.slot_count)
             .u32(self.tree.free_slot_head)
-            .u32(self.tree.map_pages.len() as u32)
+            .u32(self.tree.map_directory.len() as u32)
             .u64(self.tree.version_next)
             .u32(self.tree.orphans.len() as u32)
-            .zeros(CHECKPOINT_FIXED_BYTES - 60);
+            .zeros(4)
+            .u64(self.tree.root.0);
         for usage in &self.zones {
             writer
                 .u8(usage.role.to_byte())
@@ -182,7 +190,7 @@ impl Checkpoint {
         for head in &self.heads {
             writer.u8(head.role.to_byte()).zeros(3).u32(head.zone).u32(head.write_pointer);
         }
-        for page in &self.tree.map_pages {
+        for page in &self.tree.map_directory {
             writer.u64(page.0);
         }
         for orphan in &self.tree.orphans {
@@ -195,12 +203,18 @@ impl Checkpoint {
 
     /// Bytes of the encoded payload for these counts: what [`Checkpoint::encode`]
     /// writes and [`Checkpoint::decode`] requires.
-    pub fn encoded_bytes(zones: usize, unindexed: usize, heads: usize, map_pages: usize, orphans: usize) -> usize {
+    pub fn encoded_bytes(
+        zones: usize,
+        unindexed: usize,
+        heads: usize,
+        map_directory_pages: usize,
+        orphans: usize,
+    ) -> usize {
         CHECKPOINT_FIXED_BYTES
             .saturating_add(zones.saturating_mul(ZONE_USAGE_BYTES))
             .saturating_add(unindexed.saturating_mul(4))
             .saturating_add(heads.saturating_mul(LOG_HEAD_BYTES))
-            .saturating_add(map_pages.saturating_mul(8))
+            .saturating_add(map_directory_pages.saturating_mul(8))
             .saturating_add(orphans.saturating_mul(8))
     }
 
@@ -214,16 +228,18 @@ impl Checkpoint {
         let head_count = reader.u32()? as usize;
         let slot_count = reader.u32()?;
         let free_slot_head = reader.u32()?;
-        let map_page_count = reader.u32()? as usize;
+        let map_directory_count = reader.u32()? as usize;
         let version_next = reader.u64()?;
         let orphan_count = reader.u32()? as usize;
-        reader.zeros(CHECKPOINT_FIXED_BYTES - 60)?;
-        let expected = Checkpoint::encoded_bytes(zone_count, unindexed_count, head_count, map_page_count, orphan_count)
-            - CHECKPOINT_FIXED_BYTES;
+        reader.zeros(4)?;
+        let root = crate::Pointer(reader.u64()?);
+        let expected =
+            Checkpoint::encoded_bytes(zone_count, unindexed_count, head_count, map_directory_count, orphan_count)
+                - CHECKPOINT_FIXED_BYTES;
         if bytes.len() - CHECKPOINT_FIXED_BYTES != expected {
             return Err(reader.error(format!(
-                "{zone_count} zones, {unindexed_count} unindexed segments, {head_count} heads, {map_page_count} map \
-                 pages and {orphan_count} orphans need {expected} bytes, {} follow",
+                "{zone_count} zones, {unindexed_count} unindexed segments, {head_count} heads, {map_directory_count} \
+                 map directory pages and {orphan_count} orphans need {expected} bytes, {} follow",
                 bytes.len() - CHECKPOINT_FIXED_BYTES
             )));
         }
@@ -252,15 +268,15 @@ impl Checkpoint {
                 .ok_or_else(|| reader.error(format!("head {index} has unknown role {role_byte}")))?;
             heads.push(LogHead { role, zone: reader.u32()?, write_pointer: reader.u32()? });
         }
-        let mut map_pages = Vec::with_capacity(map_page_count);
-        for _ in 0..map_page_count {
-            map_pages.push(crate::Pointer(reader.u64()?));
+        let mut map_directory = Vec::with_capacity(map_directory_count);
+        for _ in 0..map_directory_count {
+            map_directory.push(crate::Pointer(reader.u64()?));
         }
         let mut orphans = Vec::with_capacity(orphan_count.min(bytes.len() / 8));
         for _ in 0..orphan_count {
             orphans.push(reader.u64()?);
         }
-        let tree = TreeRoots { slot_count, free_slot_head, version_next, map_pages, orphans };
+        let tree = TreeRoots { slot_count, free_slot_head, version_next, map_directory, root, orphans };
         let checkpoint = Checkpoint { number, sequence_next, ino_next, zones, unindexed, heads, tree };
         checkpoint.validate().map_err(|reason| reader.error(reason))?;
         Ok(checkpoint)
@@ -312,12 +328,18 @@ impl Checkpoint {
         if tree.orphans.len() > orphans_max(64 * 1024) {
             return Err(format!("{} orphans, more than any page size allows", tree.orphans.len()));
         }
-        for page in &tree.map_pages {
+        for page in &tree.map_directory {
             if !page.is_null()
                 && (page.zone() as u64 >= zone_count || page.chunk() != 0 || page.zone() < FIRST_DYNAMIC_ZONE)
             {
-                return Err(format!("map page at {page} is not a page of a dynamic zone"));
+                return Err(format!("map directory page at {page} is not a page of a dynamic zone"));
             }
+        }
+        let root = tree.root;
+        if !root.is_null()
+            && (root.zone() as u64 >= zone_count || root.chunk() != 0 || root.zone() < FIRST_DYNAMIC_ZONE)
+        {
+            return Err(format!("the root directory at {root} is not a page of a dynamic zone"));
         }
         // The fixed zones keep their roles; heads and unindexed zones are
         // dynamic zones, and an unindexed zone is free and not a head.

@@ -558,12 +558,46 @@ pub enum DirectoryContent {
 /// A node page's content.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Node {
-    Directory { slot: u32, inode: Inode, entry_count: u64, content: DirectoryContent },
-    Bucket { directory: u64, slot: u32, local_depth: u8, next: u32, entries: Vec<Entry> },
-    Table { directory: u64, slot: u32, slots: Vec<u32> },
-    Map { number: u64, entries: Vec<u64> },
-    File { slot: u32, inode: Inode, content: FileContent },
-    Index { ino: u64, version: u64, level: u8, number: u64, pointers: Vec<Pointer> },
+    Directory {
+        slot: u32,
+        inode: Inode,
+        entry_count: u64,
+        content: DirectoryContent,
+    },
+    Bucket {
+        directory: u64,
+        slot: u32,
+        local_depth: u8,
+        next: u32,
+        entries: Vec<Entry>,
+    },
+    Table {
+        directory: u64,
+        slot: u32,
+        slots: Vec<u32>,
+    },
+    Map {
+        number: u64,
+        entries: Vec<u64>,
+    },
+    /// The map's second level: where map pages `number × E` to
+    /// `(number + 1) × E − 1` are (E pointers a page).
+    MapDirectory {
+        number: u64,
+        pointers: Vec<Pointer>,
+    },
+    File {
+        slot: u32,
+        inode: Inode,
+        content: FileContent,
+    },
+    Index {
+        ino: u64,
+        version: u64,
+        level: u8,
+        number: u64,
+        pointers: Vec<Pointer>,
+    },
 }
 
 /// Node kinds, as the node header records them.
@@ -575,6 +609,7 @@ pub enum NodeKind {
     Map = 4,
     File = 5,
     Index = 6,
+    MapDirectory = 8,
 }
 
 impl Node {
@@ -584,6 +619,7 @@ impl Node {
             Node::Bucket { .. } => NodeKind::Bucket,
             Node::Table { .. } => NodeKind::Table,
             Node::Map { .. } => NodeKind::Map,
+            Node::MapDirectory { .. } => NodeKind::MapDirectory,
             Node::File { .. } => NodeKind::File,
             Node::Index { .. } => NodeKind::Index,
         }
@@ -596,7 +632,7 @@ impl Node {
             Node::Bucket { directory, slot, .. } | Node::Table { directory, slot, .. } => {
                 (*directory, u64::from(*slot), 0)
             }
-            Node::Map { number, .. } => (0, *number, 0),
+            Node::Map { number, .. } | Node::MapDirectory { number, .. } => (0, *number, 0),
             Node::File { slot, inode, .. } => (inode.ino, u64::from(*slot), inode.born),
             Node::Index { ino, version, level, number, .. } => (*ino, u64::from(*level) << 56 | number, *version),
         }
@@ -619,7 +655,9 @@ impl Node {
             }
             Node::Table { slots, .. } => ARRAY_HEADER_BYTES + 4 * slots.len(),
             Node::Map { entries, .. } => ARRAY_HEADER_BYTES + 8 * entries.len(),
-            Node::Index { pointers, .. } => ARRAY_HEADER_BYTES + 8 * pointers.len(),
+            Node::Index { pointers, .. } | Node::MapDirectory { pointers, .. } => {
+                ARRAY_HEADER_BYTES + 8 * pointers.len()
+            }
             Node::File { inode, content, .. } => {
                 INODE_FIXED_BYTES
                     + Inode::xattr_encoded_bytes(&inode.xattrs)
@@ -719,6 +757,14 @@ impl Node {
                     return Err("map page of the wrong size".into());
                 }
             }
+            Node::MapDirectory { pointers, .. } => {
+                if pointers.len() != array_capacity(page_size_bytes, 8) {
+                    return Err("map directory page of the wrong size".into());
+                }
+                if pointers.iter().any(|pointer| !pointer.is_null() && pointer.chunk() != 0) {
+                    return Err("a map directory pointer that is not a whole page".into());
+                }
+            }
             Node::Index { pointers, level, number, .. } => {
                 if pointers.len() != array_capacity(page_size_bytes, 8)
                     || *level >= INDEX_HEIGHT_MAX
@@ -790,7 +836,7 @@ impl Node {
                     writer.u64(*entry);
                 });
             }
-            Node::Index { pointers, .. } => {
+            Node::Index { pointers, .. } | Node::MapDirectory { pointers, .. } => {
                 writer.u32(pointers.len() as u32).zeros(4);
                 pointers.iter().for_each(|pointer| {
                     writer.u64(pointer.0);
@@ -874,7 +920,7 @@ impl Node {
                 }
                 Node::Bucket { directory: owner, slot, local_depth, next, entries }
             }
-            3 | 4 | 6 => {
+            3 | 4 | 6 | 8 => {
                 let count = reader.u32()? as usize;
                 reader.zeros(4)?;
                 let element = if kind == 3 { 4 } else { 8 };
@@ -902,6 +948,16 @@ impl Node {
                             entries.push(reader.u64()?);
                         }
                         Node::Map { number: position, entries }
+                    }
+                    8 => {
+                        if owner != 0 || version != 0 {
+                            return Err(reader.error("a map directory page with an owner or a version"));
+                        }
+                        let mut pointers = Vec::with_capacity(count);
+                        for _ in 0..count {
+                            pointers.push(Pointer(reader.u64()?));
+                        }
+                        Node::MapDirectory { number: position, pointers }
                     }
                     _ => {
                         let mut pointers = Vec::with_capacity(count);

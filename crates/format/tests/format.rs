@@ -273,19 +273,21 @@ fn superblock_round_trips_and_refuses_foreign_or_other_versions() {
     foreign[0] = b'X';
     assert!(Superblock::decode(&foreign).unwrap_err().reason.contains("not a flintfs file system"));
     let mut newer = bytes;
-    newer[8] = 6;
+    newer[8] = 7;
     let message = Superblock::decode(&newer).unwrap_err().to_string();
-    assert!(message.contains("version 6") && message.contains("reads version 5"), "{message}");
+    assert!(message.contains("version 7") && message.contains("reads version 6"), "{message}");
     // Versions 1 (before the namespace), 2 (before the metadata log) and
-    // 3 (before a file's count of stored blocks) and 4 (before the page
-    // signature and ECC) are refused by name, not misread: a version 2
-    // image that crashed would be recovered without its log, a version 3
-    // file would report no blocks, and a version 4 page has no signature.
-    for version in [1u8, 2, 3, 4] {
+    // 3 (before a file's count of stored blocks), 4 (before the page
+    // signature and ECC) and 5 (before the map directory) are refused by
+    // name, not misread: a version 2 image that crashed would be recovered
+    // without its log, a version 3 file would report no blocks, a version 4
+    // page has no signature, and a version 5 checkpoint lists map pages
+    // where version 6 expects map directory pages.
+    for version in [1u8, 2, 3, 4, 5] {
         let mut older = bytes;
         older[8] = version;
         let message = Superblock::decode(&older).unwrap_err().to_string();
-        assert!(message.contains(&format!("version {version}")) && message.contains("reads version 5"), "{message}");
+        assert!(message.contains(&format!("version {version}")) && message.contains("reads version 6"), "{message}");
     }
     for offset in 10..bytes.len() {
         let mut damaged = bytes;

@@ -89,7 +89,7 @@ pub fn valid_payload() -> Vec<u8> {
 /// A device big enough for a small file system with buckets, an index, a
 /// multi-link file and inline files, at 512-byte pages.
 pub fn fs_geometry() -> Geometry {
-    Geometry { zone_count: 40, ..geometry() }
+    Geometry { zone_count: 42, ..geometry() }
 }
 
 /// The file system every hostile image starts from, unmounted cleanly.

@@ -88,11 +88,31 @@ impl<D: FlashDevice> Fs<D> {
     }
 
     fn check_tree(&mut self, walk: &mut Walk) {
-        // The map pages themselves.
+        // The map directory pages, then the map pages they locate.
         let capacity = map_capacity(self.page_size);
+        let directory_capacity = super::nodes::map_directory_capacity(self.page_size);
+        let map_pages = super::nodes::map_page_count(self.slot_count, self.page_size) as usize;
+        let mut map_homes: Vec<Pointer> = Vec::with_capacity(map_pages);
+        for number in 0..self.map_directory.len() {
+            let home = self.map_directory[number];
+            match self.peek(NodeKey::MapDirectory(number as u32), home) {
+                Ok((Node::MapDirectory { pointers, .. }, home)) => {
+                    self.count(walk, home);
+                    map_homes.extend(pointers);
+                }
+                Ok(_) => walk.findings.push(format!("map directory page {number} is not a map directory page")),
+                Err(reason) => {
+                    walk.findings.push(format!("map directory page {number}: {reason}"));
+                    map_homes.extend(std::iter::repeat_n(Pointer::NULL, directory_capacity));
+                }
+            }
+        }
+        if let Some(stray) = map_homes.iter().skip(map_pages).position(|home| !home.is_null()) {
+            walk.findings.push(format!("map directory points at map page {}, past the map", map_pages + stray));
+        }
         let mut map_entries: Vec<u64> = Vec::with_capacity(self.slot_count as usize);
-        for page in 0..self.map_pages.len() {
-            let home = self.map_pages[page];
+        for page in 0..map_pages {
+            let home = map_homes.get(page).copied().unwrap_or(Pointer::NULL);
             match self.peek(NodeKey::Map(page as u32), home) {
                 Ok((Node::Map { entries, .. }, home)) => {
                     self.count(walk, home);
@@ -112,6 +132,14 @@ impl<D: FlashDevice> Fs<D> {
                 _ => Pointer::NULL,
             })
         };
+        // The checkpoint's root pointer is the root's page as the map had
+        // it then: the same, while nothing has changed since.
+        let unchanged = !self.changed && self.nodes.dirty_count() == 0 && self.pending.is_empty();
+        let recorded_root = self.volume.checkpoint.tree.root;
+        if unchanged && recorded_root != slot_home(ROOT_SLOT) {
+            walk.findings
+                .push(format!("the checkpoint puts the root at {recorded_root}, the map at {}", slot_home(ROOT_SLOT)));
+        }
         // Directories, breadth first from the root.
         let mut queue = vec![(ROOT_SLOT, ROOT_INO)];
         while let Some((slot, parent)) = queue.pop() {

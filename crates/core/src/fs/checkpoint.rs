@@ -1,11 +1,12 @@
 //! Checkpoints of the whole file system: buffered data first, then every
 //! dirty node, children before what points at them (index pages by level,
-//! then file inodes, then the nodes found by slot, then the map pages),
-//! then the checkpoint record with the map's roots. The record is
+//! then file inodes, then the nodes found by slot, then the map pages,
+//! then the map directory pages), then the checkpoint record with the
+//! map's roots. The record is
 //! programmed only after everything it refers to was flushed.
 
 use flintfs_flash::FlashDevice;
-use flintfs_format::TreeRoots;
+use flintfs_format::{Pointer, TreeRoots};
 
 use super::nodes::NodeKey;
 use super::Fs;
@@ -36,11 +37,19 @@ impl<D: FlashDevice> Fs<D> {
             self.drain()?;
         }
         debug_assert_eq!(self.nodes.dirty_count(), 0, "a checkpoint leaves no dirty node");
+        // The root's page, as the map has it now that everything is
+        // written: mount reads it to prove the tree is there.
+        let root = if self.slot_count > super::ROOT_SLOT {
+            self.locate(NodeKey::Slot(super::ROOT_SLOT))?
+        } else {
+            Pointer::NULL
+        };
         self.volume.checkpoint.tree = TreeRoots {
             slot_count: self.slot_count,
             free_slot_head: self.free_slot_head,
             version_next: self.version_next,
-            map_pages: self.map_pages.clone(),
+            map_directory: self.map_directory.clone(),
+            root,
             orphans: self
                 .known
                 .iter()

@@ -272,6 +272,20 @@ impl<D: FlashDevice> Fs<D> {
     /// moved. Their resets leave out the blocks retired.
     pub fn refresh_zones(&mut self) -> Result<u64> {
         let mut refreshed = 0;
+        // A head's zone is never cleaned while the head is in it: one that
+        // holds damage has its head moved on first, as when it fills.
+        let refresh = self.volume.device.refresh_wanted();
+        let damaged_heads: Vec<ZoneRole> = self
+            .volume
+            .checkpoint
+            .heads
+            .iter()
+            .filter(|head| refresh.contains(&head.zone))
+            .map(|head| head.role)
+            .collect();
+        for role in damaged_heads {
+            self.volume.move_head_on(role)?;
+        }
         loop {
             let wanted = self.refresh_candidates();
             if wanted == 0 {
@@ -571,6 +585,7 @@ impl<D: FlashDevice> Fs<D> {
         let Ok(node) = Node::decode(data) else { return Ok(()) };
         let key = match &node {
             Node::Map { number, .. } => NodeKey::Map(*number as u32),
+            Node::MapDirectory { number, .. } => NodeKey::MapDirectory(*number as u32),
             Node::Directory { slot, .. } | Node::Bucket { slot, .. } | Node::Table { slot, .. } => NodeKey::Slot(*slot),
             Node::File { slot, .. } => NodeKey::Slot(*slot),
             Node::Index { ino, level, number, version, .. } => {

@@ -52,6 +52,7 @@ pub use log::{
     FsyncMode, RecoveryReport, LOG_BUFFER_BYTES_MAX, LOG_PENDING_BLOCKS_MAX, LOG_RECORD_PAGES_MAX,
     LOG_ZONES_PER_CHECKPOINT,
 };
+pub(crate) use nodes::{map_directory_page_count, map_page_count};
 pub use ops::{Attributes, DirectoryEntry, RenameFlags, SetAttributes, SetIdOnWrite, StatFs, XattrFlags};
 pub use scrub::{ScrubReport, SCRUB_NAMED_PAGES_MAX, SCRUB_PAGES_PER_STEP_MAX};
 
@@ -236,8 +237,9 @@ pub struct Fs<D: FlashDevice> {
     pub(crate) dirty_blocks: BTreeMap<(u64, u64), Vec<u8>>,
     /// Verified data pages, by where they are.
     pub(crate) read_cache: PageCache<Pointer, (flintfs_format::PageHeader, Vec<u8>)>,
-    /// The map's pages (from the checkpoint's tree roots) and allocator.
-    pub(crate) map_pages: Vec<Pointer>,
+    /// The map's directory pages (from the checkpoint's tree roots), which
+    /// locate its pages, and its allocator.
+    pub(crate) map_directory: Vec<Pointer>,
     pub(crate) slot_count: u32,
     pub(crate) free_slot_head: u32,
     pub(crate) version_next: u64,
@@ -288,12 +290,22 @@ impl<D: FlashDevice> Fs<D> {
         }
         let pages_before = volume.device().counters().pages_read;
         let mut fs = Fs::assemble(volume, options, clock)?;
-        // Reading the root proves the tree is there: the map page and the
-        // root's page, whatever the number of files.
-        let root = fs.getattr(crate::volume::ROOT_INO)?;
-        if root.file_type != flintfs_format::FileType::Directory {
-            return Err(Error::corrupt("the root is not a directory"));
+        // Reading the root proves the tree is there: one page, where the
+        // checkpoint says, whatever the number of files. It is the node the
+        // map names for slot 0 (the checkpoint wrote it, then the map, then
+        // took the pointer), so it is cached as that node; the map pages
+        // are read when first needed.
+        let root_home = fs.volume.checkpoint.tree.root;
+        if root_home.is_null() {
+            return Err(Error::corrupt("the checkpoint names no root directory"));
         }
+        let root = fs.read_node(nodes::NodeKey::Slot(ROOT_SLOT), root_home)?;
+        match &root {
+            flintfs_format::Node::Directory { inode, .. } if inode.ino == crate::volume::ROOT_INO => {}
+            _ => return Err(Error::corrupt(format!("the root at {root_home} is not the root directory"))),
+        }
+        let cached = nodes::Cached { node: root, home: root_home };
+        fs.cache_insert(nodes::NodeKey::Slot(ROOT_SLOT), cached, crate::cache::Dirty::CLEAN);
         // Files unlinked while open and directories removed while held, when
         // the last checkpoint was taken: nobody holds them now.
         let orphans = fs.volume.checkpoint.tree.orphans.clone();
@@ -401,10 +413,11 @@ impl<D: FlashDevice> Fs<D> {
         let uuid = volume.superblock().uuid;
         let hash_seed = u64::from_le_bytes(uuid[..8].try_into().expect("8 bytes"));
         let tree = volume.checkpoint.tree.clone();
-        if tree.map_pages.len() as u64 != u64::from(tree.slot_count).div_ceil(nodes::map_capacity(page_size) as u64) {
+        let map_pages = nodes::map_page_count(tree.slot_count, page_size);
+        if tree.map_directory.len() as u64 != nodes::map_directory_page_count(map_pages, page_size) {
             return Err(Error::corrupt(format!(
-                "the checkpoint has {} map pages for {} slots",
-                tree.map_pages.len(),
+                "the checkpoint has {} map directory pages for {} slots ({map_pages} map pages)",
+                tree.map_directory.len(),
                 tree.slot_count
             )));
         }
@@ -422,7 +435,7 @@ impl<D: FlashDevice> Fs<D> {
             pending: BTreeMap::new(),
             known: BTreeMap::new(),
             dirty_blocks: BTreeMap::new(),
-            map_pages: tree.map_pages,
+            map_directory: tree.map_directory,
             slot_count: tree.slot_count,
             free_slot_head: tree.free_slot_head,
             version_next: tree.version_next,
@@ -456,7 +469,12 @@ impl<D: FlashDevice> Fs<D> {
         for ino in orphans {
             self.delete_orphan(ino)?;
         }
-        self.checkpoint()?;
+        // The last checkpoint declares empty zones first, so the next mount
+        // reads no zone's first page where it can (`declare_empty_first`).
+        self.volume.declare_empty_first = true;
+        let result = self.checkpoint();
+        self.volume.declare_empty_first = false;
+        result?;
         // Close the open stripes: every head's block filled to its end, so
         // its parity is on flash, then one more checkpoint (recording the
         // heads there) whose record ends at a block's end too. What unmount
@@ -466,8 +484,10 @@ impl<D: FlashDevice> Fs<D> {
             self.counters.pages_padded_at_unmount += padded;
             self.changed = true;
             self.volume.align_checkpoint = true;
+            self.volume.declare_empty_first = true;
             let result = self.checkpoint();
             self.volume.align_checkpoint = false;
+            self.volume.declare_empty_first = false;
             result?;
         }
         Ok(())
@@ -579,7 +599,9 @@ impl<D: FlashDevice> Fs<D> {
     /// role's overflow is its own.
     pub(crate) fn pages_past_heads(&self, data_pages: u64, node_pages: u64) -> (u64, u64) {
         let dirty_nodes = (self.nodes.dirty_count() + self.pending.len()) as u64;
-        let margin = OPERATION_NODE_PAGES_MAX + self.map_pages.len() as u64;
+        let margin = OPERATION_NODE_PAGES_MAX
+            + nodes::map_page_count(self.slot_count, self.page_size)
+            + self.map_directory.len() as u64;
         let data_need = (self.dirty_blocks.len() as u64 + data_pages)
             .saturating_sub(self.volume.head_free_pages(flintfs_format::ZoneRole::HotData));
         let node_need = (dirty_nodes + node_pages + margin)

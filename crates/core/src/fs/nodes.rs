@@ -79,6 +79,21 @@ pub(crate) fn map_capacity(page_size: usize) -> usize {
     array_capacity(page_size, 8)
 }
 
+/// Map page pointers one map directory page holds.
+pub(crate) fn map_directory_capacity(page_size: usize) -> usize {
+    array_capacity(page_size, 8)
+}
+
+/// Map pages that cover `slot_count` slots.
+pub(crate) fn map_page_count(slot_count: u32, page_size: usize) -> u64 {
+    u64::from(slot_count).div_ceil(map_capacity(page_size) as u64)
+}
+
+/// Map directory pages that locate `map_pages` map pages.
+pub(crate) fn map_directory_page_count(map_pages: u64, page_size: usize) -> u64 {
+    map_pages.div_ceil(map_directory_capacity(page_size) as u64)
+}
+
 /// Pointers one index page holds.
 pub(crate) fn index_capacity(page_size: usize) -> usize {
     array_capacity(page_size, 8)
@@ -92,6 +107,7 @@ pub(crate) enum NodeKey {
     File(u64),
     Slot(u32),
     Map(u32),
+    MapDirectory(u32),
 }
 
 #[derive(Clone, Debug)]
@@ -193,11 +209,24 @@ impl<D: FlashDevice> Fs<D> {
     /// Where a node's current copy is on flash (null if never written).
     pub(crate) fn locate(&mut self, key: NodeKey) -> Result<Pointer> {
         match key {
-            NodeKey::Map(page) => self
-                .map_pages
-                .get(page as usize)
+            NodeKey::Map(page) => {
+                if u64::from(page) >= map_page_count(self.slot_count, self.page_size) {
+                    return Err(Error::corrupt(format!("map page {page} is past the map")));
+                }
+                let capacity = map_directory_capacity(self.page_size);
+                let directory = (page as usize / capacity) as u32;
+                self.with_node(NodeKey::MapDirectory(directory), |node| {
+                    let Node::MapDirectory { pointers, .. } = node else {
+                        unreachable!("map directory keys hold map directories")
+                    };
+                    pointers[page as usize % capacity]
+                })
+            }
+            NodeKey::MapDirectory(number) => self
+                .map_directory
+                .get(number as usize)
                 .copied()
-                .ok_or_else(|| Error::corrupt(format!("map page {page} is past the map"))),
+                .ok_or_else(|| Error::corrupt(format!("map directory page {number} is past the map"))),
             NodeKey::Slot(slot) => match MapEntry::decode(self.map_get(slot)?) {
                 MapEntry::Home(home) => Ok(home),
                 MapEntry::Unwritten => Ok(Pointer::NULL),
@@ -313,7 +342,8 @@ impl<D: FlashDevice> Fs<D> {
             records.swap_remove(index)
         };
         let matches = match (&node, key) {
-            (Node::Map { number, .. }, NodeKey::Map(page)) => *number == u64::from(page),
+            (Node::Map { number, .. }, NodeKey::Map(page))
+            | (Node::MapDirectory { number, .. }, NodeKey::MapDirectory(page)) => *number == u64::from(page),
             (Node::Directory { slot, .. }, NodeKey::Slot(wanted))
             | (Node::Bucket { slot, .. }, NodeKey::Slot(wanted))
             | (Node::Table { slot, .. }, NodeKey::Slot(wanted))
@@ -373,8 +403,19 @@ impl<D: FlashDevice> Fs<D> {
         }
         let capacity = map_capacity(self.page_size);
         let page = slot as usize / capacity;
-        if page == self.map_pages.len() {
-            self.map_pages.push(Pointer::NULL);
+        if (slot as usize).is_multiple_of(capacity) {
+            // A new map page, and for every E of them a new directory page
+            // to locate them.
+            let directory_capacity = map_directory_capacity(self.page_size);
+            if page.is_multiple_of(directory_capacity) {
+                let number = page / directory_capacity;
+                debug_assert_eq!(number, self.map_directory.len());
+                self.map_directory.push(Pointer::NULL);
+                self.insert_new(
+                    NodeKey::MapDirectory(number as u32),
+                    Node::MapDirectory { number: number as u64, pointers: vec![Pointer::NULL; directory_capacity] },
+                );
+            }
             self.insert_new(NodeKey::Map(page as u32), Node::Map { number: page as u64, entries: vec![0; capacity] });
         }
         self.slot_count += 1;
@@ -419,7 +460,16 @@ impl<D: FlashDevice> Fs<D> {
     fn point_at(&mut self, key: NodeKey, node: &Node, home: Pointer, skip_entry: bool) -> Result<()> {
         match key {
             NodeKey::Map(page) => {
-                self.map_pages[page as usize] = home;
+                let capacity = map_directory_capacity(self.page_size);
+                self.modify(NodeKey::MapDirectory((page as usize / capacity) as u32), |node| {
+                    let Node::MapDirectory { pointers, .. } = node else {
+                        unreachable!("map directory keys hold map directories")
+                    };
+                    pointers[page as usize % capacity] = home;
+                })
+            }
+            NodeKey::MapDirectory(number) => {
+                self.map_directory[number as usize] = home;
                 Ok(())
             }
             NodeKey::Slot(slot) => self.map_set(slot, home.0),

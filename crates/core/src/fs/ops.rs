@@ -1003,7 +1003,8 @@ impl<D: FlashDevice> Fs<D> {
         if cleared == 0 || attributes.file_type == FileType::Directory {
             return Ok(attributes);
         }
-        let changes = SetAttributes { permissions: Some(attributes.permissions & !cleared), ..SetAttributes::default() };
+        let changes =
+            SetAttributes { permissions: Some(attributes.permissions & !cleared), ..SetAttributes::default() };
         self.setattr(ino, &changes)
     }
 
