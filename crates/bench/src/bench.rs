@@ -230,6 +230,10 @@ pub(crate) trait Files {
     fn log_pages(&mut self) -> Option<u64> {
         None
     }
+    /// FUSE requests the target's daemons have answered so far.
+    fn fuse_requests(&mut self) -> Option<u64> {
+        None
+    }
 }
 
 /// A directory of a mounted file system, through std::fs.
@@ -242,6 +246,8 @@ struct DirectoryFiles {
     mount_pages: Option<u64>,
     /// The device's counters now (the daemon's, or the loop device's).
     snapshot: Option<Box<dyn FnMut() -> Outcome<Counters>>>,
+    /// FUSE requests answered so far, over every daemon of the run.
+    requests: Option<Box<dyn FnMut() -> Option<u64>>>,
     /// The file system's memory now (the daemon's heap, or the kernel's
     /// slab growth since the mount).
     memory: Option<Box<dyn FnMut() -> Outcome<u64>>>,
@@ -260,6 +266,7 @@ impl DirectoryFiles {
             remount: Some(remount),
             mount_pages: None,
             snapshot: Some(snapshot),
+            requests: None,
             memory: None,
         }
     }
@@ -355,6 +362,9 @@ impl Files for DirectoryFiles {
             Some(snapshot) => snapshot().map(Some),
             None => Ok(None),
         }
+    }
+    fn fuse_requests(&mut self) -> Option<u64> {
+        self.requests.as_mut().and_then(|requests| requests())
     }
 }
 
@@ -835,6 +845,8 @@ pub(crate) struct Phase {
     pub at_start: Option<Counters>,
     /// The engine's log pages written before the measured phase.
     pub log_pages_at_start: Option<u64>,
+    /// FUSE requests answered before the measured phase.
+    pub fuse_requests_at_start: Option<u64>,
     /// A workload's own figures, added to its row.
     pub fields: Vec<(String, Value)>,
 }
@@ -844,6 +856,7 @@ impl Phase {
     pub(crate) fn begin(&mut self, files: &mut dyn Files) -> Outcome {
         self.at_start = files.counters()?;
         self.log_pages_at_start = files.log_pages();
+        self.fuse_requests_at_start = files.fuse_requests();
         self.started = Some(Instant::now());
         Ok(())
     }
@@ -1008,10 +1021,22 @@ fn run_fuse(workload: &str, size: Size, seed: u64, directory: &Path) -> Outcome<
     // The image's lifetime counters when the running daemon mounted it: a
     // daemon counts from its mount, so a remount moves this on.
     let at_mount = std::rc::Rc::new(std::cell::RefCell::new(counters_of(&before)?));
+    // FUSE requests of the daemons before the running one (a remount
+    // starts a new daemon, which counts from zero).
+    let requests_earlier = std::rc::Rc::new(std::cell::Cell::new(0u64));
+    let live_requests = {
+        let (flintfs, mountpoint) = (flintfs.clone(), mountpoint.clone());
+        move || -> Option<u64> {
+            let output = Command::new(&flintfs).arg("stat").arg(&mountpoint).arg("--json").output().ok()?;
+            serde_json::from_slice::<Value>(&output.stdout).ok()?["fuse_requests"].as_u64()
+        }
+    };
     let remount = {
         let (flintfs, image, mountpoint) = (flintfs.clone(), image.clone(), mountpoint.clone());
         let at_mount = at_mount.clone();
+        let (requests_earlier, live_requests) = (requests_earlier.clone(), live_requests.clone());
         move || -> Outcome<u64> {
+            requests_earlier.set(requests_earlier.get() + live_requests().unwrap_or(0));
             if !Command::new("umount").arg(&mountpoint).status()?.success() {
                 fail!("umount for a remount failed");
             }
@@ -1039,10 +1064,17 @@ fn run_fuse(workload: &str, size: Size, seed: u64, directory: &Path) -> Outcome<
     // The daemon's resident memory (the engine, the FUSE session's
     // buffers, the program itself).
     files.memory = Some(daemon_memory(&flintfs, &mountpoint));
+    files.requests = Some(Box::new({
+        let (requests_earlier, live_requests) = (requests_earlier.clone(), live_requests.clone());
+        move || Some(requests_earlier.get() + live_requests()?)
+    }));
     let (ops, phase) = timed_workload(workload, &mut files, size, seed);
     let seconds = phase.seconds;
     let remounted_pages = files.mount_pages;
+    let requests_at_end = files.fuse_requests();
     drop(files);
+    // The floor: lookups of names that are not there, one request each.
+    let floor = fuse_request_floor(&mountpoint, &live_requests);
     let live = stat(&mountpoint)?;
     let rss = live["pid"].as_u64().and_then(|pid| rss_of(pid as u32));
     let status = Command::new("umount").arg(&mountpoint).status()?;
@@ -1077,8 +1109,40 @@ fn run_fuse(workload: &str, size: Size, seed: u64, directory: &Path) -> Outcome<
     value["device_time_ns_per_op"] = json!(since("device_time_ns") as f64 / ops.max(1) as f64);
     value["mount_pages_read"] = json!(remounted_pages.unwrap_or(number(&live, "mount_pages_read")));
     value["peak_rss_bytes"] = json!(rss);
+    if let (Some(end), Some(start)) = (requests_at_end, phase.fuse_requests_at_start) {
+        let per_op = end.saturating_sub(start) as f64 / ops.max(1) as f64;
+        value["fuse_requests_per_op"] = json!(per_op);
+        if let Some(floor_us) = floor {
+            let floor_ops_per_s = 1e6 / (per_op * floor_us).max(1e-9);
+            value["fuse_floor_us"] = json!(floor_us);
+            value["fuse_floor_ops_per_s"] = json!(floor_ops_per_s);
+            value["of_fuse_floor"] = json!(ops as f64 / seconds.max(1e-9) / floor_ops_per_s);
+        }
+    }
     add_fields(&mut value, &phase);
     Ok(value)
+}
+
+/// Lookups a FUSE floor measurement times.
+const FUSE_FLOOR_LOOKUPS: u64 = 20_000;
+
+/// The round trip of one FUSE request on the mount at `mountpoint`, in
+/// microseconds: [`FUSE_FLOOR_LOOKUPS`] lookups of names that are not
+/// there (the kernel keeps no negative entry for them, so each is a
+/// LOOKUP request, and the engine's answer is a hash and one cached
+/// page). `None` unless the daemon saw one request per lookup.
+fn fuse_request_floor(mountpoint: &Path, requests: &impl Fn() -> Option<u64>) -> Option<f64> {
+    let before = requests()?;
+    let started = Instant::now();
+    for index in 0..FUSE_FLOOR_LOOKUPS {
+        let missing = std::fs::symlink_metadata(mountpoint.join(format!(".floor-{index}")));
+        if missing.is_ok() {
+            return None;
+        }
+    }
+    let elapsed = started.elapsed();
+    let made = requests()? - before;
+    (made == FUSE_FLOOR_LOOKUPS).then(|| elapsed.as_secs_f64() * 1e6 / FUSE_FLOOR_LOOKUPS as f64)
 }
 
 /// The resident memory of the daemon serving `mountpoint` (the engine, the

@@ -368,6 +368,7 @@ impl Staged {
                         .push((format!("first_write{name}_us"), json!(values.first().map(|ns| *ns as f64 / 1e3))));
                     phase.fields.push((format!("p50{name}_us"), json!(Latencies::percentile_us(values, 0.50))));
                     phase.fields.push((format!("p99{name}_us"), json!(Latencies::percentile_us(values, 0.99))));
+                    phase.fields.push((format!("p999{name}_us"), json!(Latencies::percentile_us(values, 0.999))));
                     phase.fields.push((format!("max{name}_us"), json!(Latencies::percentile_us(values, 1.0))));
                 }
                 Ok(latencies.host_ns.len() as u64)

@@ -544,6 +544,8 @@ fn serve_control(
                         value["pages_scrubbed_in_background"] = engine.pages_scrubbed_in_background.into();
                         value["scrub_passes_finished"] = engine.scrub_passes_finished.into();
                         value["pid"] = std::process::id().into();
+                        // Round trips: FORGETs are one-way, and batched.
+                        value["fuse_requests"] = shared.round_trips().into();
                         value.to_string()
                     }
                     None => "error the file system is stopping".to_string(),

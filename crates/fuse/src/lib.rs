@@ -102,11 +102,14 @@ impl Clock for SystemClock {
 pub struct Shared<D: FlashDevice> {
     fs: Mutex<Option<Fs<D>>>,
     requests: AtomicU64,
+    /// Of those, FORGETs: messages the kernel sends without waiting for an
+    /// answer (and batches), so they cost no round trip.
+    forgets: AtomicU64,
 }
 
 impl<D: FlashDevice> Shared<D> {
     pub fn new(fs: Fs<D>) -> Arc<Shared<D>> {
-        Arc::new(Shared { fs: Mutex::new(Some(fs)), requests: AtomicU64::new(0) })
+        Arc::new(Shared { fs: Mutex::new(Some(fs)), requests: AtomicU64::new(0), forgets: AtomicU64::new(0) })
     }
 
     fn lock(&self) -> MutexGuard<'_, Option<Fs<D>>> {
@@ -131,6 +134,12 @@ impl<D: FlashDevice> Shared<D> {
     /// still).
     pub fn requests(&self) -> u64 {
         self.requests.load(Ordering::Relaxed)
+    }
+
+    /// Requests the kernel waited for an answer to (every one but the
+    /// FORGETs): the round trips the mount has cost.
+    pub fn round_trips(&self) -> u64 {
+        self.requests().saturating_sub(self.forgets.load(Ordering::Relaxed))
     }
 
     /// Takes the engine away: every later request gets EIO.
@@ -322,6 +331,7 @@ impl<D: FlashDevice + Send + 'static> Filesystem for FlintFuse<D> {
     }
 
     fn forget(&self, _request: &Request, ino: INodeNo, count: u64) {
+        self.shared.forgets.fetch_add(1, Ordering::Relaxed);
         let _ = self.call(|fs| fs.forget(ino.0, count));
     }
 
