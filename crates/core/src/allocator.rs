@@ -90,30 +90,61 @@ impl<D: FlashDevice> Volume<D> {
                     )));
                 }
             }
-            let mut addresses = Vec::with_capacity(pages.len());
-            for (index, (meta, data)) in pages.iter().enumerate() {
-                let address = PageAddress::new(head.zone, head.write_pointer + index as u32);
-                let header = PageHeader {
+            // Every page's header and sealed OOB first (the whole run at
+            // once, so sealing can use both cores), then the programs in
+            // order. Page `index` takes sequence `first + index`: the
+            // sequence each would take were they made one by one.
+            let first = self.checkpoint.sequence_next;
+            let headers: Vec<PageHeader> = pages
+                .iter()
+                .enumerate()
+                .map(|(index, (meta, _))| PageHeader {
                     kind: meta.kind,
                     end_of_record: meta.end_of_record,
                     zone_generation: generation,
-                    sequence: self.checkpoint.sequence_next,
-                    zone: address.zone,
-                    page: address.page,
+                    sequence: first + index as u64,
+                    zone: head.zone,
+                    page: head.write_pointer + index as u32,
                     inverted: meta.inverted,
                     length: meta.length,
                     count: meta.count,
-                };
+                })
+                .collect();
+            let mut sealed: Vec<(&[u8], Vec<u8>)> = pages
+                .iter()
+                .zip(&headers)
+                .map(|((_, data), header)| {
+                    let mut oob = vec![0u8; geometry.oob_size_bytes as usize];
+                    oob[..flintfs_format::PAGE_HEADER_BYTES].copy_from_slice(&header.encode(data));
+                    (data.as_ref(), oob)
+                })
+                .collect();
+            self.device.seal_pages(&mut sealed);
+            let mut addresses = Vec::with_capacity(pages.len());
+            for (header, (data, oob)) in headers.iter().zip(&sealed) {
+                let address = PageAddress::new(header.zone, header.page);
+                debug_assert_eq!(header.sequence, self.checkpoint.sequence_next);
                 // The sequence is spent whether or not the program succeeds:
                 // a page that reached the medium must never share it.
                 self.checkpoint.sequence_next += 1;
                 self.set_head_write_pointer(role, address.page + 1);
-                let mut oob = vec![0u8; geometry.oob_size_bytes as usize];
-                oob[..flintfs_format::PAGE_HEADER_BYTES].copy_from_slice(&header.encode(data));
-                match self.device.program_page(address, data, &oob) {
+                match self.device.program_sealed(address, data, oob) {
                     Ok(()) => {}
                     Err(flintfs_flash::DeviceError::ProgramFailed { .. }) if attempt < PROGRAM_ATTEMPTS => {
                         self.program_failures += 1;
+                        continue 'run;
+                    }
+                    // A parity page that failed to program after an earlier
+                    // page of this run left the zone read-only: the run
+                    // starts again in a fresh zone, as after a failed
+                    // program of its own.
+                    Err(_)
+                        if attempt < PROGRAM_ATTEMPTS
+                            && self
+                                .device
+                                .report_zone(address.zone)
+                                .is_ok_and(|report| report.state == ZoneState::ReadOnly) =>
+                    {
                         continue 'run;
                     }
                     Err(error) => return Err(error.into()),

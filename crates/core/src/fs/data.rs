@@ -547,16 +547,32 @@ impl<D: FlashDevice> Fs<D> {
         // Chunks in the page being packed, with their buffers: kept until
         // the page is programmed.
         let mut packed: Vec<PackedChunk> = Vec::new();
+        // Whole blocks waiting to be programmed together (a run, sealed
+        // on both cores): at most what the data head's zone still takes,
+        // so a run never moves the head on early.
+        let mut whole: Vec<WholeBlock> = Vec::new();
         let mut result = Ok(());
         for (ino, block) in keys {
             let Some(buffer) = self.dirty_blocks.remove(&(ino, block)) else { continue };
-            if let Err((error, buffer)) = self.flush_block(ino, block, buffer, &mut packer, &mut packed) {
+            if let Err((error, buffer)) = self.flush_block(ino, block, buffer, &mut packer, &mut packed, &mut whole) {
                 self.dirty_blocks.insert((ino, block), buffer);
                 result = Err(error);
                 break;
             }
+            if whole.len() as u64 >= self.data_run_pages() {
+                result = self.program_blocks(&mut whole);
+                if result.is_err() {
+                    break;
+                }
+            }
+        }
+        if result.is_ok() && !whole.is_empty() {
+            result = self.program_blocks(&mut whole);
         }
         if result.is_err() {
+            for block in whole.drain(..) {
+                self.dirty_blocks.insert((block.ino, block.block), block.buffer);
+            }
             for chunk in packed.drain(..) {
                 self.dirty_blocks.insert((chunk.ino, chunk.block), chunk.buffer);
             }
@@ -568,6 +584,65 @@ impl<D: FlashDevice> Fs<D> {
         Ok(())
     }
 
+    /// Pages the next run of whole blocks may take: what the data head's
+    /// zone still holds (a run that does not fit moves the head to a new
+    /// zone, leaving the rest of the old one unused), at most
+    /// [`DATA_RUN_PAGES_MAX`]. With the head full (or none yet), one page,
+    /// which takes a fresh zone; the runs after it are sized to that zone,
+    /// whose capacity retired blocks may have cut.
+    fn data_run_pages(&self) -> u64 {
+        self.volume.head_free_pages(ZoneRole::HotData).clamp(1, DATA_RUN_PAGES_MAX)
+    }
+
+    /// Programs `whole` as one run and points each file at its block. A
+    /// block that cannot be pointed at, and every one after it, goes back
+    /// to the buffer (its page stops counting); on a failed program every
+    /// buffer does.
+    fn program_blocks(&mut self, whole: &mut Vec<WholeBlock>) -> Result<()> {
+        let page_size = self.page_size;
+        let run: Vec<(PageMeta, &[u8])> = whole.iter().map(|block| (block.meta, block.buffer.as_slice())).collect();
+        let addresses = match self.volume.append_run(ZoneRole::HotData, &run) {
+            Ok(addresses) => addresses,
+            // A run starts again whole in a fresh zone when one of its
+            // programs fails, a bounded number of times, so on a medium
+            // failing many programs a long run can run out of attempts.
+            // Block by block, each gets its own (what the pages of the run
+            // that did program hold is referenced by nothing).
+            Err(error) if error.errno == errno::EIO => {
+                let mut addresses = Vec::with_capacity(run.len());
+                for (meta, data) in &run {
+                    addresses.push(self.volume.append(ZoneRole::HotData, *meta, data)?);
+                }
+                addresses
+            }
+            Err(error) => return Err(error),
+        };
+        let mut result = Ok(());
+        for (block, address) in whole.drain(..).zip(addresses) {
+            self.counters.data_pages_written += 1;
+            let home = Pointer::page_at(address.zone, address.page);
+            self.volume.account(address.zone, page_size as i64);
+            if result.is_err() {
+                self.release(home);
+                self.dirty_blocks.insert((block.ino, block.block), block.buffer);
+                continue;
+            }
+            match self.set_block_pointer(block.ino, block.block, home) {
+                Ok(old) => {
+                    self.release(old);
+                    self.log_note_block(block.ino, block.block);
+                }
+                Err(error) => {
+                    // The page is written but nothing points at it.
+                    self.release(home);
+                    self.dirty_blocks.insert((block.ino, block.block), block.buffer);
+                    result = Err(error);
+                }
+            }
+        }
+        result
+    }
+
     /// Writes one buffered block: a data block page, or a chunk added to
     /// `packer`. On an error the buffer comes back.
     fn flush_block(
@@ -577,6 +652,7 @@ impl<D: FlashDevice> Fs<D> {
         mut buffer: Vec<u8>,
         packer: &mut PackedPage,
         packed: &mut Vec<PackedChunk>,
+        whole: &mut Vec<WholeBlock>,
     ) -> std::result::Result<(), (Error, Vec<u8>)> {
         let page_size = self.page_size;
         let block_bytes = self.block_bytes();
@@ -620,25 +696,8 @@ impl<D: FlashDevice> Fs<D> {
             length: valid as u32,
             count: 0,
         };
-        let address = match self.volume.append(ZoneRole::HotData, meta, &buffer) {
-            Ok(address) => address,
-            Err(error) => return Err((error, buffer)),
-        };
-        self.counters.data_pages_written += 1;
-        let home = Pointer::page_at(address.zone, address.page);
-        self.volume.account(address.zone, page_size as i64);
-        match self.set_block_pointer(ino, block, home) {
-            Ok(old) => {
-                self.release(old);
-                self.log_note_block(ino, block);
-                Ok(())
-            }
-            Err(error) => {
-                // The page is written but nothing points at it.
-                self.release(home);
-                Err((error, buffer))
-            }
-        }
+        whole.push(WholeBlock { ino, block, buffer, meta });
+        Ok(())
     }
 
     /// Programs a page of packed chunks and points each file at its chunk.
@@ -686,6 +745,21 @@ impl<D: FlashDevice> Fs<D> {
         }
         result
     }
+}
+
+/// Most whole blocks one run programs: enough that sealing them on two
+/// threads pays for the second (`Protected::seal_pages`), few enough that
+/// a run's buffers stay a small part of the data buffer.
+pub const DATA_RUN_PAGES_MAX: u64 = 64;
+const _: () = assert!(DATA_RUN_PAGES_MAX as usize >= crate::protect::SEAL_PARALLEL_PAGES_MIN);
+
+/// A whole block on its way into a run of data block pages, with its
+/// buffer, which goes back to the buffered blocks if it is not pointed at.
+pub(crate) struct WholeBlock {
+    pub ino: u64,
+    pub block: u64,
+    pub buffer: Vec<u8>,
+    pub meta: PageMeta,
 }
 
 /// A block on its way into a packed page, with its whole buffer, which
