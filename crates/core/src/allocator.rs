@@ -229,16 +229,7 @@ impl<D: FlashDevice> Volume<D> {
                     return Ok(head);
                 }
             }
-            // A new zone first: if there is none, the head stays where it was.
-            let zone = self.take_unindexed_zone(role)?;
-            if let Some(head) = current {
-                // The old zone is done: finish it so it stops counting as open.
-                if matches!(self.device.report_zone(head.zone)?.state, ZoneState::Open | ZoneState::Closed) {
-                    self.device.finish_zone(head.zone)?;
-                }
-            }
-            self.checkpoint.heads.retain(|other| other.role != role);
-            self.checkpoint.heads.push(LogHead { role, zone, write_pointer: 0 });
+            self.replace_head(role, current)?;
             // Loops again: a zone shrunk by bad blocks may still be too small.
         }
     }
@@ -248,12 +239,21 @@ impl<D: FlashDevice> Volume<D> {
     /// holds damage, which refreshing would otherwise never reach while
     /// the head stays. If no zone can be taken, the head stays.
     pub(crate) fn move_head_on(&mut self, role: ZoneRole) -> Result<()> {
-        let Some(head) = self.checkpoint.heads.iter().find(|head| head.role == role).copied() else {
-            return Ok(());
-        };
+        match self.checkpoint.heads.iter().find(|head| head.role == role).copied() {
+            Some(head) => self.replace_head(role, Some(head)),
+            None => Ok(()),
+        }
+    }
+
+    /// Gives `role` a new head zone and finishes `current`'s. The new zone
+    /// is taken first: if there is none, the head stays where it was.
+    fn replace_head(&mut self, role: ZoneRole, current: Option<LogHead>) -> Result<()> {
         let zone = self.take_unindexed_zone(role)?;
-        if matches!(self.device.report_zone(head.zone)?.state, ZoneState::Open | ZoneState::Closed) {
-            self.device.finish_zone(head.zone)?;
+        if let Some(head) = current {
+            // The old zone is done: finish it so it stops counting as open.
+            if matches!(self.device.report_zone(head.zone)?.state, ZoneState::Open | ZoneState::Closed) {
+                self.device.finish_zone(head.zone)?;
+            }
         }
         self.checkpoint.heads.retain(|other| other.role != role);
         self.checkpoint.heads.push(LogHead { role, zone, write_pointer: 0 });
@@ -432,14 +432,13 @@ impl<D: FlashDevice> Volume<D> {
         let mut zones = self.allocatable_zones(checkpoint);
         self.reserve_allowed = allowed;
         if self.declare_empty_first {
-            let mut holds_pages = Vec::with_capacity(zones.len());
-            for &zone in &zones {
-                holds_pages.push(self.device.report_zone(zone)?.write_pointer > 0);
+            let mut keyed = Vec::with_capacity(zones.len());
+            for zone in zones {
+                keyed.push((self.device.report_zone(zone)?.write_pointer > 0, zone));
             }
             // A stable sort: least worn first within each group.
-            let mut order: Vec<usize> = (0..zones.len()).collect();
-            order.sort_by_key(|&index| holds_pages[index]);
-            zones = order.into_iter().map(|index| zones[index]).collect();
+            keyed.sort_by_key(|&(holds_pages, _)| holds_pages);
+            zones = keyed.into_iter().map(|(_, zone)| zone).collect();
         }
         checkpoint.unindexed = zones.into_iter().take(k).collect();
         Ok(())

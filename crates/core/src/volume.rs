@@ -455,25 +455,14 @@ fn record_ending_at<D: FlashDevice>(
     let start = end - header.count;
     let mut assembler = RecordAssembler::new(RecordKind::Checkpoint);
     let mut generation = header.zone_generation;
-    let mut whole = None;
     // The pages before the last one, then the last one, as it was read.
-    let mut pages_whole = true;
-    for page in start..end {
-        let read = read_verified(device, PageAddress::new(zone, page), Some(generation), &mut report.pages_read);
-        let pushed = read.ok().and_then(|(page_header, page_data)| {
-            generation = page_header.zone_generation;
-            assembler.push(&page_header, &page_data).ok()
-        });
-        if pushed.is_none() {
-            pages_whole = false;
-            break;
-        }
-    }
-    if pages_whole {
-        if let Ok(Some(record)) = assembler.push(&header, &data) {
-            whole = Some(record);
-        }
-    }
+    let before = (start..end).try_for_each(|page| {
+        let (page_header, page_data) =
+            read_verified(device, PageAddress::new(zone, page), Some(generation), &mut report.pages_read).ok()?;
+        generation = page_header.zone_generation;
+        assembler.push(&page_header, &page_data).ok().map(|_| ())
+    });
+    let whole = before.and_then(|()| assembler.push(&header, &data).ok().flatten());
     let checkpoint = whole.and_then(|(_, payload)| Checkpoint::decode(&payload).ok()).filter(|checkpoint| {
         // Self-consistent: its pages carry the generation its own table
         // gives the zone it sits in, and the table covers the device.

@@ -621,26 +621,32 @@ impl<D: FlashDevice> Fs<D> {
         for (block, address) in whole.drain(..).zip(addresses) {
             self.counters.data_pages_written += 1;
             let home = Pointer::page_at(address.zone, address.page);
-            self.volume.account(address.zone, page_size as i64);
-            if result.is_err() {
-                self.release(home);
-                self.dirty_blocks.insert((block.ino, block.block), block.buffer);
-                continue;
+            if result.is_ok() {
+                result = self.point_block_at(block.ino, block.block, home, page_size as i64);
             }
-            match self.set_block_pointer(block.ino, block.block, home) {
-                Ok(old) => {
-                    self.release(old);
-                    self.log_note_block(block.ino, block.block);
-                }
-                Err(error) => {
-                    // The page is written but nothing points at it.
-                    self.release(home);
-                    self.dirty_blocks.insert((block.ino, block.block), block.buffer);
-                    result = Err(error);
-                }
+            if result.is_err() {
+                self.dirty_blocks.insert((block.ino, block.block), block.buffer);
             }
         }
         result
+    }
+
+    /// Points `ino`'s block `block` at its new copy `home` (of `bytes` in
+    /// its zone), and lets the old one go. On an error nothing points at
+    /// the new copy, and it stops counting; the caller keeps the buffer.
+    fn point_block_at(&mut self, ino: u64, block: u64, home: Pointer, bytes: i64) -> Result<()> {
+        self.volume.account(home.zone(), bytes);
+        match self.set_block_pointer(ino, block, home) {
+            Ok(old) => {
+                self.release(old);
+                self.log_note_block(ino, block);
+                Ok(())
+            }
+            Err(error) => {
+                self.release(home);
+                Err(error)
+            }
+        }
     }
 
     /// Writes one buffered block: a data block page, or a chunk added to
@@ -730,17 +736,10 @@ impl<D: FlashDevice> Fs<D> {
             }
             let pointer = Pointer::new(address.zone, address.page, index as u32 + 1, chunk.units);
             self.counters.chunks_written += 1;
-            self.volume.account(address.zone, i64::from(chunk.units) * i64::from(CHUNK_UNIT_BYTES));
-            match self.set_block_pointer(chunk.ino, chunk.block, pointer) {
-                Ok(old) => {
-                    self.release(old);
-                    self.log_note_block(chunk.ino, chunk.block);
-                }
-                Err(error) => {
-                    self.release(pointer);
-                    self.dirty_blocks.insert((chunk.ino, chunk.block), chunk.buffer);
-                    result = Err(error);
-                }
+            let bytes = i64::from(chunk.units) * i64::from(CHUNK_UNIT_BYTES);
+            result = self.point_block_at(chunk.ino, chunk.block, pointer, bytes);
+            if result.is_err() {
+                self.dirty_blocks.insert((chunk.ino, chunk.block), chunk.buffer);
             }
         }
         result

@@ -213,13 +213,12 @@ impl<D: FlashDevice> Fs<D> {
                 if u64::from(page) >= map_page_count(self.slot_count, self.page_size) {
                     return Err(Error::corrupt(format!("map page {page} is past the map")));
                 }
-                let capacity = map_directory_capacity(self.page_size);
-                let directory = (page as usize / capacity) as u32;
+                let (directory, index) = self.map_directory_slot(page);
                 self.with_node(NodeKey::MapDirectory(directory), |node| {
                     let Node::MapDirectory { pointers, .. } = node else {
                         unreachable!("map directory keys hold map directories")
                     };
-                    pointers[page as usize % capacity]
+                    pointers[index]
                 })
             }
             NodeKey::MapDirectory(number) => self
@@ -244,6 +243,13 @@ impl<D: FlashDevice> Fs<D> {
             }
             NodeKey::Index { level, ino, number } => self.index_pointer_to(ino, level, number),
         }
+    }
+
+    /// The map directory page that locates map page `page`, and where in
+    /// it.
+    fn map_directory_slot(&self, page: u32) -> (u32, usize) {
+        let capacity = map_directory_capacity(self.page_size);
+        ((page as usize / capacity) as u32, page as usize % capacity)
     }
 
     pub(crate) fn index_fanout(&self) -> u64 {
@@ -460,12 +466,12 @@ impl<D: FlashDevice> Fs<D> {
     fn point_at(&mut self, key: NodeKey, node: &Node, home: Pointer, skip_entry: bool) -> Result<()> {
         match key {
             NodeKey::Map(page) => {
-                let capacity = map_directory_capacity(self.page_size);
-                self.modify(NodeKey::MapDirectory((page as usize / capacity) as u32), |node| {
+                let (directory, index) = self.map_directory_slot(page);
+                self.modify(NodeKey::MapDirectory(directory), |node| {
                     let Node::MapDirectory { pointers, .. } = node else {
                         unreachable!("map directory keys hold map directories")
                     };
-                    pointers[page as usize % capacity] = home;
+                    pointers[index] = home;
                 })
             }
             NodeKey::MapDirectory(number) => {
