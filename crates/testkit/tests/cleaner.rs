@@ -158,3 +158,90 @@ const FILLED: usize = 600;
 const MORE: usize = 300;
 /// Cuts spread over the measured workload.
 const CUTS: u64 = 10;
+
+/// Overwrites with fsync at random in a file system about 88% full, long
+/// enough that the foreground cleaner turns most zones over: it cleans in
+/// bounded steps, so no operation reads more than a step's pages of a
+/// victim or moves more than a step's pages, it never falls behind far
+/// enough to clean whole zones inside an operation, and every block reads
+/// back as last written.
+#[test]
+fn the_foreground_cleaner_works_in_bounded_steps() {
+    use flintfs_core::{Fs, ManualClock, MkfsOptions, CLEAN_MOVES_PER_STEP_MAX, CLEAN_READS_PER_STEP_MAX};
+    use flintfs_flash::{DeviceOptions, FaultConfig, FlashDevice, MemoryFlash};
+    use rand::{Rng, SeedableRng};
+    const FILE_BLOCKS: u64 = 32;
+    const BLOCK_BYTES: usize = 4096;
+    let seed = 19;
+    // Zones of 256 pages and the default caches: the shape the steps are
+    // tuned for (the default device's zones are four times larger).
+    let geometry = Geometry { block_pages: 64, ..small_geometry(4, 40) };
+    let clock = ManualClock::new(1_700_000_000_000_000_000);
+    let flash =
+        MemoryFlash::memory(geometry, DeviceOptions { faults: FaultConfig::none(seed), ..DeviceOptions::default() })
+            .unwrap();
+    let flash = Fs::format(flash, &MkfsOptions::new([9; 16], seed), Box::new(clock.clone())).unwrap();
+    let (mut fs, _) = Fs::mount(flash, FsOptions::default(), Box::new(clock.clone())).unwrap();
+    let block = |file: usize, index: u64, version: u32| -> Vec<u8> {
+        let mut bytes = vec![0u8; BLOCK_BYTES];
+        bytes[..4].copy_from_slice(&(file as u32).to_le_bytes());
+        bytes[4..12].copy_from_slice(&index.to_le_bytes());
+        bytes[12..16].copy_from_slice(&version.to_le_bytes());
+        bytes
+    };
+    // Fill with whole files to about 88% of what statfs offers.
+    let mut files: Vec<(u64, Vec<u32>)> = Vec::new();
+    loop {
+        let statfs = fs.statfs().unwrap();
+        let used = statfs.blocks - statfs.blocks_free;
+        if used * 1000 >= statfs.blocks * 880 {
+            break;
+        }
+        let ino = fs.create(1, format!("f{:04}", files.len()).as_bytes(), 0o644, 0, 0).unwrap().ino;
+        for index in 0..FILE_BLOCKS {
+            fs.write(ino, index * BLOCK_BYTES as u64, &block(files.len(), index, 0)).unwrap();
+        }
+        files.push((ino, vec![0; FILE_BLOCKS as usize]));
+    }
+    fs.sync().unwrap();
+    let capacity_pages = u64::from(geometry.zone_count) * u64::from(geometry.block_pages * geometry.zone_blocks);
+    let programmed_before = fs.device().counters().pages_programmed;
+    let mut random = rand_pcg::Pcg64Mcg::seed_from_u64(seed);
+    let mut writes = 0u64;
+    while fs.device().counters().pages_programmed - programmed_before < 3 * capacity_pages {
+        let file = random.random_range(0..files.len());
+        let index = random.random_range(0..FILE_BLOCKS);
+        let (ino, versions) = &mut files[file];
+        versions[index as usize] += 1;
+        let before = fs.cleaner_counters().clone();
+        fs.write(*ino, index * BLOCK_BYTES as u64, &block(file, index, versions[index as usize]))
+            .unwrap_or_else(|error| panic!("seed {seed}: write {writes}: {error}"));
+        fs.fsync(*ino, false).unwrap_or_else(|error| panic!("seed {seed}: fsync {writes}: {error}"));
+        let after = fs.cleaner_counters();
+        // Two operations (the write and the fsync), a step each at most.
+        assert!(
+            after.pages_read - before.pages_read <= 2 * u64::from(CLEAN_READS_PER_STEP_MAX),
+            "seed {seed}: write {writes} read {} victim pages: {after:?}",
+            after.pages_read - before.pages_read
+        );
+        assert!(
+            after.data_pages_moved - before.data_pages_moved <= 2 * CLEAN_MOVES_PER_STEP_MAX,
+            "seed {seed}: write {writes} moved {} pages",
+            after.data_pages_moved - before.data_pages_moved
+        );
+        writes += 1;
+    }
+    let cleaner = fs.cleaner_counters().clone();
+    eprintln!("{writes} overwrites, {cleaner:?}, {:?}", fs.counters());
+    assert!(cleaner.steps > 0 && cleaner.zones_cleaned > 0, "the cleaner ran in steps: {cleaner:?}");
+    assert_eq!(cleaner.whole_zone_cleanings_for_space, 0, "seed {seed}: the steps fell behind: {cleaner:?}");
+    assert_eq!(cleaner.zones_stuck, 0, "seed {seed}: {cleaner:?}");
+    let report = fs.check().unwrap();
+    assert!(report.is_clean(), "seed {seed}: {:#?}", report.findings);
+    for (file, (ino, versions)) in files.iter().enumerate() {
+        for (index, version) in versions.iter().enumerate() {
+            let read = fs.read(*ino, index as u64 * BLOCK_BYTES as u64, BLOCK_BYTES as u64).unwrap();
+            assert_eq!(read, block(file, index as u64, *version), "seed {seed}: file {file} block {index}");
+        }
+    }
+}

@@ -62,6 +62,7 @@ impl<D: FlashDevice> Fs<D> {
         self.log_truncated();
         self.counters.checkpoints += 1;
         self.mark_checkpointed();
+        self.scanned_victims_checkpointed();
         self.prune_known();
         Ok(())
     }

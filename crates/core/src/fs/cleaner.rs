@@ -22,6 +22,18 @@
 //! that cost-benefit prefers can give back less than the checkpoint that
 //! follows the move consumes.
 //!
+//! The foreground cleaner works in steps, not whole zones (issue 19: a
+//! whole zone inside one write was 855 ms of device time at 90% full).
+//! Below the step water mark, each operation reads a bounded stretch of
+//! its victim and moves what is live there, so the cost of cleaning is
+//! spread over the operations that make it necessary. The moves are safe
+//! across operations for the reason a whole zone's are: each one points
+//! its file at the new copy, and nothing frees the victim before a
+//! checkpoint finds it empty. A victim every page of which was read waits
+//! for a checkpoint, which the next operation takes when space is short.
+//! Only when the steps fell behind (the low water mark) does an operation
+//! clean whole zones.
+//!
 //! Static wear levelling: when the spread of erase counts passes
 //! [`WEAR_SPREAD_MAX`], the least worn zone holding data is cleaned
 //! whatever its score, so its cold data moves and the zone goes back into
@@ -81,6 +93,70 @@ enum VictimChoice {
 /// write back more than the zone gives (a million small files over a
 /// hundred directories did, until ENOSPC at 5% full).
 pub const CLEAN_ZONES_PER_OPERATION_MAX: usize = 4;
+/// Dynamic zones of the device for each zone of runway the cleaning
+/// steps start with above the low water mark: a dense stretch of a victim
+/// gives back little for what it moves, and the steps must outlast it
+/// before whole zones have to be cleaned. Each zone of runway also keeps
+/// a zone free that would otherwise hold garbage, so victims are denser
+/// and the cleaner moves more: at 90% full on 128 zones, a runway of 7
+/// zones programmed 26% more pages than one of 5.
+pub const CLEAN_STEP_RUNWAY_DYNAMIC_ZONES: usize = 32;
+/// The least runway, however small the device: with 2, 36 zones of 256
+/// pages fell behind right after a dense fill (the test
+/// `the_foreground_cleaner_works_in_bounded_steps`).
+pub const CLEAN_STEP_RUNWAY_ZONES_MIN: usize = 3;
+/// Pages one foreground cleaning step gives back (pages read less pages
+/// moved) while free zones are one short of the step water mark; `n`
+/// short, n² times this, so steps that fall behind catch up fast. About
+/// what a write and its fsync consume (a data page and a log page), so
+/// steps keep pace with the operations that take them. What that costs
+/// depends on the victim: at three quarters live, 6 pages moved, which go
+/// to the cold data head one erase block (one die) at a time, so the
+/// fsync that follows waits for them in turn: 3.6 ms at the default
+/// 600 us program. Small steps, taken by most operations, keep the
+/// latency even: what cleaning costs is spread, not paid by a few.
+pub const CLEAN_GAIN_PER_STEP_PAGES: u64 = 2;
+/// Victim pages one step reads at most: the host waits for each read, 64
+/// are about 3.9 ms at the default 50 us read and 400 MB/s channel.
+pub const CLEAN_READS_PER_STEP_MAX: u32 = 64;
+/// Most pages a step moves, however far behind: 30 ms of die time.
+pub const CLEAN_MOVES_PER_STEP_MAX: u64 = 50;
+const _: () = assert!(
+    CLEAN_GAIN_PER_STEP_PAGES > 0
+        && CLEAN_MOVES_PER_STEP_MAX <= CLEAN_READS_PER_STEP_MAX as u64
+        && CLEAN_GAIN_PER_STEP_PAGES < CLEAN_READS_PER_STEP_MAX as u64
+);
+
+/// What one step may do: stop at `moves_max` pages moved or
+/// `gain_pages` given back, whichever comes first.
+#[derive(Clone, Copy, Debug)]
+struct StepBudget {
+    moves_max: u64,
+    gain_pages: u64,
+}
+
+/// The foreground cleaner's state between operations: the victim it is
+/// part way through, and the victims it has emptied since the last
+/// checkpoint, which that checkpoint frees.
+#[derive(Debug, Default)]
+pub(crate) struct IncrementalCleaner {
+    victim: Option<Victim>,
+    /// Zones, each with the generation it was emptied in.
+    scanned: Vec<(u32, u32)>,
+}
+
+/// A victim part way through: the pages before `next_page` were read and
+/// their live contents moved.
+#[derive(Clone, Copy, Debug)]
+struct Victim {
+    zone: u32,
+    /// The zone's use when the victim was chosen: a zone freed and taken
+    /// again since is another zone.
+    generation: u32,
+    next_page: u32,
+    write_pointer: u32,
+}
+
 /// Zones kept free, beyond what the buffered work and the victim's moves
 /// need, before the cleaner takes another victim into a batch.
 const CLEAN_HEADROOM_ZONES: usize = 1;
@@ -104,6 +180,11 @@ pub struct CleanerCounters {
     /// Bytes the cleaner wrote (data it moved); with what the host wrote,
     /// the cleaner's write amplification.
     pub bytes_moved: u64,
+    /// Bounded foreground steps taken (see `Fs::clean_if_low`), and the
+    /// times an operation had to clean whole zones because the steps fell
+    /// behind: what bounds an operation's latency, and what breaks it.
+    pub steps: u64,
+    pub whole_zone_cleanings_for_space: u64,
     /// Victims still holding referenced bytes after cleaning: a liveness
     /// decision the accounting disagreed with. Never chosen again this
     /// mount; always zero unless something is wrong.
@@ -219,9 +300,16 @@ impl<D: FlashDevice> Fs<D> {
     }
 
     fn clean_zones(&mut self, zones: usize, wear_allowed: bool, choice: VictimChoice) -> Result<usize> {
+        // Whole zones take over from the steps: the victim part way
+        // through may be taken whole (what was moved is no longer live
+        // there), and the victims already emptied wait for the checkpoint
+        // this batch ends with.
+        self.incremental.victim = None;
         let mut cleaned = Vec::new();
         for _ in 0..zones {
-            let Some((victim, for_wear)) = self.choose_victim(wear_allowed, choice, &cleaned) else { break };
+            let taken: Vec<u32> =
+                cleaned.iter().copied().chain(self.incremental.scanned.iter().map(|&(zone, _)| zone)).collect();
+            let Some((victim, for_wear)) = self.choose_victim(wear_allowed, choice, &taken) else { break };
             // What moves is buffered until the checkpoint that ends the
             // batch, and only that checkpoint frees the victims: take
             // another only while the checkpoint, with what this one
@@ -347,9 +435,16 @@ impl<D: FlashDevice> Fs<D> {
         Ok(self.scrub_in_background()? > 0)
     }
 
-    /// Foreground cleaning before an operation: a zone for space when free
-    /// zones are low; with room to spare, a zone of cold data when the wear
-    /// spread is past its bound (rare: each one narrows the spread).
+    /// Foreground cleaning before an operation. Below the step water
+    /// mark (the idle one and a runway), one bounded step: at most
+    /// [`CLEAN_READS_PER_STEP_MAX`] pages of the emptiest zone read and
+    /// [`CLEAN_MOVES_PER_STEP_MAX`] moved, stopping once it has given back
+    /// [`CLEAN_GAIN_PER_STEP_PAGES`] times the square of the zones short,
+    /// so no operation stalls for a whole zone; a victim once started is
+    /// stepped through to its end. Only when the steps fell behind, below
+    /// the low water mark, whole zones (the emptiest first). With room to
+    /// spare, a zone of cold data when the wear spread is past its bound
+    /// (rare: each one narrows the spread).
     pub(crate) fn clean_if_low(&mut self) -> Result<()> {
         // Best effort: an operation that cannot be helped by cleaning (an
         // unlink, say) must not fail because cleaning did. What needs the
@@ -357,11 +452,123 @@ impl<D: FlashDevice> Fs<D> {
         let (free, wear) = self.zone_scan();
         let buffered = self.buffered_zones();
         if free < CLEAN_LOW_WATER_ZONES + buffered {
+            self.cleaner.whole_zone_cleanings_for_space += 1;
             let _ = self.clean_for_space(CLEAN_ZONES_PER_OPERATION_MAX);
-        } else if free >= CLEAN_IDLE_WATER_ZONES + buffered && self.wear_confirmed(wear) {
+        } else if free + self.incremental.scanned.len() < self.step_water_zones() + buffered
+            || self.incremental.victim.is_some()
+        {
+            // Victims already emptied count as free: the checkpoint that
+            // frees them comes before space runs out (`release_wanted`).
+            // The further under the step water mark, the larger the step,
+            // so the steps catch up before whole zones must be cleaned.
+            let free = free + self.incremental.scanned.len();
+            let short = (self.step_water_zones() + buffered).saturating_sub(free).max(1) as u64;
+            let reserve = std::mem::replace(&mut self.volume.reserve_allowed, true);
+            let _ = self.clean_step(CLEAN_GAIN_PER_STEP_PAGES * short * short);
+            self.volume.reserve_allowed = reserve;
+        } else if self.wear_confirmed(wear) {
             let _ = self.clean_with(1, true, VictimChoice::CostBenefit);
         }
         Ok(())
+    }
+
+    /// Free zones under which operations take cleaning steps, what is
+    /// buffered apart.
+    fn step_water_zones(&self) -> usize {
+        let dynamic = (self.volume.device.geometry().zone_count as usize).saturating_sub(FIRST_DYNAMIC_ZONE as usize);
+        CLEAN_LOW_WATER_ZONES + (dynamic / CLEAN_STEP_RUNWAY_DYNAMIC_ZONES).max(CLEAN_STEP_RUNWAY_ZONES_MIN)
+    }
+
+    /// Whether victims the steps emptied should be freed now: they wait
+    /// for whatever checkpoint comes next, unless free zones are one away
+    /// from the low water mark. A checkpoint writes every dirty node, so
+    /// one per victim would cost more than small victims give back.
+    pub(crate) fn release_wanted(&mut self) -> bool {
+        if self.incremental.scanned.is_empty() {
+            return false;
+        }
+        let (free, _) = self.zone_scan();
+        free <= CLEAN_LOW_WATER_ZONES + self.buffered_zones()
+    }
+
+    /// One bounded step of the foreground cleaner (see `clean_if_low`),
+    /// until it has given back `gain_pages`.
+    fn clean_step(&mut self, gain_pages: u64) -> Result<()> {
+        self.cleaner.steps += 1;
+        let victim = match self.incremental.victim.take() {
+            Some(victim) if self.volume.checkpoint.zones[victim.zone as usize].generation != victim.generation => {
+                // Emptied by the host's own overwrites, freed by a
+                // checkpoint and taken again since: another zone now.
+                return Ok(());
+            }
+            Some(victim) if self.volume.checkpoint.zones[victim.zone as usize].valid_bytes == 0 => {
+                // Emptied by the host's own overwrites since the last
+                // step: nothing left to read.
+                self.victim_scanned(victim.zone);
+                return Ok(());
+            }
+            Some(victim) => victim,
+            None => {
+                let scanned: Vec<u32> = self.incremental.scanned.iter().map(|&(zone, _)| zone).collect();
+                let Some((zone, _)) = self.choose_victim(false, VictimChoice::Greedy, &scanned) else {
+                    return Ok(());
+                };
+                Victim {
+                    zone,
+                    generation: self.volume.checkpoint.zones[zone as usize].generation,
+                    next_page: 0,
+                    write_pointer: self.volume.device.report_zone(zone)?.write_pointer,
+                }
+            }
+        };
+        let end = victim.write_pointer.min(victim.next_page.saturating_add(CLEAN_READS_PER_STEP_MAX));
+        let budget = StepBudget { moves_max: CLEAN_MOVES_PER_STEP_MAX, gain_pages };
+        match self.move_live_pages(victim.zone, victim.next_page, end, budget) {
+            Ok(next_page) if next_page >= victim.write_pointer => self.victim_scanned(victim.zone),
+            Ok(next_page) => self.incremental.victim = Some(Victim { next_page, ..victim }),
+            Err(error) => {
+                // As in `clean_zones`: never picked again this mount,
+                // unless it only ran out of room.
+                if error.errno != errno::ENOSPC {
+                    self.cleaner_stuck.insert(victim.zone);
+                    self.cleaner.zones_stuck += 1;
+                }
+                return Err(error);
+            }
+        }
+        Ok(())
+    }
+
+    /// A victim every page of which the steps have read: the next
+    /// checkpoint frees it.
+    fn victim_scanned(&mut self, zone: u32) {
+        let generation = self.volume.checkpoint.zones[zone as usize].generation;
+        self.incremental.scanned.push((zone, generation));
+        self.cleaner.zones_cleaned += 1;
+        self.changed = true;
+    }
+
+    /// After a checkpoint: the victims the steps emptied are free now,
+    /// unless something in them is still referenced (a liveness decision
+    /// the accounting disagreed with, as `clean_zones` checks).
+    /// The victim part way through is done with when the host's own
+    /// overwrites emptied it and this checkpoint freed it: the zone may be
+    /// taken again before the next step.
+    pub(crate) fn scanned_victims_checkpointed(&mut self) {
+        if let Some(victim) = self.incremental.victim {
+            let usage = &self.volume.checkpoint.zones[victim.zone as usize];
+            if usage.role == ZoneRole::Free || usage.generation != victim.generation {
+                self.incremental.victim = None;
+                self.cleaner.zones_cleaned += 1;
+            }
+        }
+        for (zone, generation) in std::mem::take(&mut self.incremental.scanned) {
+            let usage = &self.volume.checkpoint.zones[zone as usize];
+            if usage.generation == generation && usage.valid_bytes > 0 {
+                self.cleaner.zones_stuck += 1;
+                self.cleaner_stuck.insert(zone);
+            }
+        }
     }
 
     /// Whether the wear spread still calls for a zone of cold data, when
@@ -447,9 +654,26 @@ impl<D: FlashDevice> Fs<D> {
     /// Moves everything live out of `zone`.
     fn move_live(&mut self, zone: u32) -> Result<()> {
         let write_pointer = self.volume.device.report_zone(zone)?.write_pointer;
+        self.move_live_pages(zone, 0, write_pointer, StepBudget { moves_max: u64::MAX, gain_pages: u64::MAX })?;
+        Ok(())
+    }
+
+    /// Moves what is live out of `zone`'s pages from `first` on, up to
+    /// `end` or until `moves_max` pages were moved or kept, whichever
+    /// comes first; returns the page after the last one read.
+    fn move_live_pages(&mut self, zone: u32, first: u32, end: u32, budget: StepBudget) -> Result<u32> {
         let mut packer = PackedPage::new(self.page_size);
         let mut packed: Vec<super::data::PackedChunk> = Vec::new();
-        for page in 0..write_pointer {
+        let moves_before = self.cleaner_moves();
+        let mut next = first;
+        loop {
+            let moves = self.cleaner_moves() - moves_before;
+            let gained = u64::from(next - first).saturating_sub(moves);
+            if next >= end || moves >= budget.moves_max || gained >= budget.gain_pages {
+                break;
+            }
+            let page = next;
+            next += 1;
             let address = PageAddress::new(zone, page);
             self.cleaner.pages_read += 1;
             // A page that does not verify is garbage or already lost: if
@@ -506,7 +730,13 @@ impl<D: FlashDevice> Fs<D> {
         if packer.count() > 0 {
             self.program_packed(packer, &mut packed, ZoneRole::ColdData)?;
         }
-        Ok(())
+        Ok(next)
+    }
+
+    /// Pages the cleaner has moved or marked for moving so far: what its
+    /// foreground steps are bounded by.
+    fn cleaner_moves(&self) -> u64 {
+        self.cleaner.data_pages_moved + self.cleaner.nodes_moved + self.cleaner.chunks_moved
     }
 
     /// Whether block `block` of `ino` (of version `version`) is at `here`.

@@ -46,7 +46,9 @@ use crate::error::{errno, Error, Result};
 use crate::volume::{MkfsOptions, MountReport, Volume};
 
 pub use cleaner::{
-    CleanerCounters, CLEAN_IDLE_WATER_ZONES, CLEAN_LOW_WATER_ZONES, CLEAN_ZONES_PER_OPERATION_MAX, WEAR_SPREAD_MAX,
+    CleanerCounters, CLEAN_GAIN_PER_STEP_PAGES, CLEAN_IDLE_WATER_ZONES, CLEAN_LOW_WATER_ZONES,
+    CLEAN_MOVES_PER_STEP_MAX, CLEAN_READS_PER_STEP_MAX, CLEAN_STEP_RUNWAY_DYNAMIC_ZONES, CLEAN_STEP_RUNWAY_ZONES_MIN,
+    CLEAN_ZONES_PER_OPERATION_MAX, WEAR_SPREAD_MAX,
 };
 pub use log::{
     FsyncMode, RecoveryReport, LOG_BUFFER_BYTES_MAX, LOG_PENDING_BLOCKS_MAX, LOG_RECORD_PAGES_MAX,
@@ -251,6 +253,9 @@ pub struct Fs<D: FlashDevice> {
     /// Victims the cleaner could not empty this mount (see
     /// [`CleanerCounters::zones_stuck`]).
     pub(crate) cleaner_stuck: std::collections::BTreeSet<u32>,
+    /// The foreground cleaner's victim part way through, and the victims
+    /// it emptied that the next checkpoint frees.
+    pub(crate) incremental: cleaner::IncrementalCleaner,
     /// The last zone scan before an operation (see `Fs::zone_scan`).
     pub(crate) zone_scan_hint: [Option<(cleaner::ZoneScanKey, usize, bool)>; 2],
     /// The allocatable zones' capacities, smallest first, under the same
@@ -444,6 +449,7 @@ impl<D: FlashDevice> Fs<D> {
             counters: FsCounters::default(),
             cleaner: CleanerCounters::default(),
             cleaner_stuck: std::collections::BTreeSet::new(),
+            incremental: cleaner::IncrementalCleaner::default(),
             zone_scan_hint: [None; 2],
             capacities_hint: [None, None],
             capacity_hint: std::cell::Cell::new(None),
@@ -560,7 +566,7 @@ impl<D: FlashDevice> Fs<D> {
             // would start a new log before the old one was replayed.
             return Ok(());
         }
-        if self.checkpoint_due() || self.log_wants_checkpoint(1) {
+        if self.checkpoint_due() || self.log_wants_checkpoint(1) || self.release_wanted() {
             return self.checkpoint();
         }
         self.clean_if_low()?;
@@ -670,6 +676,7 @@ impl<D: FlashDevice> Fs<D> {
             // checkpoint for all of them, whose own pages would otherwise eat
             // what small zones give back.
             let more = if cleaned < CLEAN_ZONES_PER_OPERATION_MAX {
+                self.cleaner.whole_zone_cleanings_for_space += 1;
                 self.clean_for_space(CLEAN_ZONES_PER_OPERATION_MAX - cleaned).unwrap_or(0)
             } else {
                 0
