@@ -503,3 +503,101 @@ fn a_directory_with_a_lost_bucket_lists_and_opens_every_entry_of_the_others() {
     assert_eq!(files_lost, lost.len(), "{findings}");
     assert!(!findings.contains("leaked"), "every unreached slot is explained: {findings}");
 }
+
+/// Zones owing their zone parity: written full of data, Open, the write
+/// pointer inside the parity blocks.
+fn zones_owing_parity(flash: &MemoryFlash) -> Vec<u32> {
+    let geometry = flash.geometry();
+    flash
+        .report_zones()
+        .iter()
+        .filter(|report| {
+            matches!(report.state, ZoneState::Open | ZoneState::Closed)
+                && !SUPERBLOCK_ZONES.contains(&report.zone)
+                && report.write_pointer >= (report.capacity_pages / geometry.block_pages - 1) * geometry.block_pages
+        })
+        .map(|report| report.zone)
+        .collect()
+}
+
+/// A zone's parity block goes to flash a few pages before each flush, not
+/// all at once after its last data block: the fsyncs that follow pay it,
+/// none of them more than `ZONE_PARITY_PAGES_PER_FLUSH` of it. A power cut
+/// while a zone still owes some leaves it to the next mount, which pays
+/// it from the zone's pages; then a block of that zone lost whole is
+/// rebuilt from the zone parity, and every file reads back.
+#[test]
+fn zone_parity_is_paid_a_few_pages_a_flush_and_after_a_power_cut_by_the_mount() {
+    use flintfs_core::protect::ZONE_PARITY_PAGES_PER_FLUSH;
+    let clock = ManualClock::new(1_700_000_000_000_000_000);
+    let flash = MemoryFlash::memory(geometry(), DeviceOptions::default()).unwrap();
+    let flash = Fs::format(flash, &MkfsOptions::new([7; 16], 0), Box::new(clock.clone())).unwrap();
+    let parity = MkfsOptions::new([7; 16], 0).parity_for(&geometry());
+    let (mut fs, _) = Fs::mount(flash, FsOptions::default(), Box::new(clock.clone())).unwrap();
+    let geometry = fs.device().geometry();
+    let zone_parity_pages = parity.zone_parity_blocks * geometry.block_pages;
+    assert!(zone_parity_pages > 2 * ZONE_PARITY_PAGES_PER_FLUSH, "the tests' shape keeps zone parity");
+    let file = fs.create(1, b"log", 0o644, 0, 0).unwrap().ino;
+    let mut owed_seen = None;
+    let mut index = 0u32;
+    let mut written = Vec::new();
+    // Appends with fsync until some zone owes its parity, and then until
+    // it has paid it all.
+    loop {
+        let parity_before = fs.protection_counters().parity_pages_programmed;
+        let data = contents(index);
+        fs.write(file, written.len() as u64, &data).unwrap();
+        written.extend_from_slice(&data);
+        fs.fsync(file, false).unwrap();
+        index += 1;
+        // No fsync pays a zone's parity whole: what it programs is the
+        // parity of the blocks it finished (an append is at most three
+        // blocks here) and what its flushes pay (a checkpoint adds one).
+        let paid = fs.protection_counters().parity_pages_programmed - parity_before;
+        let allowed = 3 * parity.block_parity_pages + 2 * ZONE_PARITY_PAGES_PER_FLUSH;
+        assert!(paid <= u64::from(allowed), "fsync {index} programmed {paid} parity pages");
+        let owing = zones_owing_parity(fs.device());
+        match owed_seen {
+            None if !owing.is_empty() => owed_seen = Some(owing[0]),
+            Some(zone) if !owing.contains(&zone) => {
+                assert_eq!(fs.device().report_zone(zone).unwrap().state, ZoneState::Full, "zone {zone} paid in full");
+                break;
+            }
+            _ => {}
+        }
+        assert!(index < 2000, "no zone came to owe its parity and pay it");
+    }
+    // Again until a zone owes, then the power goes.
+    loop {
+        let data = contents(index);
+        fs.write(file, written.len() as u64, &data).unwrap();
+        written.extend_from_slice(&data);
+        fs.fsync(file, false).unwrap();
+        index += 1;
+        if !zones_owing_parity(fs.device()).is_empty() {
+            break;
+        }
+        assert!(index < 4000, "no zone came to owe its parity again");
+    }
+    let owing = zones_owing_parity(fs.device());
+    let mut flash = fs.into_device();
+    flash.power_cut(5).unwrap();
+    let (fs, _) = Fs::mount(flash, FsOptions::default(), Box::new(clock.clone())).unwrap();
+    for zone in &owing {
+        assert_eq!(fs.device().report_zone(*zone).unwrap().state, ZoneState::Full, "zone {zone} after the mount");
+    }
+    let mut flash = fs.unmount().unwrap();
+    // A data block of each zone that owed, lost whole.
+    for &zone in &owing {
+        for page in 0..geometry.block_pages {
+            assert!(flash.inject_page_fault(PageAddress::new(zone, page), destroyed(u64::from(page))).unwrap());
+        }
+    }
+    let (mut fs, _) = Fs::mount(flash, FsOptions::default(), Box::new(clock)).unwrap();
+    let file = fs.lookup(1, b"log").unwrap().ino;
+    let read = fs.read(file, 0, written.len() as u64).unwrap();
+    assert!(read == written, "the file reads back as written");
+    let counters = fs.protection_counters();
+    assert!(counters.pages_repaired_zone_parity > 0, "{counters:?}");
+    assert_eq!(counters.pages_unrepairable, 0, "{counters:?}");
+}

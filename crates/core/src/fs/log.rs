@@ -262,14 +262,14 @@ impl<D: FlashDevice> Fs<D> {
         if self.options.fsync_mode == FsyncMode::Ordered && self.log.record_count > 0 {
             // Strict ordering: the data is durable before its record is
             // even issued.
-            self.volume.device_mut().flush()?;
+            self.volume.device.flush()?;
         }
         if self.log_write_batch().is_err() || self.volume.undeclared_zones_taken > 0 {
             self.changed = true;
             return self.checkpoint();
         }
         if self.options.barrier {
-            self.volume.device_mut().flush()?;
+            self.volume.device.flush()?;
         }
         self.log.unflushed = false;
         Ok(())

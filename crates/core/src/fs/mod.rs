@@ -496,6 +496,10 @@ impl<D: FlashDevice> Fs<D> {
             self.volume.declare_empty_first = false;
             result?;
         }
+        // Zone parity still owed (the checkpoints above may have filled a
+        // zone too), paid and durable: a clean mount then writes nothing.
+        self.volume.device.pay_owed_zone_parity()?;
+        self.volume.device.flush()?;
         Ok(())
     }
 
