@@ -118,9 +118,9 @@ pub const CLEAN_STEP_RUNWAY_ZONES_MIN: usize = 3;
 pub const CLEAN_GAIN_PER_STEP_PAGES: u64 = 2;
 /// Victim pages one step reads at most: the host waits for each read, 64
 /// are about 3.9 ms at the default 50 us read and 400 MB/s channel.
-pub const CLEAN_READS_PER_STEP_MAX: u32 = 64;
+pub const CLEAN_READS_PER_STEP_MAX: u32 = 40;
 /// Most pages a step moves, however far behind: 30 ms of die time.
-pub const CLEAN_MOVES_PER_STEP_MAX: u64 = 50;
+pub const CLEAN_MOVES_PER_STEP_MAX: u64 = 24;
 const _: () = assert!(
     CLEAN_GAIN_PER_STEP_PAGES > 0
         && CLEAN_MOVES_PER_STEP_MAX <= CLEAN_READS_PER_STEP_MAX as u64
