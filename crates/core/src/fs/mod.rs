@@ -573,6 +573,7 @@ impl<D: FlashDevice> Fs<D> {
         if self.checkpoint_due() || self.log_wants_checkpoint(1) || self.release_wanted() {
             return self.checkpoint();
         }
+        self.volume.erase_ahead()?;
         self.clean_if_low()?;
         if self.unindexed_short(data_pages) {
             self.checkpoint()?;
