@@ -48,6 +48,14 @@ fuzz_target!(|bytes: &[u8]| {
     }
     let length = u32::from_le_bytes(bytes[bytes.len() - 4..].try_into().unwrap());
     let _ = parse_packed(data, length, length % 200);
+    // Compressed chunk payloads: any bytes, any claimed length up to a
+    // block, give that many bytes or an error.
+    let logical = (length % 65_536) as usize + 1;
+    for codec in [flintfs_format::Compression::Lz4, flintfs_format::Compression::Zstd] {
+        if let Ok(block) = flintfs_format::decompress(codec, data, logical) {
+            assert_eq!(block.len(), logical);
+        }
+    }
     // The record assembler on page headers built straight from the bytes
     // (random bytes almost never pass a page checksum, so decoding first
     // would leave it unexplored).

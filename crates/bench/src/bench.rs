@@ -36,7 +36,7 @@ use serde_json::{json, Value};
 use crate::{fail, Failure, Outcome};
 
 /// Workloads, in the order `all` runs them.
-pub const WORKLOADS: [&str; 12] = [
+pub const WORKLOADS: [&str; 15] = [
     "create_fsync",
     "delete",
     "append_fsync1",
@@ -49,12 +49,51 @@ pub const WORKLOADS: [&str; 12] = [
     "postmark",
     "large_seq_write",
     "large_rand_write",
+    "space_half",
+    "space_random",
+    "space_usr_share",
 ];
 /// Targets, in the order rows are printed.
-pub const TARGETS: [&str; 9] =
-    ["flintfs", "flintfs-ordered", "flintfs-fuse", "flintfs-block", "ext2", "ext4", "btrfs", "xfs", "littlefs"];
-/// How many of [`TARGETS`] are flintfs (always run); the rest are peers.
-const FLINTFS_TARGETS: usize = 4;
+pub const TARGETS: [&str; 12] = [
+    "flintfs",
+    "flintfs-ordered",
+    "flintfs-fuse",
+    "flintfs-block",
+    "flintfs-zstd",
+    "flintfs-none",
+    "ext2",
+    "ext4",
+    "btrfs",
+    "btrfs-zstd",
+    "xfs",
+    "littlefs",
+];
+/// How many of [`TARGETS`] are flintfs (run without being asked for); the
+/// rest are peers.
+const FLINTFS_TARGETS: usize = 6;
+
+/// The mount's compression on an in-process target: `flintfs-zstd` and
+/// `flintfs-none` measure zstd and no compression beside the default (the
+/// image's, lz4).
+fn compression_of(target: &str) -> Option<flintfs_format::CompressionChoice> {
+    match target {
+        "flintfs-zstd" => Some(flintfs_format::CompressionChoice::ZSTD),
+        "flintfs-none" => Some(flintfs_format::CompressionChoice::NONE),
+        _ => None,
+    }
+}
+
+/// Whether a target runs a workload without being named: the codec
+/// variants and btrfs with compression run where compression is measured
+/// (space, and the large-file throughput that issue 17 holds to
+/// `compress=none`); every other target runs everywhere it is asked for.
+fn runs_by_default(workload: &str, target: &str) -> bool {
+    match target {
+        "flintfs-zstd" | "flintfs-none" => workload.starts_with("space_") || workload.starts_with("large_"),
+        "btrfs-zstd" => workload.starts_with("space_"),
+        _ => true,
+    }
+}
 /// File counts the memory (`ram_N`) and recovery (`recover_N`) workloads
 /// run at.
 fn file_counts(quick: bool) -> &'static [usize] {
@@ -90,14 +129,16 @@ pub(crate) const CREATE_DIRECTORIES: usize = 100;
 #[derive(Args)]
 pub struct BenchArguments {
     /// A workload (create_fsync, delete, append_fsync1, append_fsync10, append_fsync1000, varmail, fileserver,
-    /// webproxy, webserver, postmark, large_seq_write, large_rand_write, dir_N, near_full_P, large_seq_read,
+    /// webproxy, webserver, postmark, large_seq_write, large_rand_write, space_half, space_random,
+    /// space_usr_share, dir_N, near_full_P, large_seq_read,
     /// large_rand_read, large_reread, ram_N, mount_N, recover_N, protection_none, protection_ecc,
     /// protection_k1, protection_k2, protection_k1_rs), `protection` (those five) or `all`.
     pub workload: String,
     /// The quick sizes (for CI and a first look).
     #[arg(long)]
     pub quick: bool,
-    /// Peers beside flintfs and flintfs-fuse: a list of ext2, ext4, btrfs, xfs, littlefs.
+    /// Peers beside flintfs and flintfs-fuse: a list of ext2, ext4, btrfs, btrfs-zstd (btrfs mounted with
+    /// compress-force=zstd, run on the space workloads unasked), xfs, littlefs.
     #[arg(long, value_delimiter = ',')]
     pub peers: Vec<String>,
     #[arg(long)]
@@ -652,6 +693,7 @@ fn run_workload(name: &str, files: &mut dyn Files, size: Size, seed: u64, phase:
             Ok(1)
         }
         "postmark" => postmark(files, size, &mut random, phase),
+        "space_half" | "space_random" | "space_usr_share" => space(name, files, size, &mut random, phase),
         staged if crate::bench_staged::is_staged(staged) => crate::bench_staged::run(staged, files, size, seed, phase),
         "large_seq_write" | "large_rand_write" => {
             // RCFFS's table 2: one file much larger than any cache, written
@@ -786,6 +828,101 @@ fn personality(
             "webproxy" => 19,
             _ => 31,
         })
+}
+
+/// Files of the space workloads' fileserver sets: the fileserver's 128 KiB
+/// files, at most this many (256 MiB), so the set fits every peer's device.
+const SPACE_FILES_MAX: usize = 2_000;
+/// Bytes of `/usr/share` the copy takes, in the order a sorted walk finds
+/// its regular files: quick and full.
+const SPACE_TREE_BYTES: [u64; 2] = [64 << 20, 256 << 20];
+/// The tree the copy workload takes: text, binaries, already-compressed
+/// files, as a system's is.
+const SPACE_TREE: &str = "/usr/share";
+
+/// RCFFS's space occupied (its table 1): a set of files written and
+/// synced, with the space the file system's statfs says it took beside the
+/// bytes written. `space_half`: the fileserver set, each file half a byte
+/// repeated and half random (the floor is 0.5x); `space_random`: the same
+/// files all random (nothing to gain: the cost of trying); `space_usr_share`:
+/// a copy of `/usr/share` as it is on this machine. One operation a file.
+fn space(name: &str, files: &mut dyn Files, size: Size, random: &mut Pcg64Mcg, phase: &mut Phase) -> Outcome<u64> {
+    files.mkdir("space")?;
+    let sources: Vec<(String, Option<PathBuf>, u64)> = if name == "space_usr_share" {
+        let budget = SPACE_TREE_BYTES[usize::from(!size.quick)];
+        let mut found = Vec::new();
+        let mut total = 0;
+        tree_files(Path::new(SPACE_TREE), &mut found)?;
+        found.sort();
+        let mut taken = Vec::new();
+        for path in found {
+            let Ok(metadata) = std::fs::symlink_metadata(&path) else { continue };
+            let relative = path.strip_prefix(SPACE_TREE).expect("under the tree");
+            let Some(relative) = relative.to_str() else { continue };
+            if total + metadata.len() > budget {
+                break;
+            }
+            total += metadata.len();
+            taken.push((relative.to_string(), Some(path.clone()), metadata.len()));
+        }
+        taken
+    } else {
+        let count = size.personality_files[0].min(SPACE_FILES_MAX);
+        (0..count).map(|index| (format!("d{:02}/f{index:06}", index % 20), None, 128 << 10)).collect()
+    };
+    let mut made = std::collections::BTreeSet::new();
+    files.sync_all()?;
+    let (used_before, _) = files.space()?;
+    phase.begin(files)?;
+    let mut raw_bytes = 0u64;
+    for (relative, source, length) in &sources {
+        // Each directory on the way, once.
+        let mut at = String::from("space");
+        for part in relative.split('/').rev().skip(1).collect::<Vec<_>>().into_iter().rev() {
+            at = format!("{at}/{part}");
+            if made.insert(at.clone()) {
+                files.mkdir(&at)?;
+            }
+        }
+        let bytes = match source {
+            Some(path) => match std::fs::read(path) {
+                Ok(bytes) => bytes,
+                Err(_) => continue,
+            },
+            None if name == "space_half" => data(random, *length as usize),
+            None => {
+                let mut bytes = vec![0u8; *length as usize];
+                random.fill(&mut bytes[..]);
+                bytes
+            }
+        };
+        let handle = files.create(&format!("space/{relative}"))?;
+        files.write_at(handle, 0, &bytes)?;
+        files.close(handle)?;
+        raw_bytes += bytes.len() as u64;
+    }
+    files.sync_all()?;
+    phase.end();
+    let (used_after, _) = files.space()?;
+    let used = used_after.saturating_sub(used_before);
+    phase.fields.push(("raw_bytes".into(), json!(raw_bytes)));
+    phase.fields.push(("space_used_bytes".into(), json!(used)));
+    phase.fields.push(("space_ratio".into(), json!(used as f64 / raw_bytes.max(1) as f64)));
+    Ok(sources.len() as u64)
+}
+
+/// Every regular file below `directory` (symbolic links are not followed).
+fn tree_files(directory: &Path, found: &mut Vec<PathBuf>) -> Outcome {
+    let Ok(entries) = std::fs::read_dir(directory) else { return Ok(()) };
+    for entry in entries.flatten() {
+        let Ok(kind) = entry.file_type() else { continue };
+        if kind.is_dir() {
+            tree_files(&entry.path(), found)?;
+        } else if kind.is_file() {
+            found.push(entry.path());
+        }
+    }
+    Ok(())
 }
 
 /// PostMark (Katcher, 1997) as RCFFS and DFFS ran it: 1000 files of 500 to
@@ -929,7 +1066,7 @@ pub(crate) fn run_engine(workload: &str, target: &str, fsync_mode: FsyncMode, si
     let device = MemoryFlash::memory(geometry, options)?;
     let clock = flintfs_core::ManualClock::new(1_700_000_000_000_000_000);
     let device = Fs::format(device, &MkfsOptions::new([9; 16], 0), Box::new(clock.clone())).map_err(engine_error)?;
-    let fs_options = FsOptions { fsync_mode, ..FsOptions::default() };
+    let fs_options = FsOptions { fsync_mode, compression: compression_of(target), ..FsOptions::default() };
     let heap_before_mount_bytes = heap_live_bytes();
     let (fs, mount) = Fs::mount(device, fs_options, Box::new(clock.clone())).map_err(engine_error)?;
     let mut files = EngineFiles {
@@ -1193,7 +1330,7 @@ fn run_kernel(workload: &str, target: &str, size: Size, seed: u64, directory: &P
         let block_backend = target == "flintfs-block";
         let (mkfs, force): (String, &[&str]) = match target {
             "ext2" | "ext4" => (format!("mkfs.{target}"), &["-q", "-F"]),
-            "btrfs" => ("mkfs.btrfs".into(), &["-q", "-f"]),
+            "btrfs" | "btrfs-zstd" => ("mkfs.btrfs".into(), &["-q", "-f"]),
             "xfs" => ("mkfs.xfs".into(), &["-q", "-f"]),
             "flintfs-block" => (flintfs.clone(), &["mkfs", "--backend", "block", "--force", "--quiet"]),
             _ => fail!("unknown target {target}"),
@@ -1209,8 +1346,15 @@ fn run_kernel(workload: &str, target: &str, size: Size, seed: u64, directory: &P
         std::fs::create_dir_all(&mountpoint)?;
         // flintfs mounts through its own command (a FUSE daemon); the
         // kernel peers through mount(8). Both unmount with umount(8).
-        let mount_with =
-            if block_backend { vec![flintfs.clone(), "mount".to_string()] } else { vec!["mount".to_string()] };
+        let mount_with = if block_backend {
+            vec![flintfs.clone(), "mount".to_string()]
+        } else if target == "btrfs-zstd" {
+            // Every extent compressed, as RCFFS compresses every chunk; the
+            // level is zstd's default, 3, as flintfs-zstd's.
+            vec!["mount".to_string(), "-o".to_string(), "compress-force=zstd".to_string()]
+        } else {
+            vec!["mount".to_string()]
+        };
         let mount = move |device: &str, mountpoint: &str| -> Outcome<String> {
             let mut arguments: Vec<&str> = mount_with[1..].iter().map(String::as_str).collect();
             arguments.extend([device, mountpoint]);
@@ -1296,6 +1440,9 @@ fn run_one(arguments: &BenchArguments, target: &str) -> Outcome<ExitCode> {
         }
         "flintfs" => run_engine(&arguments.workload, target, FsyncMode::WpCheck, size, arguments.seed),
         "flintfs-ordered" => run_engine(&arguments.workload, target, FsyncMode::Ordered, size, arguments.seed),
+        "flintfs-zstd" | "flintfs-none" => {
+            run_engine(&arguments.workload, target, FsyncMode::WpCheck, size, arguments.seed)
+        }
         "flintfs-fuse" => run_fuse(&arguments.workload, size, arguments.seed, &directory),
         "flintfs-block" => run_kernel(&arguments.workload, target, size, arguments.seed, &directory),
         "littlefs" => {
@@ -1348,7 +1495,7 @@ fn unavailable(target: &str) -> Option<String> {
     // SAFETY: geteuid has no preconditions.
     let root = unsafe { libc::geteuid() } == 0;
     match target {
-        "flintfs" | "flintfs-ordered" | "littlefs" => None,
+        "flintfs" | "flintfs-ordered" | "flintfs-zstd" | "flintfs-none" | "littlefs" => None,
         "flintfs-fuse" if !Path::new("/dev/fuse").exists() => Some("no /dev/fuse".to_string()),
         "flintfs-fuse" => flintfs_binary().is_none().then(|| NO_FLINTFS_BINARY.to_string()),
         "flintfs-block" if !root => Some("the block backend on a loop device needs root".to_string()),
@@ -1356,7 +1503,7 @@ fn unavailable(target: &str) -> Option<String> {
         "flintfs-block" => flintfs_binary().is_none().then(|| NO_FLINTFS_BINARY.to_string()),
         _ if !root => Some("kernel file systems on loop devices need root".to_string()),
         _ => {
-            let mkfs = format!("mkfs.{target}");
+            let mkfs = format!("mkfs.{}", target.trim_end_matches("-zstd"));
             let found = std::env::var_os("PATH")
                 .map(|paths| std::env::split_paths(&paths).any(|directory| directory.join(&mkfs).exists()))
                 .unwrap_or(false);
@@ -1396,7 +1543,11 @@ pub fn bench(arguments: BenchArguments) -> Outcome<ExitCode> {
     let targets: Vec<&str> = TARGETS
         .iter()
         .copied()
-        .filter(|target| target.starts_with("flintfs") || arguments.peers.iter().any(|peer| peer == target))
+        .filter(|target| {
+            TARGETS[..FLINTFS_TARGETS].contains(target)
+                || arguments.peers.iter().any(|peer| peer == target)
+                || *target == "btrfs-zstd" && workloads.iter().any(|workload| workload.starts_with("space_"))
+        })
         .collect();
     let size = Size::of(arguments.quick);
     let configuration = format!(
@@ -1434,6 +1585,11 @@ pub fn bench(arguments: BenchArguments) -> Outcome<ExitCode> {
                 continue;
             }
             if *target == "flintfs-ordered" && fsync_free(workload) {
+                progress.inc(1);
+                continue;
+            }
+            let named = arguments.peers.iter().any(|peer| peer == target);
+            if !named && !runs_by_default(workload, target) {
                 progress.inc(1);
                 continue;
             }
@@ -1514,7 +1670,7 @@ fn time_limit(quick: bool, workload: &str, target: &str) -> std::time::Duration 
 /// Workloads that never fsync: `flintfs-ordered` (which only changes
 /// fsync) would repeat `flintfs`'s row.
 fn fsync_free(workload: &str) -> bool {
-    ["delete", "mount_", "ram_", "dir_", "large_seq_read", "large_rand_read", "large_reread"]
+    ["delete", "mount_", "ram_", "dir_", "large_seq_read", "large_rand_read", "large_reread", "space_"]
         .iter()
         .any(|prefix| workload.starts_with(prefix))
 }

@@ -269,6 +269,15 @@ impl Staged {
                         written += FILL_FILE_BYTES as u64;
                     }
                     reached = fullness(files)?;
+                    if reached >= wanted {
+                        // Buffered data counts at its raw size until it is
+                        // written, compressed where the file system
+                        // compresses: the fill is judged on what it took.
+                        // Each sync here halves what is left to fill, so
+                        // there are a few of them.
+                        files.sync_all()?;
+                        reached = fullness(files)?;
+                    }
                 }
                 if self.paths.is_empty() {
                     fail!("the file system was already {:.1}% full before the fill", reached * 100.0);

@@ -38,6 +38,10 @@ pub struct CrashtestArguments {
     pub seed: u64,
     #[arg(long, value_enum, default_value = "wp-check")]
     pub fsync: FsyncArgument,
+    /// The mount's compression: none, lz4, zstd or zstd:LEVEL (default:
+    /// the image's, lz4).
+    #[arg(long, value_name = "CODEC")]
+    pub compress: Option<String>,
     /// Operations of each generated workload (exhaustive and random).
     #[arg(long, default_value_t = crashtest::GENERATED_OPERATIONS_DEFAULT)]
     pub operations: u64,
@@ -60,6 +64,12 @@ pub fn crashtest(arguments: CrashtestArguments) -> Outcome<ExitCode> {
     options.sample = arguments.sample.max(1);
     if let Some(cuts) = arguments.cuts {
         options.cuts = cuts;
+    }
+    if let Some(codec) = &arguments.compress {
+        options.compression = Some(
+            flintfs_format::CompressionChoice::parse(codec)
+                .map_err(|reason| crate::Failure(format!("crashtest: {reason}")))?,
+        );
     }
     options.fsync = match arguments.fsync {
         FsyncArgument::WpCheck => FsyncMode::WpCheck,

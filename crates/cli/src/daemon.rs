@@ -44,7 +44,10 @@ pub struct MountArguments {
     pub foreground: bool,
     /// Options: node_cache=SIZE, data_buffer=SIZE, read_cache=SIZE,
     /// checkpoint_interval=SECONDS, scrub_rate=PAGES (pages a second the
-    /// idle-time scrub reads; 0 turns it off), faults=PRESET|FILE (aging
+    /// idle-time scrub reads; 0 turns it off), compress=none|lz4|zstd|zstd:LEVEL
+    /// (how file blocks are compressed; the image's default, lz4 unless
+    /// mkfs --compress said otherwise; a file's user.flintfs.compress
+    /// xattr overrides it), faults=PRESET|FILE (aging
     /// flash from the emulator: see mkfs --faults), fault_seed=N,
     /// fsync=wp-check|ordered|unchecked,
     /// nobarrier, allow_other (the default for root), private or
@@ -131,6 +134,11 @@ fn parse_options(options: &[String]) -> Outcome<MountOptions> {
                     .and_then(|value| value.parse().ok())
                     .ok_or_else(|| Failure("option scrub_rate needs whole pages a second (0: no idle scrub)".to_string()))?;
             }
+            "compress" => {
+                let choice = flintfs_format::CompressionChoice::parse(value.unwrap_or(""))
+                    .map_err(|reason| Failure(format!("option {reason}")))?;
+                parsed.fs.compression = Some(choice);
+            }
             "checkpoint_interval" => {
                 let seconds: u64 = value
                     .and_then(|value| value.parse().ok())
@@ -165,7 +173,7 @@ fn parse_options(options: &[String]) -> Outcome<MountOptions> {
             "nowriteback_cache" if value.is_none() => parsed.writeback_cache = false,
             _ => fail!(
                 "unknown mount option {option:?} (known: node_cache=SIZE, data_buffer=SIZE, read_cache=SIZE, \
-                 checkpoint_interval=SECONDS, scrub_rate=PAGES, faults=PRESET|FILE, fault_seed=N, fsync=wp-check|ordered|unchecked, nobarrier, writeback_cache, allow_other, private, noallow_other, \
+                 checkpoint_interval=SECONDS, scrub_rate=PAGES, compress=none|lz4|zstd[:LEVEL], faults=PRESET|FILE, fault_seed=N, fsync=wp-check|ordered|unchecked, nobarrier, writeback_cache, allow_other, private, noallow_other, \
                  and the kernel's {})",
                 flintfs_fuse::KERNEL_FLAGS.join(", ")
             ),

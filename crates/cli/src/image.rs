@@ -80,6 +80,10 @@ pub struct MkfsArguments {
     /// zones of 4 blocks or more.
     #[arg(long, value_name = "R")]
     pub zone_parity: Option<u32>,
+    /// How mounts compress file blocks unless -o compress= says otherwise:
+    /// none, lz4 or zstd (the level is a mount's or a file's choice).
+    #[arg(long, value_name = "CODEC", default_value = "lz4", value_parser = ["none", "lz4", "zstd"])]
+    pub compress: String,
     /// Make the image on aging flash: a preset (slc-fresh, mlc-fresh,
     /// mlc-midlife, mlc-eol, read-disturb, bad-blocks, misdirected) or a
     /// TOML file. Factory bad blocks are drawn now, once; the rest applies
@@ -274,6 +278,9 @@ fn mkfs_options(arguments: &MkfsArguments) -> Outcome<MkfsOptions> {
     if let Some(blocks) = arguments.zone_parity {
         options.segment_parity_blocks = blocks;
     }
+    options.compression = flintfs_format::CompressionChoice::parse(&arguments.compress)
+        .map_err(|reason| crate::Failure(format!("mkfs: {reason}")))?
+        .codec;
     Ok(options)
 }
 

@@ -23,8 +23,16 @@ fn geometry() -> Geometry {
     }
 }
 
+/// A file's bytes: a hash of (index, position), so they do not compress
+/// and every block fills its page (the tests place damage by page).
 fn contents(index: u32) -> Vec<u8> {
-    (0..(index as usize % 7 + 1) * 5000).map(|byte| (byte as u32 * 31 + index) as u8).collect()
+    (0..(index as usize % 7 + 1) * 5000)
+        .map(|byte| {
+            let mut mixed = (u64::from(index) << 32 | byte as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+            mixed ^= mixed >> 29;
+            (mixed.wrapping_mul(0xBF58_476D_1CE4_E5B9) >> 56) as u8
+        })
+        .collect()
 }
 
 /// Writes a tree on a device whose reads flip bits at `rate`, remounts,

@@ -131,6 +131,15 @@ impl ChunkHeader {
                 self.stored_length, self.logical_length
             ));
         }
+        // A chunk is stored compressed only when that made it shorter.
+        if self.compression != Compression::None
+            && (self.stored_length == 0 || self.stored_length >= self.logical_length)
+        {
+            return Err(format!(
+                "compressed chunk stores {} bytes for {} logical bytes",
+                self.stored_length, self.logical_length
+            ));
+        }
         if self.offset.checked_add(u64::from(self.logical_length)).is_none() {
             return Err(format!("offset {} + {} overflows", self.offset, self.logical_length));
         }

@@ -15,6 +15,7 @@ pub mod bch;
 mod checkpoint;
 mod chunk;
 mod codec;
+mod compress;
 pub mod erasure;
 pub mod gf;
 mod log;
@@ -32,6 +33,7 @@ pub use chunk::{
     parse_packed, ChunkHeader, ChunkKind, Compression, PackedPage, CHUNK_HEADER_BYTES, CHUNK_LOGICAL_BYTES_MAX,
 };
 pub use codec::{Reader, Writer};
+pub use compress::{compress, decompress, CompressionChoice, ZSTD_LEVEL_DEFAULT, ZSTD_LEVEL_MAX, ZSTD_LEVEL_MIN};
 pub use log::{
     LogBatch, LogOperation, LogRecord, SetAttributes, LOG_BATCH_HEADER_BYTES, LOG_BLOCKS_PER_RECORD_MAX,
     LOG_CONTENT_BYTES_MAX, LOG_RECORD_HEADER_BYTES,
@@ -54,7 +56,7 @@ pub use superblock::{
 
 /// The on-flash format version this build reads and writes. An image of
 /// another version is refused with a message naming both.
-pub const FORMAT_VERSION: u16 = 6;
+pub const FORMAT_VERSION: u16 = 7;
 
 /// Why some bytes are not a valid structure.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]

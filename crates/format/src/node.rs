@@ -25,9 +25,12 @@ pub const NAME_BYTES_MAX: usize = 255;
 pub const ENTRY_FIXED_BYTES: usize = 26;
 /// Root pointers of a file index held in the file inode.
 pub const INDEX_ROOTS: usize = 16;
-/// Bytes of a file's index in its inode: height, padding, the count of
-/// blocks stored, the roots.
-pub const INDEX_IN_INODE_BYTES: usize = 8 + 8 * INDEX_ROOTS;
+/// Bytes of a file's index in its inode: height, flags, padding, the count
+/// of blocks stored, the 16-byte units they take on flash, the roots.
+pub const INDEX_IN_INODE_BYTES: usize = 16 + 8 * INDEX_ROOTS;
+/// The index's flag for a file whose blocks did not compress: writes stop
+/// trying until the file is cut to nothing or its codec is set again.
+const INDEX_FLAG_INCOMPRESSIBLE: u8 = 1;
 /// Most blocks a file may hold or address: its count of stored blocks is a
 /// u32, and its size is at most this many blocks (16 TiB of 4 KiB pages,
 /// as ext4's limit with 4 KiB blocks).
@@ -538,9 +541,12 @@ pub enum FileContent {
     Inline(Vec<u8>),
     /// A radix tree of block pointers: with height 0 the roots point at
     /// blocks; with height h they point at index pages of level h - 1.
-    /// `blocks_stored` counts the non-null block pointers (what `st_blocks`
-    /// reports), kept as pointers are set and cleared.
-    Index { height: u8, blocks_stored: u32, roots: [Pointer; INDEX_ROOTS] },
+    /// `blocks_stored` counts the non-null block pointers, and
+    /// `units_stored` the 16-byte units of flash they name (a whole page,
+    /// or a chunk's size: what `st_blocks` reports), both kept as pointers
+    /// are set and cleared. `incompressible`: the file's blocks stopped
+    /// compressing, so writes no longer try.
+    Index { height: u8, incompressible: bool, blocks_stored: u32, units_stored: u64, roots: [Pointer; INDEX_ROOTS] },
 }
 
 /// How a directory holds its entries.
@@ -1000,8 +1006,9 @@ fn encode_file_body(inode: &Inode, content: &FileContent, writer: &mut Writer) {
         FileContent::Inline(data) => {
             writer.bytes(data);
         }
-        FileContent::Index { height, blocks_stored, roots } => {
-            writer.u8(*height).zeros(3).u32(*blocks_stored);
+        FileContent::Index { height, incompressible, blocks_stored, units_stored, roots } => {
+            let flags = if *incompressible { INDEX_FLAG_INCOMPRESSIBLE } else { 0 };
+            writer.u8(*height).u8(flags).zeros(2).u32(*blocks_stored).u64(*units_stored);
             roots.iter().for_each(|root| {
                 writer.u64(root.0);
             });
@@ -1016,13 +1023,19 @@ fn decode_file_body(reader: &mut Reader, slot: u32, page_size_bytes: usize) -> R
         FileContent::Inline(reader.take(length)?.to_vec())
     } else {
         let height = reader.u8()?;
-        reader.zeros(3)?;
+        let flags = reader.u8()?;
+        reader.zeros(2)?;
         let blocks_stored = reader.u32()?;
+        let units_stored = reader.u64()?;
+        if flags & !INDEX_FLAG_INCOMPRESSIBLE != 0 {
+            return Err(reader.error(format!("unknown index flags {flags:#x}")));
+        }
         let mut roots = [Pointer::NULL; INDEX_ROOTS];
         for root in &mut roots {
             *root = Pointer(reader.u64()?);
         }
-        FileContent::Index { height, blocks_stored, roots }
+        let incompressible = flags & INDEX_FLAG_INCOMPRESSIBLE != 0;
+        FileContent::Index { height, incompressible, blocks_stored, units_stored, roots }
     };
     Ok(Node::File { slot, inode, content })
 }

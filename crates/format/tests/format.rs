@@ -273,21 +273,23 @@ fn superblock_round_trips_and_refuses_foreign_or_other_versions() {
     foreign[0] = b'X';
     assert!(Superblock::decode(&foreign).unwrap_err().reason.contains("not a flintfs file system"));
     let mut newer = bytes;
-    newer[8] = 7;
+    newer[8] = 8;
     let message = Superblock::decode(&newer).unwrap_err().to_string();
-    assert!(message.contains("version 7") && message.contains("reads version 6"), "{message}");
+    assert!(message.contains("version 8") && message.contains("reads version 7"), "{message}");
     // Versions 1 (before the namespace), 2 (before the metadata log) and
     // 3 (before a file's count of stored blocks), 4 (before the page
-    // signature and ECC) and 5 (before the map directory) are refused by
-    // name, not misread: a version 2 image that crashed would be recovered
-    // without its log, a version 3 file would report no blocks, a version 4
-    // page has no signature, and a version 5 checkpoint lists map pages
-    // where version 6 expects map directory pages.
-    for version in [1u8, 2, 3, 4, 5] {
+    // signature and ECC), 5 (before the map directory) and 6 (before
+    // compressed chunks and the 144-byte index) are refused by name, not
+    // misread: a version 2 image that crashed would be recovered without
+    // its log, a version 3 file would report no blocks, a version 4 page
+    // has no signature, a version 5 checkpoint lists map pages where
+    // version 6 expects map directory pages, and a version 6 index would
+    // be read 8 bytes off.
+    for version in [1u8, 2, 3, 4, 5, 6] {
         let mut older = bytes;
         older[8] = version;
         let message = Superblock::decode(&older).unwrap_err().to_string();
-        assert!(message.contains(&format!("version {version}")) && message.contains("reads version 6"), "{message}");
+        assert!(message.contains(&format!("version {version}")) && message.contains("reads version 7"), "{message}");
     }
     for offset in 10..bytes.len() {
         let mut damaged = bytes;
@@ -405,7 +407,60 @@ fn chunk_headers_that_break_a_rule_are_refused() {
     assert!(ChunkHeader { stored_length: 99, ..valid }.validate().is_err(), "uncompressed must store all");
     assert!(ChunkHeader { offset: u64::MAX, ..valid }.validate().is_err());
     assert!(ChunkHeader { compression: Compression::Lz4, stored_length: 40, ..valid }.validate().is_ok());
+    assert!(
+        ChunkHeader { compression: Compression::Zstd, stored_length: 100, ..valid }.validate().is_err(),
+        "a compressed chunk is shorter than its data"
+    );
+    assert!(ChunkHeader { compression: Compression::Lz4, stored_length: 0, ..valid }.validate().is_err());
     let mut bytes = valid.encode();
     bytes[2] = 1; // a reserved byte
     assert!(ChunkHeader::decode(&bytes).unwrap_err().reason.contains("reserved"));
+}
+
+/// Each codec gives back exactly what it was given; a result not shorter
+/// than the limit is refused (the block is stored raw then).
+#[test]
+fn each_codec_round_trips_and_refuses_what_does_not_shrink() {
+    use flintfs_format::{compress, decompress, CompressionChoice};
+    let text: Vec<u8> = b"the flash page of the zone of the log ".iter().cycle().take(4096).copied().collect();
+    let mut state = 1u64;
+    let random: Vec<u8> = (0..4096)
+        .map(|_| {
+            state = state.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+            (state >> 56) as u8
+        })
+        .collect();
+    for choice in [CompressionChoice::LZ4, CompressionChoice::ZSTD, CompressionChoice::parse("zstd:19").unwrap()] {
+        let packed = compress(choice, &text, text.len()).expect("text shrinks");
+        assert!(packed.len() < 200, "{choice}: {} bytes", packed.len());
+        assert_eq!(decompress(choice.codec, &packed, text.len()).unwrap(), text);
+        // The length the header gives is the length: one more or less is
+        // an error, never a short or padded block.
+        assert!(decompress(choice.codec, &packed, text.len() + 1).is_err());
+        assert!(decompress(choice.codec, &packed, text.len() - 1).is_err());
+        assert!(compress(choice, &random, random.len()).is_none(), "{choice}: random bytes do not shrink");
+        assert!(compress(choice, &text, packed.len()).is_none(), "{choice}: the limit is strict");
+    }
+    assert!(compress(CompressionChoice::NONE, &text, text.len()).is_none());
+    for bad in ["", "gzip", "zstd:", "zstd:0", "zstd:20", "lz4:1", "ZSTD"] {
+        assert!(CompressionChoice::parse(bad).is_err(), "{bad:?}");
+    }
+    for good in ["none", "lz4", "zstd", "zstd:1", "zstd:19"] {
+        assert_eq!(CompressionChoice::parse(good).unwrap().to_string(), good.replace("zstd:3", "zstd"));
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 512, failure_persistence: None, ..ProptestConfig::default() })]
+
+    /// Decompression is total: any payload and any claimed length give the
+    /// bytes or an error, never a panic, and never a block of another
+    /// length.
+    #[test]
+    fn decompression_of_any_bytes_is_total(payload in proptest::collection::vec(any::<u8>(), 0..600), length in 1usize..5000, codec in 0u8..3) {
+        let codec = Compression::from_byte(codec).unwrap();
+        if let Ok(bytes) = flintfs_format::decompress(codec, &payload, length) {
+            prop_assert_eq!(bytes.len(), length);
+        }
+    }
 }

@@ -61,6 +61,8 @@ pub struct CrashOptions {
     /// Bounded mode: run every `sample`-th workload (1 runs all).
     pub sample: u64,
     pub fsync: FsyncMode,
+    /// The mount's compression; `None` takes the image's default (lz4).
+    pub compression: Option<flintfs_format::CompressionChoice>,
 }
 
 impl CrashOptions {
@@ -75,6 +77,7 @@ impl CrashOptions {
             operations: GENERATED_OPERATIONS_DEFAULT,
             sample: 1,
             fsync: FsyncMode::WpCheck,
+            compression: None,
         }
     }
 }
@@ -700,6 +703,7 @@ fn generated_workload(start: &Model, seed: u64, operations: u64, page_size: u32)
 pub fn run(options: &CrashOptions, mut progress: impl FnMut(u64, u64)) -> Result<Summary, String> {
     let mut setup = Setup::small();
     setup.options.fsync_mode = options.fsync;
+    setup.options.compression = options.compression;
     let page_size = setup.geometry.page_size_bytes;
     let mut summary = Summary::default();
     match options.mode {

@@ -151,9 +151,21 @@ pub enum Outcome {
 }
 
 /// The bytes a write of `length` with `fill` puts down: varied, so a
-/// misplaced block shows.
+/// misplaced block shows. An even fill gives runs of 16 bytes, which
+/// compress to a small chunk even in a 512-byte block; an odd fill gives
+/// noise, which does not compress and is stored raw. Both come from the
+/// position, so a block written at another offset shows too.
 pub fn write_pattern(offset: u64, length: u64, fill: u8) -> Vec<u8> {
-    (offset..offset + length).map(|position| fill ^ (position % 251) as u8).collect()
+    (offset..offset + length)
+        .map(|position| {
+            if fill.is_multiple_of(2) {
+                fill ^ (position / 16 % 251) as u8
+            } else {
+                let mixed = (position ^ u64::from(fill) << 56).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+                fill ^ (mixed >> 56) as u8
+            }
+        })
+        .collect()
 }
 
 impl Default for Model {

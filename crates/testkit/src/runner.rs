@@ -299,6 +299,10 @@ pub struct RunReport {
     pub checkpoints: u64,
     /// Zones the cleaner cleaned in the last mount of the run.
     pub zones_cleaned: u64,
+    /// Blocks stored as compressed chunks, and blocks a codec was tried
+    /// on, in the last mount of the run.
+    pub chunks_compressed: u64,
+    pub compression_attempts: u64,
 }
 
 /// Runs `operations` generated operations from `seed` on the engine and
@@ -350,6 +354,8 @@ pub fn run_model(setup: &Setup, seed: u64, operations: u64, check_every: u64) ->
     }
     report.checkpoints = subject.fs().counters().checkpoints;
     report.zones_cleaned = subject.fs().cleaner_counters().zones_cleaned;
+    report.chunks_compressed = subject.fs().counters().chunks_compressed;
+    report.compression_attempts = subject.fs().counters().compression_attempts;
     Ok(report)
 }
 

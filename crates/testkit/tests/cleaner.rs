@@ -182,8 +182,12 @@ fn the_foreground_cleaner_works_in_bounded_steps() {
             .unwrap();
     let flash = Fs::format(flash, &MkfsOptions::new([9; 16], seed), Box::new(clock.clone())).unwrap();
     let (mut fs, _) = Fs::mount(flash, FsOptions::default(), Box::new(clock.clone())).unwrap();
+    // Half zeros, half noise: each block compresses to a chunk of a little
+    // over half a page, so the steps move packed, compressed chunks.
     let block = |file: usize, index: u64, version: u32| -> Vec<u8> {
         let mut bytes = vec![0u8; BLOCK_BYTES];
+        let mut noise = rand_pcg::Pcg64Mcg::seed_from_u64((file as u64) << 40 | index << 8 | u64::from(version));
+        noise.fill(&mut bytes[BLOCK_BYTES / 2..]);
         bytes[..4].copy_from_slice(&(file as u32).to_le_bytes());
         bytes[4..12].copy_from_slice(&index.to_le_bytes());
         bytes[12..16].copy_from_slice(&version.to_le_bytes());

@@ -13,7 +13,15 @@ fn full_then_unlink(geometry: Geometry, request_bytes: usize) {
     let device = Fs::format(device, &MkfsOptions::new([7; 16], 1), Box::new(clock.clone())).expect("format");
     let (mut fs, _) = Fs::mount(device, FsOptions::default(), Box::new(clock.clone())).expect("mount");
     let file = fs.create(ROOT_INO, b"fill", 0o644, 0, 0).expect("create").ino;
-    let chunk = vec![0x5a_u8; request_bytes];
+    // Bytes that do not compress: the capacity statfs promises is of raw
+    // blocks, so ENOSPC is checked against it with data that takes it.
+    let mut state = 0x5a5a_u64;
+    let chunk: Vec<u8> = (0..request_bytes)
+        .map(|_| {
+            state = state.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+            (state >> 56) as u8
+        })
+        .collect();
     let mut offset = 0u64;
     let error = loop {
         match fs.write(file, offset, &chunk) {

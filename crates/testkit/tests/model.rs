@@ -21,10 +21,43 @@ fn random_workloads_match_the_model() {
     for seed in first..first + seeds {
         match run_model(&setup, seed, operations, 1) {
             Ok(report) => eprintln!(
-                "seed {seed}: {} operations, {} expected errors, {} checkpoints, {} zones cleaned (since the last remount)",
-                report.operations, report.errors_expected, report.checkpoints, report.zones_cleaned
+                "seed {seed}: {} operations, {} expected errors, {} checkpoints, {} zones cleaned, {} of {} blocks \
+                 tried compressed (since the last remount)",
+                report.operations,
+                report.errors_expected,
+                report.checkpoints,
+                report.zones_cleaned,
+                report.chunks_compressed,
+                report.compression_attempts
             ),
             Err(failure) => panic!("{failure}"),
+        }
+    }
+}
+
+/// The same workloads with each codec and with none: the default (lz4)
+/// above, zstd at its default and at a high level, and no compression. The
+/// generator's writes are half runs (compressible) and half noise (stored
+/// raw), so each run takes both paths.
+#[test]
+fn random_workloads_match_the_model_with_each_codec() {
+    let seeds = from_env("FLINTFS_MODEL_CODEC_SEEDS", 2);
+    let operations = from_env("FLINTFS_MODEL_OPERATIONS", 1500);
+    for codec in ["zstd", "zstd:15", "none", "lz4"] {
+        let mut setup = Setup::small();
+        setup.options.compression = Some(flintfs_format::CompressionChoice::parse(codec).unwrap());
+        let (mut compressed, mut attempts) = (0, 0);
+        for seed in 1..=seeds {
+            let report = run_model(&setup, seed, operations, 1).unwrap_or_else(|failure| panic!("{codec}: {failure}"));
+            compressed += report.chunks_compressed;
+            attempts += report.compression_attempts;
+        }
+        eprintln!("{codec}: {compressed} of {attempts} blocks tried were stored compressed");
+        if codec == "none" {
+            assert_eq!(attempts, 0);
+        } else {
+            assert!(compressed > 0, "{codec}: nothing was compressed");
+            assert!(attempts > compressed, "{codec}: nothing fell back to raw");
         }
     }
 }

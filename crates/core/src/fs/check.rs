@@ -490,7 +490,7 @@ impl<D: FlashDevice> Fs<D> {
         if matches!(target, Target::Slot(_)) && inode.parent != 0 {
             walk.findings.push(format!("inode {ino}: found through the map but names a parent"));
         }
-        let FileContent::Index { height, blocks_stored, roots } = content else { return };
+        let FileContent::Index { height, blocks_stored, units_stored, roots, .. } = content else { return };
         let block_bytes = self.block_bytes();
         let mut blocks = Vec::new();
         if height == 0 {
@@ -504,6 +504,11 @@ impl<D: FlashDevice> Fs<D> {
         if pointed != u64::from(blocks_stored) {
             walk.findings
                 .push(format!("inode {ino}: counts {blocks_stored} blocks stored, its index points at {pointed}"));
+        }
+        let units: u64 =
+            blocks.iter().map(|&(_, pointer)| super::data::Stored::of(pointer, self.page_size).units).sum();
+        if units != units_stored {
+            walk.findings.push(format!("inode {ino}: counts {units_stored} units stored, its pointers name {units}"));
         }
         for (block, pointer) in blocks {
             if pointer.is_null() {

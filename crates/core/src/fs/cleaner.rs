@@ -43,8 +43,8 @@ use std::collections::BTreeMap;
 
 use flintfs_flash::{FlashDevice, PageAddress, ZoneState};
 use flintfs_format::{
-    decode_inode_pack, is_inode_pack, parse_packed, ChunkHeader, ChunkKind, Compression, InvertedIndex, Node,
-    PackedPage, PageKind, Pointer, ZoneRole, CHUNK_HEADER_BYTES, CHUNK_UNIT_BYTES, FIRST_DYNAMIC_ZONE,
+    decode_inode_pack, is_inode_pack, parse_packed, ChunkKind, Compression, InvertedIndex, Node, PackedPage, PageKind,
+    Pointer, ZoneRole, CHUNK_HEADER_BYTES, CHUNK_UNIT_BYTES, FIRST_DYNAMIC_ZONE,
 };
 
 use super::nodes::NodeKey;
@@ -697,12 +697,8 @@ impl<D: FlashDevice> Fs<D> {
                         let block = chunk.offset / self.block_bytes();
                         let units = (CHUNK_HEADER_BYTES + range.len()).div_ceil(CHUNK_UNIT_BYTES as usize) as u32;
                         // A chunk no pointer can name is referenced by
-                        // nothing; a compressed one is not written by this
-                        // version and is left (its zone stays uncleaned).
-                        if index + 1 > Pointer::CHUNKS_MAX as usize
-                            || units > Pointer::CHUNK_UNITS_MAX
-                            || chunk.compression != Compression::None
-                        {
+                        // nothing.
+                        if index + 1 > Pointer::CHUNKS_MAX as usize || units > Pointer::CHUNK_UNITS_MAX {
                             continue;
                         }
                         let pointer = Pointer::new(zone, page, index as u32 + 1, units);
@@ -711,15 +707,26 @@ impl<D: FlashDevice> Fs<D> {
                         {
                             continue;
                         }
-                        let header = ChunkHeader { compression: chunk.compression, ..chunk };
+                        // A compressed chunk moves as it is, compressed;
+                        // its block is decompressed only for the buffer
+                        // that goes back to the file if the move fails.
                         let payload = &data[range];
-                        if packer.count() == Pointer::CHUNKS_MAX || !packer.push(&header, payload) {
+                        let mut buffer = vec![0u8; self.page_size];
+                        if chunk.compression == Compression::None {
+                            buffer[..payload.len()].copy_from_slice(payload);
+                        } else {
+                            let Ok(logical) =
+                                flintfs_format::decompress(chunk.compression, payload, chunk.logical_length as usize)
+                            else {
+                                continue;
+                            };
+                            buffer[..logical.len()].copy_from_slice(&logical);
+                        }
+                        if packer.count() == Pointer::CHUNKS_MAX || !packer.push(&chunk, payload) {
                             let full = std::mem::replace(&mut packer, PackedPage::new(self.page_size));
                             self.program_packed(full, &mut packed, ZoneRole::ColdData)?;
-                            assert!(packer.push(&header, payload), "a chunk that fit a page fits an empty one");
+                            assert!(packer.push(&chunk, payload), "a chunk that fit a page fits an empty one");
                         }
-                        let mut buffer = vec![0u8; self.page_size];
-                        buffer[..payload.len()].copy_from_slice(payload);
                         packed.push(super::data::PackedChunk { ino: chunk.ino, block, units, buffer });
                         self.cleaner.chunks_moved += 1;
                         self.cleaner.bytes_moved += u64::from(units) * u64::from(CHUNK_UNIT_BYTES);
@@ -738,7 +745,10 @@ impl<D: FlashDevice> Fs<D> {
     /// Pages the cleaner has moved or marked for moving so far: what its
     /// foreground steps are bounded by.
     fn cleaner_moves(&self) -> u64 {
-        self.cleaner.data_pages_moved + self.cleaner.nodes_moved + self.cleaner.chunks_moved
+        // Chunks count by the pages their bytes fill: a page of small or
+        // compressed chunks costs one program, like a whole block.
+        let chunk_bytes = self.cleaner.bytes_moved - self.cleaner.data_pages_moved * self.page_size as u64;
+        self.cleaner.data_pages_moved + self.cleaner.nodes_moved + chunk_bytes.div_ceil(self.page_size as u64)
     }
 
     /// Whether block `block` of `ino` (of version `version`) is at `here`.

@@ -10,8 +10,8 @@
 
 use flintfs_flash::{FlashDevice, PageAddress};
 use flintfs_format::{
-    inline_bytes_max, parse_packed, ChunkHeader, ChunkKind, Compression, FileContent, InvertedIndex, Node, PackedPage,
-    PageKind, Pointer, ZoneRole, CHUNK_HEADER_BYTES, CHUNK_UNIT_BYTES, INDEX_ROOTS,
+    inline_bytes_max, parse_packed, ChunkHeader, ChunkKind, Compression, CompressionChoice, FileContent, InvertedIndex,
+    Node, PackedPage, PageKind, Pointer, ZoneRole, CHUNK_HEADER_BYTES, CHUNK_UNIT_BYTES, INDEX_ROOTS,
 };
 
 use super::nodes::NodeKey;
@@ -74,38 +74,41 @@ impl<D: FlashDevice> Fs<D> {
     /// stored blocks.
     pub(crate) fn set_block_pointer(&mut self, ino: u64, block: u64, pointer: Pointer) -> Result<Pointer> {
         let old = self.point_block(ino, block, pointer)?;
-        match (old.is_null(), pointer.is_null()) {
-            (true, false) => self.count_blocks_stored(ino, 1, 0)?,
-            (false, true) => self.count_blocks_stored(ino, 0, 1)?,
-            _ => {}
+        if old != pointer {
+            let added = Stored::of(pointer, self.page_size);
+            let freed = Stored::of(old, self.page_size);
+            self.count_stored(ino, added, freed)?;
         }
         Ok(old)
     }
 
-    /// Adds `added` to a file's count of stored blocks and takes `freed`
-    /// away.
-    fn count_blocks_stored(&mut self, ino: u64, added: u64, freed: u64) -> Result<()> {
+    /// Adds what `added` names to a file's count of stored blocks and
+    /// units, and takes away what `freed` names.
+    fn count_stored(&mut self, ino: u64, added: Stored, freed: Stored) -> Result<()> {
         let file_key = self.file_key(ino)?;
         self.modify(file_key, |node| {
-            let Node::File { content: FileContent::Index { blocks_stored, .. }, .. } = node else {
+            let Node::File { content: FileContent::Index { blocks_stored, units_stored, .. }, .. } = node else {
                 unreachable!("only files with an index store blocks")
             };
-            *blocks_stored = stored_less(stored_plus(*blocks_stored, added), freed);
+            *blocks_stored = stored_less(stored_plus(*blocks_stored, added.blocks), freed.blocks);
+            *units_stored = units_stored.saturating_add(added.units).saturating_sub(freed.units);
         })
     }
 
-    /// Blocks of a file that its index points at, and blocks buffered in
-    /// memory that it does not point at yet: what the file uses.
-    pub(crate) fn blocks_used(&mut self, ino: u64, blocks_stored: u32) -> Result<u64> {
+    /// The 512-byte sectors a file uses: the units its index names on
+    /// flash (a compressed block takes its chunk's size), and the blocks
+    /// buffered in memory that it does not point at yet.
+    pub(crate) fn sectors_used(&mut self, ino: u64, units_stored: u64) -> Result<u64> {
         let buffered: Vec<u64> =
             self.dirty_blocks.range((ino, 0)..=(ino, u64::MAX)).map(|(&(_, block), _)| block).collect();
-        let mut used = u64::from(blocks_stored);
+        let sector_bytes = 512;
+        let mut bytes = units_stored.saturating_mul(u64::from(CHUNK_UNIT_BYTES));
         for block in buffered {
             if self.block_pointer(ino, block)?.is_null() {
-                used += 1;
+                bytes = bytes.saturating_add(self.block_bytes());
             }
         }
-        Ok(used)
+        Ok(bytes.div_ceil(sector_bytes))
     }
 
     /// The first block in `from..end` that the file's index points at
@@ -258,10 +261,10 @@ impl<D: FlashDevice> Fs<D> {
             self.dirty_blocks.remove(&key);
         }
         let mut roots = roots;
-        let mut freed = 0;
+        let mut freed = Stored::default();
         if height == 0 {
             for block in first.min(INDEX_ROOTS as u64)..INDEX_ROOTS as u64 {
-                freed += u64::from(!roots[block as usize].is_null());
+                freed = freed.plus(Stored::of(roots[block as usize], self.page_size));
                 self.release(roots[block as usize]);
                 roots[block as usize] = Pointer::NULL;
             }
@@ -276,7 +279,7 @@ impl<D: FlashDevice> Fs<D> {
                 if !self.in_memory(key) && roots[root as usize].is_null() {
                     continue;
                 }
-                freed += self.free_index_from(ino, height - 1, root, first)?;
+                freed = freed.plus(self.free_index_from(ino, height - 1, root, first)?);
                 if start >= first {
                     self.discard(key, roots[root as usize]);
                     roots[root as usize] = Pointer::NULL;
@@ -284,7 +287,8 @@ impl<D: FlashDevice> Fs<D> {
             }
         }
         self.modify(file_key, |node| {
-            let Node::File { content: FileContent::Index { roots: kept, blocks_stored, .. }, .. } = node else {
+            let Node::File { content: FileContent::Index { roots: kept, blocks_stored, units_stored, .. }, .. } = node
+            else {
                 unreachable!()
             };
             // Roots changed by write-backs during the walk are current in
@@ -294,26 +298,27 @@ impl<D: FlashDevice> Fs<D> {
                     kept[index] = Pointer::NULL;
                 }
             }
-            *blocks_stored = stored_less(*blocks_stored, freed);
+            *blocks_stored = stored_less(*blocks_stored, freed.blocks);
+            *units_stored = units_stored.saturating_sub(freed.units);
         })
     }
 
-    /// Frees the blocks from `first` on below one index page; returns how
-    /// many blocks it freed.
-    fn free_index_from(&mut self, ino: u64, level: u8, number: u64, first: u64) -> Result<u64> {
+    /// Frees the blocks from `first` on below one index page; returns what
+    /// it freed.
+    fn free_index_from(&mut self, ino: u64, level: u8, number: u64, first: u64) -> Result<Stored> {
         let key = NodeKey::Index { level, ino, number };
         let Node::Index { pointers, .. } = self.node(key)? else { unreachable!() };
         let fanout = self.index_fanout();
         let span = self.span(level);
         let mut cleared = Vec::new();
-        let mut freed = 0;
+        let mut freed = Stored::default();
         for (child, &pointer) in pointers.iter().enumerate() {
             let start = (number * fanout + child as u64) * span;
             if start.saturating_add(span) <= first {
                 continue;
             }
             if level == 0 {
-                freed += u64::from(!pointer.is_null());
+                freed = freed.plus(Stored::of(pointer, self.page_size));
                 self.release(pointer);
                 cleared.push(child);
                 continue;
@@ -322,7 +327,7 @@ impl<D: FlashDevice> Fs<D> {
             if !self.in_memory(child_key) && pointer.is_null() {
                 continue;
             }
-            freed += self.free_index_from(ino, level - 1, number * fanout + child as u64, first)?;
+            freed = freed.plus(self.free_index_from(ino, level - 1, number * fanout + child as u64, first)?);
             if start >= first {
                 // The child's own write-backs may have moved it: discard
                 // where it is now.
@@ -396,13 +401,20 @@ impl<D: FlashDevice> Fs<D> {
             if chunk.ino != ino || chunk.offset != offset || chunk.version < born || chunk.kind != ChunkKind::FileData {
                 return Err(bad(format!("the chunk belongs to inode {} offset {}", chunk.ino, chunk.offset)));
             }
-            if chunk.compression != Compression::None {
-                return Err(Error::new(errno::EIO, format!("{pointer}: compressed chunks are not read by this build")));
-            }
             if chunk.logical_length as usize > page_size {
                 return Err(bad("a chunk longer than a block".into()));
             }
-            out[..range.len()].copy_from_slice(&data[range]);
+            if chunk.compression == Compression::None {
+                out[..range.len()].copy_from_slice(&data[range]);
+            } else {
+                // The page verified (CRC, ECC), so a payload that does not
+                // decompress to its logical length was written wrong:
+                // refused, never returned as garbage.
+                let logical =
+                    flintfs_format::decompress(chunk.compression, &data[range], chunk.logical_length as usize)
+                        .map_err(|error| bad(error.to_string()))?;
+                out[..logical.len()].copy_from_slice(&logical);
+            }
         }
         Ok(out)
     }
@@ -518,7 +530,13 @@ impl<D: FlashDevice> Fs<D> {
         let block_bytes = self.block_bytes() as usize;
         let first = self.modify(file_key, |node| {
             let Node::File { content, .. } = node else { unreachable!() };
-            let empty = FileContent::Index { height: 0, blocks_stored: 0, roots: [Pointer::NULL; INDEX_ROOTS] };
+            let empty = FileContent::Index {
+                height: 0,
+                incompressible: false,
+                blocks_stored: 0,
+                units_stored: 0,
+                roots: [Pointer::NULL; INDEX_ROOTS],
+            };
             match std::mem::replace(content, empty) {
                 FileContent::Inline(data) => data,
                 index => {
@@ -543,10 +561,9 @@ impl<D: FlashDevice> Fs<D> {
             Some(ino) => self.dirty_blocks.range((ino, 0)..=(ino, u64::MAX)).map(|(key, _)| *key).collect(),
             None => self.dirty_blocks.keys().copied().collect(),
         };
-        let mut packer = PackedPage::new(self.page_size);
-        // Chunks in the page being packed, with their buffers: kept until
-        // the page is programmed.
-        let mut packed: Vec<PackedChunk> = Vec::new();
+        // The pages being packed, with their chunks' buffers: kept until
+        // each page is programmed.
+        let mut packing = Packing::default();
         // Whole blocks waiting to be programmed together (a run, sealed
         // on both cores): at most what the data head's zone still takes,
         // so a run never moves the head on early.
@@ -554,7 +571,7 @@ impl<D: FlashDevice> Fs<D> {
         let mut result = Ok(());
         for (ino, block) in keys {
             let Some(buffer) = self.dirty_blocks.remove(&(ino, block)) else { continue };
-            if let Err((error, buffer)) = self.flush_block(ino, block, buffer, &mut packer, &mut packed, &mut whole) {
+            if let Err((error, buffer)) = self.flush_block(ino, block, buffer, &mut packing, &mut whole) {
                 self.dirty_blocks.insert((ino, block), buffer);
                 result = Err(error);
                 break;
@@ -573,15 +590,25 @@ impl<D: FlashDevice> Fs<D> {
             for block in whole.drain(..) {
                 self.dirty_blocks.insert((block.ino, block.block), block.buffer);
             }
-            for chunk in packed.drain(..) {
-                self.dirty_blocks.insert((chunk.ino, chunk.block), chunk.buffer);
-            }
+            self.unpack(&mut packing);
             return result;
         }
-        if packer.count() > 0 {
-            self.program_packed(packer, &mut packed, ZoneRole::HotData)?;
+        while let Some((page, mut chunks)) = packing.pages.pop() {
+            if let Err(error) = self.program_packed(page, &mut chunks, ZoneRole::HotData) {
+                self.unpack(&mut packing);
+                return Err(error);
+            }
         }
         Ok(())
+    }
+
+    /// Gives the chunks of pages not programmed back to the buffer.
+    fn unpack(&mut self, packing: &mut Packing) {
+        for (_, chunks) in packing.pages.drain(..) {
+            for chunk in chunks {
+                self.dirty_blocks.insert((chunk.ino, chunk.block), chunk.buffer);
+            }
+        }
     }
 
     /// Pages the next run of whole blocks may take: what the data head's
@@ -650,20 +677,21 @@ impl<D: FlashDevice> Fs<D> {
     }
 
     /// Writes one buffered block: a data block page, or a chunk added to
-    /// `packer`. On an error the buffer comes back.
+    /// `packing`. On an error the buffer comes back.
     fn flush_block(
         &mut self,
         ino: u64,
         block: u64,
         mut buffer: Vec<u8>,
-        packer: &mut PackedPage,
-        packed: &mut Vec<PackedChunk>,
+        packing: &mut Packing,
         whole: &mut Vec<WholeBlock>,
     ) -> std::result::Result<(), (Error, Vec<u8>)> {
         let page_size = self.page_size;
         let block_bytes = self.block_bytes();
-        let inode = match self.file_key(ino).and_then(|key| self.node(key)) {
-            Ok(Node::File { inode, .. }) => inode,
+        let (inode, incompressible) = match self.file_key(ino).and_then(|key| self.node(key)) {
+            Ok(Node::File { inode, content, .. }) => {
+                (inode, matches!(content, FileContent::Index { incompressible: true, .. }))
+            }
             Ok(_) => return Err((Error::corrupt(format!("inode {ino} with buffered data is not a file")), buffer)),
             Err(error) => return Err((error, buffer)),
         };
@@ -674,6 +702,22 @@ impl<D: FlashDevice> Fs<D> {
         }
         let valid = (inode.size - start).min(block_bytes) as usize;
         buffer[valid..].fill(0);
+        let choice = self.compression_of(&inode);
+        if let Some(payload) = self.try_compress(ino, choice, incompressible, &buffer[..valid]) {
+            let header = ChunkHeader {
+                kind: ChunkKind::FileData,
+                compression: choice.codec,
+                stored_length: payload.len() as u32,
+                ino,
+                offset: start,
+                logical_length: valid as u32,
+                version: inode.current,
+            };
+            let units = (CHUNK_HEADER_BYTES + payload.len()).div_ceil(CHUNK_UNIT_BYTES as usize) as u32;
+            self.pack_chunk(&header, &payload, PackedChunk { ino, block, units, buffer }, packing)?;
+            self.counters.chunks_compressed += 1;
+            return Ok(());
+        }
         if CHUNK_HEADER_BYTES + valid <= page_size / 2 {
             let header = ChunkHeader {
                 kind: ChunkKind::FileData,
@@ -684,16 +728,9 @@ impl<D: FlashDevice> Fs<D> {
                 logical_length: valid as u32,
                 version: inode.current,
             };
-            if packer.count() == Pointer::CHUNKS_MAX || !packer.push(&header, &buffer[..valid]) {
-                let full = std::mem::replace(packer, PackedPage::new(page_size));
-                if let Err(error) = self.program_packed(full, packed, ZoneRole::HotData) {
-                    return Err((error, buffer));
-                }
-                assert!(packer.push(&header, &buffer[..valid]), "a small chunk fits an empty page");
-            }
             let units = (CHUNK_HEADER_BYTES + valid).div_ceil(CHUNK_UNIT_BYTES as usize) as u32;
-            packed.push(PackedChunk { ino, block, units, buffer });
-            return Ok(());
+            let payload = buffer[..valid].to_vec();
+            return self.pack_chunk(&header, &payload, PackedChunk { ino, block, units, buffer }, packing);
         }
         let meta = PageMeta {
             kind: PageKind::DataBlock,
@@ -704,6 +741,127 @@ impl<D: FlashDevice> Fs<D> {
         };
         whole.push(WholeBlock { ino, block, buffer, meta });
         Ok(())
+    }
+
+    /// Adds a chunk to the open page it fills best (the one with the least
+    /// room that still takes it). When none takes it, a new page is
+    /// opened; with [`PACKED_PAGES_OPEN_MAX`] open already, the fullest is
+    /// programmed first (with its files pointed at their chunks). Chunks
+    /// of different sizes thus share pages, and no chunk straddles two. On
+    /// an error the chunk's buffer comes back.
+    fn pack_chunk(
+        &mut self,
+        header: &ChunkHeader,
+        payload: &[u8],
+        chunk: PackedChunk,
+        packing: &mut Packing,
+    ) -> std::result::Result<(), (Error, Vec<u8>)> {
+        let needed = CHUNK_HEADER_BYTES + payload.len();
+        let fits = |page: &PackedPage| page.count() < Pointer::CHUNKS_MAX && page.free_bytes() >= needed;
+        let best = (0..packing.pages.len())
+            .filter(|&index| fits(&packing.pages[index].0))
+            .min_by_key(|&index| packing.pages[index].0.free_bytes());
+        let index = match best {
+            Some(index) => index,
+            None => {
+                if packing.pages.len() >= PACKED_PAGES_OPEN_MAX {
+                    let fullest = (0..packing.pages.len())
+                        .min_by_key(|&index| packing.pages[index].0.free_bytes())
+                        .expect("pages are open");
+                    let (page, mut chunks) = packing.pages.swap_remove(fullest);
+                    if let Err(error) = self.program_packed(page, &mut chunks, ZoneRole::HotData) {
+                        return Err((error, chunk.buffer));
+                    }
+                }
+                packing.pages.push((PackedPage::new(self.page_size), Vec::new()));
+                packing.pages.len() - 1
+            }
+        };
+        let (page, chunks) = &mut packing.pages[index];
+        assert!(page.push(header, payload), "a chunk goes only where it fits, and fits an empty page");
+        chunks.push(chunk);
+        Ok(())
+    }
+
+    /// The compression a file's blocks get: its `user.flintfs.compress`
+    /// xattr, or the mount's.
+    pub(crate) fn compression_of(&self, inode: &flintfs_format::Inode) -> CompressionChoice {
+        inode
+            .xattrs
+            .iter()
+            .find(|(name, _)| name.as_slice() == COMPRESSION_XATTR)
+            .and_then(|(_, value)| parse_compression_xattr(value).ok())
+            .unwrap_or(self.compression)
+    }
+
+    /// Clears a file's incompressible mark and its run of misses: its
+    /// blocks are tried again (its codec was named again, or its data was
+    /// cut to nothing).
+    pub(crate) fn forget_incompressible(&mut self, ino: u64) -> Result<()> {
+        self.compression_misses.remove(&ino);
+        let key = self.file_key(ino)?;
+        if !matches!(self.node(key)?, Node::File { content: FileContent::Index { incompressible: true, .. }, .. }) {
+            return Ok(());
+        }
+        self.modify(key, |node| {
+            if let Node::File { content: FileContent::Index { incompressible, .. }, .. } = node {
+                *incompressible = false;
+            }
+        })
+    }
+
+    /// `data` (a block's valid bytes) compressed with `choice`, when that
+    /// saves enough to pay for decompressing it at every read; `None` to
+    /// store it raw. Keeps the file's run of misses, and marks the file
+    /// incompressible when the run is long enough.
+    fn try_compress(
+        &mut self,
+        ino: u64,
+        choice: CompressionChoice,
+        incompressible: bool,
+        data: &[u8],
+    ) -> Option<Vec<u8>> {
+        if choice.codec == Compression::None || incompressible || data.len() < super::COMPRESSION_BYTES_MIN {
+            return None;
+        }
+        // The chunk, in whole units, must take at most 15/16 of the raw
+        // bytes, and at most half a page: a chunk larger than that cannot
+        // share its page with another like it, so it would save nothing on
+        // flash (and its zone would look half empty to the cleaner while
+        // cleaning it gives nothing back). The payload limit is what those
+        // units leave after the header (compress wants strictly less than
+        // its limit).
+        let chunk_bytes_max = (data.len() * super::COMPRESSED_SIXTEENTHS_MAX / 16).min(self.page_size / 2);
+        let units_max = chunk_bytes_max / CHUNK_UNIT_BYTES as usize;
+        let payload_max = (units_max * CHUNK_UNIT_BYTES as usize).saturating_sub(CHUNK_HEADER_BYTES);
+        self.counters.compression_attempts += 1;
+        if let Some(payload) = flintfs_format::compress(choice, data, payload_max + 1) {
+            debug_assert!(payload.len() <= payload_max);
+            self.compression_misses.remove(&ino);
+            return Some(payload);
+        }
+        if self.compression_misses.len() >= super::COMPRESSION_STREAKS_MAX
+            && !self.compression_misses.contains_key(&ino)
+        {
+            self.compression_misses.clear();
+        }
+        let misses = self.compression_misses.entry(ino).or_insert(0);
+        *misses += 1;
+        if *misses >= super::INCOMPRESSIBLE_AFTER_BLOCKS {
+            self.compression_misses.remove(&ino);
+            // A hint, not a promise: a crash that loses it costs attempts.
+            let marked = self.file_key(ino).and_then(|key| {
+                self.modify(key, |node| {
+                    if let Node::File { content: FileContent::Index { incompressible, .. }, .. } = node {
+                        *incompressible = true;
+                    }
+                })
+            });
+            if marked.is_ok() {
+                self.counters.files_marked_incompressible += 1;
+            }
+        }
+        None
     }
 
     /// Programs a page of packed chunks and points each file at its chunk.
@@ -750,7 +908,23 @@ impl<D: FlashDevice> Fs<D> {
 /// threads pays for the second (`Protected::seal_pages`), few enough that
 /// a run's buffers stay a small part of the data buffer.
 pub const DATA_RUN_PAGES_MAX: u64 = 64;
+
+/// The xattr that sets a file's compression (`none`, `lz4`, `zstd`,
+/// `zstd:LEVEL`), as btrfs's `btrfs.compression` property does.
+pub const COMPRESSION_XATTR: &[u8] = b"user.flintfs.compress";
 const _: () = assert!(DATA_RUN_PAGES_MAX as usize >= crate::protect::SEAL_PARALLEL_PAGES_MIN);
+
+/// Packed pages a flush fills at once. Chunks go to the one they fill
+/// best, so a chunk of a little over a third of a page can still share
+/// with smaller ones; more pages would pack a little tighter for more
+/// buffers held.
+pub const PACKED_PAGES_OPEN_MAX: usize = 4;
+
+/// The packed pages being filled, each with its chunks' buffers.
+#[derive(Default)]
+pub(crate) struct Packing {
+    pages: Vec<(PackedPage, Vec<PackedChunk>)>,
+}
 
 /// A whole block on its way into a run of data block pages, with its
 /// buffer, which goes back to the buffered blocks if it is not pointed at.
@@ -768,6 +942,38 @@ pub(crate) struct PackedChunk {
     pub block: u64,
     pub units: u32,
     pub buffer: Vec<u8>,
+}
+
+/// What a set of block pointers names on flash: blocks, and 16-byte units.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Stored {
+    pub blocks: u64,
+    pub units: u64,
+}
+
+impl Stored {
+    /// What `pointer` names: nothing for a hole, a whole page, or a chunk
+    /// of its size.
+    pub(crate) fn of(pointer: Pointer, page_size: usize) -> Stored {
+        if pointer.is_null() {
+            Stored::default()
+        } else if pointer.chunk() == 0 {
+            Stored { blocks: 1, units: (page_size / CHUNK_UNIT_BYTES as usize) as u64 }
+        } else {
+            Stored { blocks: 1, units: u64::from(pointer.chunk_units()) }
+        }
+    }
+
+    fn plus(self, other: Stored) -> Stored {
+        Stored { blocks: self.blocks + other.blocks, units: self.units.saturating_add(other.units) }
+    }
+}
+
+/// The codec a `user.flintfs.compress` value names (a trailing newline or
+/// NUL, as shells and C strings leave, is allowed).
+pub(crate) fn parse_compression_xattr(value: &[u8]) -> Result<CompressionChoice> {
+    let text = std::str::from_utf8(value).map_err(|_| Error::invalid("a compression name is not UTF-8"))?;
+    CompressionChoice::parse(text.trim_end_matches(['\n', '\0'])).map_err(Error::invalid)
 }
 
 /// A count of stored blocks plus `added`. A count that would leave its

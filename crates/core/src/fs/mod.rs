@@ -28,6 +28,7 @@ mod check;
 mod checkpoint;
 mod cleaner;
 mod data;
+pub use data::COMPRESSION_XATTR;
 mod directory;
 mod log;
 mod nodes;
@@ -81,6 +82,21 @@ pub const OPERATION_NODE_PAGES_MAX: u64 = 16;
 /// (Nothing holds a cached node across another fetch, so a smaller cache
 /// would still be correct; it would only thrash.)
 pub const CACHE_PAGES_MIN: usize = 16;
+/// Blocks in a row of one file that must fail to compress before the file
+/// is marked incompressible and writes stop trying (btrfs gives up on a
+/// file at its first incompressible range; a few blocks more keep a file
+/// whose header alone is random from losing its compressible body).
+pub const INCOMPRESSIBLE_AFTER_BLOCKS: u32 = 16;
+/// Files whose run of misses is remembered; past it the runs start over,
+/// which costs only attempts.
+pub const COMPRESSION_STREAKS_MAX: usize = 4096;
+/// A block is stored compressed only when its chunk (header and payload,
+/// in 16-byte units) takes at most this many sixteenths of the block's
+/// valid bytes: a saving under 1/16 is not worth a decompression at
+/// every read.
+pub const COMPRESSED_SIXTEENTHS_MAX: usize = 15;
+/// Blocks with fewer valid bytes are not worth an attempt.
+pub const COMPRESSION_BYTES_MIN: usize = 128;
 /// Pages of the largest size the defaults must hold.
 const PAGE_SIZE_BYTES_LARGEST: usize = 64 * 1024;
 
@@ -136,6 +152,10 @@ pub struct FsOptions {
     pub correction: crate::protect::Correction,
     /// Pages read a second by the scrub that runs in idle time (0: none).
     pub scrub_pages_per_second: u32,
+    /// How file blocks are compressed (`-o compress=`); `None` takes the
+    /// image's default, chosen at mkfs. A file's `user.flintfs.compress`
+    /// xattr overrides both.
+    pub compression: Option<flintfs_format::CompressionChoice>,
 }
 
 impl Default for FsOptions {
@@ -149,6 +169,7 @@ impl Default for FsOptions {
             barrier: true,
             correction: crate::protect::Correction::ALL,
             scrub_pages_per_second: SCRUB_PAGES_PER_SECOND_DEFAULT,
+            compression: None,
         }
     }
 }
@@ -211,6 +232,11 @@ pub struct FsCounters {
     pub node_pages_read: u64,
     pub data_pages_written: u64,
     pub chunks_written: u64,
+    /// Blocks stored as compressed chunks, blocks a codec was tried on,
+    /// and files marked incompressible.
+    pub chunks_compressed: u64,
+    pub compression_attempts: u64,
+    pub files_marked_incompressible: u64,
     pub data_pages_read: u64,
     pub read_cache_hits: u64,
     /// Filler pages unmount wrote to close the heads' open blocks.
@@ -270,6 +296,12 @@ pub struct Fs<D: FlashDevice> {
     pub(crate) space_reserved: bool,
     /// Where the idle-time scrub goes on from, and when it last ran.
     pub(crate) scrub_cursor: scrub::ScrubCursor,
+    /// The mount's compression: the option, or the image's default.
+    pub(crate) compression: flintfs_format::CompressionChoice,
+    /// Blocks in a row that did not compress, per file, since its last
+    /// block that did: at [`INCOMPRESSIBLE_AFTER_BLOCKS`] the file is
+    /// marked incompressible. Bounded by [`COMPRESSION_STREAKS_MAX`].
+    pub(crate) compression_misses: BTreeMap<u64, u32>,
 }
 
 impl<D: FlashDevice> Fs<D> {
@@ -430,6 +462,9 @@ impl<D: FlashDevice> Fs<D> {
             return Err(Error::corrupt(format!("{} slots, more than the device can hold", tree.slot_count)));
         }
         let now = clock.now_ns();
+        let compression = options
+            .compression
+            .unwrap_or_else(|| flintfs_format::CompressionChoice::of(volume.superblock().compression));
         Ok(Fs {
             nodes: PageCache::new(options.node_cache_bytes),
             read_cache: PageCache::new(options.read_cache_bytes),
@@ -456,6 +491,8 @@ impl<D: FlashDevice> Fs<D> {
             log: log::LogState::default(),
             space_reserved: false,
             scrub_cursor: scrub::ScrubCursor { zone: 0, page: 0, last_ns: now },
+            compression,
+            compression_misses: BTreeMap::new(),
             volume,
         })
     }

@@ -256,8 +256,8 @@ impl<D: FlashDevice> Fs<D> {
         // The inode, and its sectors, or the blocks its index stores (the
         // buffered ones are added after).
         let (inode, sectors) = self.with_node(key, |node| match node {
-            Node::File { inode, content: FileContent::Index { blocks_stored, .. }, .. } if inode.ino == ino => {
-                Ok((inode.clone(), Err(*blocks_stored)))
+            Node::File { inode, content: FileContent::Index { units_stored, .. }, .. } if inode.ino == ino => {
+                Ok((inode.clone(), Err(*units_stored)))
             }
             Node::File { inode, content: FileContent::Inline(data), .. } if inode.ino == ino => {
                 Ok((inode.clone(), Ok((data.len() as u64).div_ceil(sector_bytes))))
@@ -267,7 +267,7 @@ impl<D: FlashDevice> Fs<D> {
         })??;
         let sectors = match sectors {
             Ok(sectors) => sectors,
-            Err(blocks_stored) => self.blocks_used(ino, blocks_stored)? * (self.block_bytes() / sector_bytes),
+            Err(units_stored) => self.sectors_used(ino, units_stored)?,
         };
         let attributes = self.attributes_of(&inode, sectors);
         self.drain()?;
@@ -1078,6 +1078,9 @@ impl<D: FlashDevice> Fs<D> {
         let Node::File { inode, .. } = self.node(file_key)? else { unreachable!() };
         if size < inode.size {
             self.free_blocks_from(ino, size.div_ceil(block_bytes))?;
+            if size == 0 {
+                self.forget_incompressible(ino)?;
+            }
             let within = (size % block_bytes) as usize;
             if within != 0 {
                 let block = size / block_bytes;
@@ -1288,6 +1291,11 @@ impl<D: FlashDevice> Fs<D> {
         if name.starts_with(b"system.") {
             return Err(Error::new(errno::EOPNOTSUPP, "system xattrs (POSIX ACLs) are not supported"));
         }
+        // A file's codec: refused unless it names one, so a typo does not
+        // silently leave the mount's codec in force.
+        if name == super::data::COMPRESSION_XATTR {
+            super::data::parse_compression_xattr(value)?;
+        }
         self.mutate(0, |fs| {
             let mut xattrs = fs.inode(ino)?.xattrs;
             let position = xattrs.binary_search_by(|(existing, _)| existing.as_slice().cmp(name));
@@ -1308,6 +1316,10 @@ impl<D: FlashDevice> Fs<D> {
                 inode.xattrs = xattrs;
                 inode.ctime_ns = now;
             })?;
+            if name == super::data::COMPRESSION_XATTR {
+                // A codec named again: the file's blocks are tried afresh.
+                fs.forget_incompressible(ino)?;
+            }
             fs.log(LogOperation::SetXattr {
                 ino,
                 create: flags.create,

@@ -1,0 +1,291 @@
+//! Compressed chunks (RCFFS's packed compression): each codec and the raw
+//! fallback, the per-file codec, what `st_blocks` reports, the read of one
+//! compression unit, and the cleaner moving chunks without inflating them.
+
+use flintfs_core::{errno, Fs, FsOptions, ManualClock, MkfsOptions, XattrFlags};
+use flintfs_flash::{DeviceOptions, FaultConfig, FlashDevice, Geometry, MemoryFlash};
+use flintfs_format::{Compression, CompressionChoice};
+
+const PAGE_BYTES: usize = 4096;
+
+fn geometry(zone_count: u32) -> Geometry {
+    Geometry {
+        page_size_bytes: PAGE_BYTES as u32,
+        oob_size_bytes: 128,
+        block_pages: 16,
+        zone_blocks: 4,
+        zone_count,
+        open_zones_max: 8,
+        nvm_size_bytes: 0,
+    }
+}
+
+fn format(zone_count: u32, codec: Compression) -> (MemoryFlash, ManualClock) {
+    let clock = ManualClock::new(1_700_000_000_000_000_000);
+    let flash = MemoryFlash::memory(
+        geometry(zone_count),
+        DeviceOptions { faults: FaultConfig::none(1), ..DeviceOptions::default() },
+    )
+    .unwrap();
+    let mkfs = MkfsOptions { compression: codec, ..MkfsOptions::new([7; 16], 0) };
+    (Fs::format(flash, &mkfs, Box::new(clock.clone())).unwrap(), clock)
+}
+
+fn mount(flash: MemoryFlash, clock: &ManualClock, compression: Option<CompressionChoice>) -> Fs<MemoryFlash> {
+    Fs::mount(flash, FsOptions { compression, ..FsOptions::default() }, Box::new(clock.clone())).unwrap().0
+}
+
+fn assert_clean(fs: &mut Fs<MemoryFlash>) {
+    let report = fs.check().unwrap();
+    assert!(report.is_clean(), "{:#?}", report.findings);
+}
+
+/// Deterministic bytes that do not compress.
+fn random_bytes(seed: u64, length: usize) -> Vec<u8> {
+    let mut state = seed.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    (0..length)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state >> 24) as u8
+        })
+        .collect()
+}
+
+/// Text-like bytes: numbered lines of words from a small vocabulary, which
+/// every codec compresses to well under half a block.
+fn text(seed: u64, length: usize) -> Vec<u8> {
+    const WORDS: [&str; 8] = ["flash", "page", "zone", "erase", "block", "chunk", "index", "log"];
+    let picks = random_bytes(seed, length);
+    let mut out = Vec::with_capacity(length + 100);
+    let mut line = 0;
+    while out.len() < length {
+        let word = |at: usize| WORDS[picks[(line * 3 + at) % picks.len()] as usize % WORDS.len()];
+        out.extend_from_slice(
+            format!("{line:06}: the {} of the {} is written to the {}\n", word(0), word(1), word(2)).as_bytes(),
+        );
+        line += 1;
+    }
+    out.truncate(length);
+    out
+}
+
+/// What the bench's workloads write: the first half of a file one byte
+/// repeated, the second half random. Its floor is half the raw size.
+fn half_compressible(seed: u64, length: usize) -> Vec<u8> {
+    let mut out = random_bytes(seed, length);
+    out[..length / 2].fill(seed as u8);
+    out
+}
+
+/// Each block half one byte, half random: it compresses to a little over
+/// half a page, which could not share its page with another like it.
+fn half_compressible_blocks(seed: u64, length: usize) -> Vec<u8> {
+    let mut out = random_bytes(seed, length);
+    for block in out.chunks_mut(PAGE_BYTES) {
+        let half = block.len() / 2;
+        block[..half].fill(seed as u8);
+    }
+    out
+}
+
+/// Writes `files` files of `bytes` each, syncs, and returns the pages the
+/// data took (programs less the device's count before).
+fn write_files(fs: &mut Fs<MemoryFlash>, files: u64, bytes: usize, make: fn(u64, usize) -> Vec<u8>) -> Vec<u64> {
+    let mut inos = Vec::new();
+    for index in 0..files {
+        let file = fs.create(1, format!("f{index}").as_bytes(), 0o644, 0, 0).unwrap();
+        fs.write(file.ino, 0, &make(index, bytes)).unwrap();
+        inos.push(file.ino);
+    }
+    fs.sync().unwrap();
+    inos
+}
+
+fn read_all(fs: &mut Fs<MemoryFlash>, inos: &[u64], bytes: usize, make: fn(u64, usize) -> Vec<u8>) {
+    for (index, &ino) in inos.iter().enumerate() {
+        assert!(fs.read(ino, 0, bytes as u64 + 10).unwrap() == make(index as u64, bytes), "file {index} reads back");
+    }
+}
+
+/// Each codec stores text in chunks of under half a block, reads it back
+/// after a remount, and `st_blocks` reports the bytes really used; the
+/// pages programmed fall with it.
+#[test]
+fn each_codec_stores_text_compressed_and_reads_it_back() {
+    const FILES: u64 = 20;
+    const BYTES: usize = 64 * 1024;
+    let mut data_pages = Vec::new();
+    for choice in [
+        CompressionChoice::NONE,
+        CompressionChoice::LZ4,
+        CompressionChoice::ZSTD,
+        CompressionChoice::parse("zstd:9").unwrap(),
+    ] {
+        let (flash, clock) = format(64, Compression::None);
+        let mut fs = mount(flash, &clock, Some(choice));
+        let inos = write_files(&mut fs, FILES, BYTES, text);
+        let counters = fs.counters().clone();
+        let sectors: u64 = inos.iter().map(|&ino| fs.getattr(ino).unwrap().blocks).sum();
+        read_all(&mut fs, &inos, BYTES, text);
+        assert_clean(&mut fs);
+        let flash = fs.unmount().unwrap();
+        // A mount with another codec reads what this one wrote.
+        let mut fs = mount(flash, &clock, Some(CompressionChoice::NONE));
+        read_all(&mut fs, &inos, BYTES, text);
+        assert_eq!(inos.iter().map(|&ino| fs.getattr(ino).unwrap().blocks).sum::<u64>(), sectors, "st_blocks on flash");
+        assert_clean(&mut fs);
+        let raw_sectors = FILES * BYTES as u64 / 512;
+        if choice.codec == Compression::None {
+            assert_eq!(counters.chunks_compressed, 0);
+            assert_eq!(sectors, raw_sectors);
+        } else {
+            let blocks = FILES * (BYTES / PAGE_BYTES) as u64;
+            assert_eq!(counters.chunks_compressed, blocks, "{choice}: every block compressed");
+            assert!(sectors * 10 < raw_sectors * 6, "{choice}: st_blocks {sectors} of {raw_sectors} raw");
+        }
+        data_pages.push((choice, counters.data_pages_written));
+    }
+    eprintln!("data pages written: {data_pages:?}");
+    let raw = data_pages[0].1;
+    for &(choice, pages) in &data_pages[1..] {
+        assert!(pages * 10 < raw * 6, "{choice}: {pages} data pages against {raw} raw");
+    }
+}
+
+/// Data that does not shrink is stored raw, as whole pages; after a run of
+/// such blocks the file is marked incompressible and writes stop trying,
+/// until the file is cut to nothing.
+#[test]
+fn incompressible_data_is_stored_raw_and_the_file_stops_trying() {
+    let (flash, clock) = format(64, Compression::Lz4);
+    let mut fs = mount(flash, &clock, None);
+    let file = fs.create(1, b"random", 0o644, 0, 0).unwrap().ino;
+    let data = random_bytes(3, 64 * PAGE_BYTES);
+    fs.write(file, 0, &data).unwrap();
+    fs.sync().unwrap();
+    let counters = fs.counters().clone();
+    assert_eq!(counters.chunks_compressed, 0);
+    assert_eq!(counters.files_marked_incompressible, 1);
+    let attempts = counters.compression_attempts;
+    assert_eq!(attempts, u64::from(flintfs_core::INCOMPRESSIBLE_AFTER_BLOCKS), "tried until marked, then not");
+    assert_eq!(fs.getattr(file).unwrap().blocks, (64 * PAGE_BYTES / 512) as u64, "raw blocks, no overhead");
+    // More writes: no attempt, even of compressible bytes.
+    fs.write(file, 64 * PAGE_BYTES as u64, &vec![0u8; 8 * PAGE_BYTES]).unwrap();
+    fs.sync().unwrap();
+    assert_eq!(fs.counters().compression_attempts, attempts);
+    // The mark is on flash.
+    let flash = fs.unmount().unwrap();
+    let mut fs = mount(flash, &clock, None);
+    fs.write(file, 0, &vec![1u8; PAGE_BYTES]).unwrap();
+    fs.sync().unwrap();
+    assert_eq!(fs.counters().compression_attempts, 0, "still marked after a remount");
+    assert!(fs.read(file, PAGE_BYTES as u64, 63 * PAGE_BYTES as u64).unwrap() == data[PAGE_BYTES..]);
+    // Cut to nothing, the file is tried again.
+    fs.setattr(file, &flintfs_core::SetAttributes { size: Some(0), ..Default::default() }).unwrap();
+    fs.write(file, 0, &vec![2u8; 4 * PAGE_BYTES]).unwrap();
+    fs.sync().unwrap();
+    assert_eq!(fs.counters().chunks_compressed, 4);
+    assert_clean(&mut fs);
+}
+
+/// `user.flintfs.compress` sets one file's codec over the mount's, is
+/// refused when it names no codec, and clears the incompressible mark.
+#[test]
+fn the_xattr_sets_a_files_codec() {
+    let (flash, clock) = format(64, Compression::None);
+    let mut fs = mount(flash, &clock, None);
+    let plain = fs.create(1, b"plain", 0o644, 0, 0).unwrap().ino;
+    let packed = fs.create(1, b"packed", 0o644, 0, 0).unwrap().ino;
+    let error = fs.setxattr(packed, b"user.flintfs.compress", b"gzip", XattrFlags::default()).unwrap_err();
+    assert_eq!(error.errno, errno::EINVAL);
+    let error = fs.setxattr(packed, b"user.flintfs.compress", b"zstd:99", XattrFlags::default()).unwrap_err();
+    assert_eq!(error.errno, errno::EINVAL);
+    fs.setxattr(packed, b"user.flintfs.compress", b"zstd:7\n", XattrFlags::default()).unwrap();
+    let data = text(1, 16 * PAGE_BYTES);
+    fs.write(plain, 0, &data).unwrap();
+    fs.write(packed, 0, &data).unwrap();
+    fs.sync().unwrap();
+    assert_eq!(fs.counters().chunks_compressed, 16, "only the file with the xattr");
+    assert!(fs.getattr(packed).unwrap().blocks * 2 < fs.getattr(plain).unwrap().blocks);
+    assert_eq!(fs.getxattr(packed, b"user.flintfs.compress").unwrap(), b"zstd:7\n");
+    // Marked incompressible, then named again: tried again.
+    fs.setxattr(plain, b"user.flintfs.compress", b"lz4", XattrFlags::default()).unwrap();
+    fs.write(plain, 0, &random_bytes(9, 20 * PAGE_BYTES)).unwrap();
+    fs.sync().unwrap();
+    assert_eq!(fs.counters().files_marked_incompressible, 1);
+    fs.setxattr(plain, b"user.flintfs.compress", b"lz4", XattrFlags::default()).unwrap();
+    fs.write(plain, 0, &data).unwrap();
+    fs.sync().unwrap();
+    assert_eq!(fs.counters().chunks_compressed, 32);
+    assert!(fs.read(plain, 0, data.len() as u64).unwrap() == data);
+    assert_clean(&mut fs);
+}
+
+/// The bench's half-compressible files take little more than their
+/// random half; blocks that would compress to more than half a page are
+/// stored raw (such a chunk cannot share its page); and each 4 KiB read of
+/// a compressed file reads one page and decompresses one block.
+#[test]
+fn half_compressible_files_take_half_and_a_random_read_decompresses_one_block() {
+    const BLOCKS: usize = 256;
+    let (flash, clock) = format(64, Compression::Lz4);
+    let mut fs = mount(flash, &clock, None);
+    let half = fs.create(1, b"half", 0o644, 0, 0).unwrap().ino;
+    fs.write(half, 0, &half_compressible(5, BLOCKS * PAGE_BYTES)).unwrap();
+    let halves = fs.create(1, b"halves", 0o644, 0, 0).unwrap().ino;
+    fs.write(halves, 0, &half_compressible_blocks(6, 32 * PAGE_BYTES)).unwrap();
+    let data = text(7, BLOCKS * PAGE_BYTES);
+    let file = fs.create(1, b"text", 0o644, 0, 0).unwrap().ino;
+    fs.write(file, 0, &data).unwrap();
+    fs.sync().unwrap();
+    let used = fs.getattr(half).unwrap().blocks as f64 * 512.0 / (BLOCKS * PAGE_BYTES) as f64;
+    assert!(used < 0.53, "half-compressible data uses {used:.3} of its raw size");
+    assert_eq!(fs.getattr(halves).unwrap().blocks, (32 * PAGE_BYTES / 512) as u64, "stored raw");
+    let flash = fs.unmount().unwrap();
+    let mut fs = mount(flash, &clock, None);
+    let pages_before = fs.device().counters().pages_read;
+    let mut position = 7u64;
+    for _ in 0..64 {
+        position = position.wrapping_mul(2_862_933_555_777_941_757).wrapping_add(3_037_000_493) % BLOCKS as u64;
+        let offset = position * PAGE_BYTES as u64;
+        let before = fs.counters().data_pages_read;
+        let read = fs.read(file, offset, PAGE_BYTES as u64).unwrap();
+        assert!(read == data[offset as usize..offset as usize + PAGE_BYTES]);
+        assert!(fs.counters().data_pages_read - before <= 1, "one page for one block");
+    }
+    let pages = fs.device().counters().pages_read - pages_before;
+    eprintln!("64 random reads read {pages} pages");
+    assert_clean(&mut fs);
+}
+
+/// Overwrites on a small device make the cleaner move compressed chunks;
+/// they move compressed (the space used stays at its compressed size)
+/// and read back.
+#[test]
+fn the_cleaner_moves_compressed_chunks_compressed() {
+    let (flash, clock) = format(24, Compression::Lz4);
+    let mut fs = mount(flash, &clock, None);
+    let files = 12u64;
+    let bytes = 32 * PAGE_BYTES;
+    let inos = write_files(&mut fs, files, bytes, text);
+    // Rewrite one file over and over: its old chunks die beside the other
+    // files' live ones, which the cleaner has to move.
+    let churn = fs.create(1, b"churn", 0o644, 0, 0).unwrap().ino;
+    for round in 0..400u64 {
+        fs.write(churn, 0, &text(round, 16 * PAGE_BYTES)).unwrap();
+        fs.fsync(churn, false).unwrap();
+    }
+    let cleaner = fs.cleaner_counters().clone();
+    eprintln!("{cleaner:?}");
+    assert!(cleaner.chunks_moved > 0, "the cleaner moved chunks");
+    read_all(&mut fs, &inos, bytes, text);
+    let sectors: u64 = inos.iter().map(|&ino| fs.getattr(ino).unwrap().blocks).sum();
+    assert!(sectors * 10 < files * bytes as u64 / 512 * 6, "moved chunks stay compressed: {sectors} sectors");
+    assert_clean(&mut fs);
+    let flash = fs.unmount().unwrap();
+    let mut fs = mount(flash, &clock, None);
+    read_all(&mut fs, &inos, bytes, text);
+    assert_clean(&mut fs);
+}
