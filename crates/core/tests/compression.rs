@@ -289,3 +289,26 @@ fn the_cleaner_moves_compressed_chunks_compressed() {
     read_all(&mut fs, &inos, bytes, text);
     assert_clean(&mut fs);
 }
+
+/// Files of 128 KiB of noise take their size and little more: the blocks
+/// are stored raw, and each file's index page (32 pointers) is a record in
+/// a pack, not a page of its own.
+#[test]
+fn incompressible_files_take_their_size_and_little_more() {
+    const FILES: u64 = 64;
+    const BYTES: usize = 128 * 1024;
+    let (flash, clock) = format(64, Compression::Lz4);
+    let mut fs = mount(flash, &clock, None);
+    let statfs = fs.statfs().unwrap();
+    let used_before = (statfs.blocks - statfs.blocks_free) * u64::from(statfs.block_size);
+    let inos = write_files(&mut fs, FILES, BYTES, random_bytes);
+    let statfs = fs.statfs().unwrap();
+    let used = (statfs.blocks - statfs.blocks_free) * u64::from(statfs.block_size) - used_before;
+    let ratio = used as f64 / (FILES * BYTES as u64) as f64;
+    eprintln!("{FILES} files of noise use {ratio:.4} of their size");
+    assert!(ratio <= 1.02, "{ratio}");
+    let flash = fs.unmount().unwrap();
+    let mut fs = mount(flash, &clock, None);
+    read_all(&mut fs, &inos, BYTES, random_bytes);
+    assert_clean(&mut fs);
+}

@@ -39,12 +39,13 @@ pub use log::{
     LOG_CONTENT_BYTES_MAX, LOG_RECORD_HEADER_BYTES,
 };
 pub use node::{
-    array_capacity, bucket_area_bytes, decode_inode_pack, directory_area_bytes, encode_inode_pack, inline_bytes_max,
-    inode_record_bytes, is_inode_pack, name_hash, validate_name, xattr_bytes_max, DirectoryContent, Entry, FileContent,
-    FileType, Inode, Node, NodeKind, Pointer, Target, ARRAY_HEADER_BYTES, BUCKET_HEADER_BYTES, CHUNK_UNIT_BYTES,
-    DIRECTORY_HEADER_BYTES, ENTRY_FIXED_BYTES, FILE_BLOCKS_MAX, GLOBAL_DEPTH_MAX, INDEX_HEIGHT_MAX,
-    INDEX_IN_INODE_BYTES, INDEX_ROOTS, INLINE_BYTES_CAP, INODE_FIXED_BYTES, INODE_RECORD_HEADER_BYTES, NAME_BYTES_MAX,
-    NODE_HEADER_BYTES, SLOT_NONE, XATTR_BYTES_CAP, XATTR_NAME_BYTES_MAX,
+    array_capacity, bucket_area_bytes, decode_inode_pack, directory_area_bytes, encode_inode_pack, index_fits_record,
+    inline_bytes_max, inode_record_bytes, is_inode_pack, name_hash, validate_name, xattr_bytes_max, DirectoryContent,
+    Entry, FileContent, FileType, Inode, Node, NodeKind, Pointer, Target, ARRAY_HEADER_BYTES, BUCKET_HEADER_BYTES,
+    CHUNK_UNIT_BYTES, DIRECTORY_HEADER_BYTES, ENTRY_FIXED_BYTES, FILE_BLOCKS_MAX, GLOBAL_DEPTH_MAX, INDEX_HEIGHT_MAX,
+    INDEX_IN_INODE_BYTES, INDEX_RECORD_FIXED_BYTES, INDEX_RECORD_SLOT, INDEX_ROOTS, INLINE_BYTES_CAP,
+    INODE_FIXED_BYTES, INODE_RECORD_HEADER_BYTES, NAME_BYTES_MAX, NODE_HEADER_BYTES, SLOT_NONE, XATTR_BYTES_CAP,
+    XATTR_NAME_BYTES_MAX,
 };
 pub use page::{InvertedIndex, PageHeader, PageKind, PAGE_HEADER_BYTES};
 pub use record::{

@@ -1083,7 +1083,34 @@ const INODE_PACK_KIND: u8 = 7;
 
 /// Bytes a file inode takes in an inode pack.
 pub fn inode_record_bytes(file: &Node) -> usize {
-    INODE_RECORD_HEADER_BYTES + file.body_bytes()
+    match file {
+        Node::Index { pointers, .. } => INODE_RECORD_HEADER_BYTES + index_record_body_bytes(pointers),
+        _ => INODE_RECORD_HEADER_BYTES + file.body_bytes(),
+    }
+}
+
+/// The slot field of a pack record that holds an index page, not a file.
+pub const INDEX_RECORD_SLOT: u32 = 0xFFFF_FFFE;
+/// Bytes of an index record's body before its pointers.
+pub const INDEX_RECORD_FIXED_BYTES: usize = 32;
+const _: () = assert!(INDEX_RECORD_SLOT != SLOT_NONE);
+
+/// Pointers an index record keeps: up to the last that is not null (the
+/// rest are null, and read back so).
+fn index_record_pointers(pointers: &[Pointer]) -> usize {
+    pointers.iter().rposition(|pointer| !pointer.is_null()).map_or(0, |last| last + 1)
+}
+
+fn index_record_body_bytes(pointers: &[Pointer]) -> usize {
+    INDEX_RECORD_FIXED_BYTES + 8 * index_record_pointers(pointers)
+}
+
+/// Whether an index page goes into a pack as a record rather than a page
+/// of its own: when its record (its pointers up to the last one set) takes
+/// at most half a pack's room. An index page of a file of up to about 250
+/// blocks then costs its pointers, not a page.
+pub fn index_fits_record(index: &Node, page_size_bytes: usize) -> bool {
+    matches!(index, Node::Index { .. }) && inode_record_bytes(index) <= (page_size_bytes - NODE_HEADER_BYTES) / 2
 }
 
 /// File inodes packed into one node page (node kind 7), so a file costs its
@@ -1099,12 +1126,31 @@ pub fn encode_inode_pack(files: &[Node], page_size_bytes: usize) -> (Vec<u8>, u3
     writer.u8(INODE_PACK_KIND).zeros(3).u32(body as u32).u64(0).u64(files.len() as u64).u64(0);
     let mut units = Vec::with_capacity(files.len());
     for file in files {
-        let Node::File { slot, inode, content } = file else { panic!("only file inodes are packed") };
         if let Err(reason) = file.validate(page_size_bytes) {
-            panic!("refusing to pack an invalid inode: {reason}");
+            panic!("refusing to pack an invalid node: {reason}");
         }
-        writer.u32(file.body_bytes() as u32).u32(*slot);
-        encode_file_body(inode, content, &mut writer);
+        match file {
+            Node::File { slot, inode, content } => {
+                writer.u32(file.body_bytes() as u32).u32(*slot);
+                encode_file_body(inode, content, &mut writer);
+            }
+            Node::Index { ino, version, level, number, pointers } => {
+                let kept = index_record_pointers(pointers);
+                writer
+                    .u32(index_record_body_bytes(pointers) as u32)
+                    .u32(INDEX_RECORD_SLOT)
+                    .u64(*ino)
+                    .u64(*version)
+                    .u8(*level)
+                    .zeros(3)
+                    .u32(kept as u32)
+                    .u64(*number);
+                for pointer in &pointers[..kept] {
+                    writer.u64(pointer.0);
+                }
+            }
+            _ => panic!("only file inodes and index pages are packed"),
+        }
         units.push(inode_record_bytes(file).div_ceil(CHUNK_UNIT_BYTES as usize) as u32);
     }
     let used = writer.len() as u32;
@@ -1132,7 +1178,11 @@ pub fn decode_inode_pack(page: &[u8]) -> Result<Vec<Node>, DecodeError> {
         let slot = reader.u32()?;
         let record = reader.take(length)?;
         let mut record_reader = Reader::new("inode record", record);
-        let file = decode_file_body(&mut record_reader, slot, page_size_bytes)?;
+        let file = if slot == INDEX_RECORD_SLOT {
+            decode_index_record(&mut record_reader, page_size_bytes)?
+        } else {
+            decode_file_body(&mut record_reader, slot, page_size_bytes)?
+        };
         if record_reader.position() != length {
             return Err(reader.error("an inode record with bytes left over"));
         }
@@ -1143,6 +1193,31 @@ pub fn decode_inode_pack(page: &[u8]) -> Result<Vec<Node>, DecodeError> {
         return Err(reader.error("bytes after the last record"));
     }
     Ok(files)
+}
+
+/// An index page kept as a pack record: its identity, then its pointers up
+/// to the last one set (the rest null).
+fn decode_index_record(reader: &mut Reader, page_size_bytes: usize) -> Result<Node, DecodeError> {
+    let ino = reader.u64()?;
+    let version = reader.u64()?;
+    let level = reader.u8()?;
+    reader.zeros(3)?;
+    let kept = reader.u32()? as usize;
+    let number = reader.u64()?;
+    let capacity = array_capacity(page_size_bytes, 8);
+    if kept > capacity {
+        return Err(reader.error(format!("{kept} index pointers, at most {capacity}")));
+    }
+    let mut pointers = vec![Pointer::NULL; capacity];
+    for pointer in &mut pointers[..kept] {
+        *pointer = Pointer(reader.u64()?);
+    }
+    // Canonical: the last pointer kept is set, so the record re-encodes to
+    // the same bytes.
+    if kept > 0 && pointers[kept - 1].is_null() {
+        return Err(reader.error("an index record that keeps a null last pointer"));
+    }
+    Ok(Node::Index { ino, version, level, number, pointers })
 }
 
 /// Whether a node page holds an inode pack rather than a single node.

@@ -464,3 +464,32 @@ proptest! {
         }
     }
 }
+
+/// A pack holds index pages as records beside file inodes: only the
+/// pointers up to the last one set are kept, and they read back as the
+/// whole page; a record that keeps a null last pointer is refused.
+#[test]
+fn index_pages_pack_as_records() {
+    use flintfs_format::{decode_inode_pack, encode_inode_pack, index_fits_record, Node, Pointer};
+    let page = 4096;
+    let capacity = (page - 40) / 8;
+    let mut pointers = vec![Pointer::NULL; capacity];
+    for (index, pointer) in pointers.iter_mut().enumerate().take(32) {
+        *pointer = Pointer::page_at(7, index as u32);
+    }
+    let index = Node::Index { ino: 9, version: 3, level: 0, number: 0, pointers: pointers.clone() };
+    assert!(index_fits_record(&index, page));
+    let (data, used, units) = encode_inode_pack(std::slice::from_ref(&index), page);
+    assert_eq!(units, vec![((8 + 32 + 32 * 8) as u32).div_ceil(16)]);
+    assert!(used < 400, "{used} bytes for 32 pointers");
+    assert_eq!(decode_inode_pack(&data).unwrap(), vec![index]);
+    let full =
+        Node::Index { ino: 9, version: 3, level: 0, number: 1, pointers: vec![Pointer::page_at(7, 1); capacity] };
+    assert!(!index_fits_record(&full, page), "a full index page keeps a page of its own");
+    // The last pointer kept, cleared: refused, so every record has one
+    // encoding.
+    let mut bytes = data.clone();
+    let last = used as usize - 8;
+    bytes[last..last + 8].fill(0);
+    assert!(decode_inode_pack(&bytes).is_err());
+}

@@ -616,9 +616,13 @@ impl Generator {
             20..=39 => {
                 let short = self.random.random_bool(0.7);
                 let length = self.random.random_range(1..=if short { size_max.min(200) } else { size_max });
+                // One write in ten lands up to four times further, so files
+                // pass the inode's 16 roots and grow an index page (a pack
+                // record while its pointers are few, a page past that).
+                let far = if self.random.random_bool(0.1) { 4 } else { 1 };
                 Operation::Write {
                     path: self.pick(&files),
-                    offset: self.random.random_range(0..size_max),
+                    offset: self.random.random_range(0..size_max * far),
                     length,
                     fill: self.random.random(),
                 }

@@ -21,6 +21,8 @@ pub struct Subject {
     /// References taken while resolving paths, let go after the operation
     /// (as the kernel does).
     held: Vec<u64>,
+    /// The engine's counters of the mounts before this one, summed.
+    pub counters_earlier: flintfs_core::FsCounters,
 }
 
 /// A device and a file system on it for a workload.
@@ -81,12 +83,12 @@ fn kind_of(file_type: FileType) -> Kind {
 impl Subject {
     pub fn mount(flash: MemoryFlash, clock: ManualClock, options: FsOptions) -> Result<Subject, String> {
         let (fs, _) = Fs::mount(flash, options.clone(), Box::new(clock.clone())).map_err(|error| error.to_string())?;
-        Ok(Subject { fs: Some(fs), clock, options, held: Vec::new() })
+        Ok(Subject { fs: Some(fs), clock, options, held: Vec::new(), counters_earlier: Default::default() })
     }
 
     /// A subject over a file system already mounted (a recovery).
     pub fn from_fs(fs: Fs<MemoryFlash>, clock: ManualClock, options: FsOptions) -> Subject {
-        Subject { fs: Some(fs), clock, options, held: Vec::new() }
+        Subject { fs: Some(fs), clock, options, held: Vec::new(), counters_earlier: Default::default() }
     }
 
     pub fn fs(&mut self) -> &mut Fs<MemoryFlash> {
@@ -218,6 +220,10 @@ impl Subject {
                     self.fs().forget(ino, 1).map_err(code)?;
                 }
                 self.fs().shut_down().map_err(code)?;
+                let counters = self.fs().counters().clone();
+                self.counters_earlier.chunks_compressed += counters.chunks_compressed;
+                self.counters_earlier.compression_attempts += counters.compression_attempts;
+                self.counters_earlier.index_records_written += counters.index_records_written;
                 let flash = self.fs.take().expect("mounted").into_device();
                 let (fs, _) = Fs::mount(flash, self.options.clone(), Box::new(self.clock.clone())).map_err(code)?;
                 self.fs = Some(fs);
@@ -300,9 +306,11 @@ pub struct RunReport {
     /// Zones the cleaner cleaned in the last mount of the run.
     pub zones_cleaned: u64,
     /// Blocks stored as compressed chunks, and blocks a codec was tried
-    /// on, in the last mount of the run.
+    /// on, over the whole run.
     pub chunks_compressed: u64,
     pub compression_attempts: u64,
+    /// Index pages written as pack records, over the whole run.
+    pub index_records_written: u64,
 }
 
 /// Runs `operations` generated operations from `seed` on the engine and
@@ -354,8 +362,10 @@ pub fn run_model(setup: &Setup, seed: u64, operations: u64, check_every: u64) ->
     }
     report.checkpoints = subject.fs().counters().checkpoints;
     report.zones_cleaned = subject.fs().cleaner_counters().zones_cleaned;
-    report.chunks_compressed = subject.fs().counters().chunks_compressed;
-    report.compression_attempts = subject.fs().counters().compression_attempts;
+    let (now, earlier) = (subject.fs().counters().clone(), &subject.counters_earlier);
+    report.chunks_compressed = earlier.chunks_compressed + now.chunks_compressed;
+    report.compression_attempts = earlier.compression_attempts + now.compression_attempts;
+    report.index_records_written = earlier.index_records_written + now.index_records_written;
     Ok(report)
 }
 

@@ -21,14 +21,15 @@ fn random_workloads_match_the_model() {
     for seed in first..first + seeds {
         match run_model(&setup, seed, operations, 1) {
             Ok(report) => eprintln!(
-                "seed {seed}: {} operations, {} expected errors, {} checkpoints, {} zones cleaned, {} of {} blocks \
-                 tried compressed (since the last remount)",
+                "seed {seed}: {} operations, {} expected errors, {} checkpoints and {} zones cleaned since the last \
+                 remount; {} of {} blocks tried compressed, {} index records",
                 report.operations,
                 report.errors_expected,
                 report.checkpoints,
                 report.zones_cleaned,
                 report.chunks_compressed,
-                report.compression_attempts
+                report.compression_attempts,
+                report.index_records_written
             ),
             Err(failure) => panic!("{failure}"),
         }
@@ -46,13 +47,17 @@ fn random_workloads_match_the_model_with_each_codec() {
     for codec in ["zstd", "zstd:15", "none", "lz4"] {
         let mut setup = Setup::small();
         setup.options.compression = Some(flintfs_format::CompressionChoice::parse(codec).unwrap());
-        let (mut compressed, mut attempts) = (0, 0);
+        let (mut compressed, mut attempts, mut index_records) = (0, 0, 0);
         for seed in 1..=seeds {
             let report = run_model(&setup, seed, operations, 1).unwrap_or_else(|failure| panic!("{codec}: {failure}"));
             compressed += report.chunks_compressed;
             attempts += report.compression_attempts;
+            index_records += report.index_records_written;
         }
-        eprintln!("{codec}: {compressed} of {attempts} blocks tried were stored compressed");
+        eprintln!(
+            "{codec}: {compressed} of {attempts} blocks tried were stored compressed; {index_records} index records"
+        );
+        assert!(index_records > 0, "{codec}: no index page was packed as a record");
         if codec == "none" {
             assert_eq!(attempts, 0);
         } else {

@@ -810,13 +810,19 @@ impl<D: FlashDevice> Fs<D> {
         if is_inode_pack(data) {
             let Ok(records) = decode_inode_pack(data) else { return Ok(()) };
             for (index, record) in records.iter().enumerate() {
-                let Node::File { inode, .. } = record else { continue };
                 let units = flintfs_format::inode_record_bytes(record).div_ceil(CHUNK_UNIT_BYTES as usize) as u32;
                 let pointer = Pointer::new(zone, page, index as u32 + 1, units);
-                let key = match self.file_key(inode.ino) {
-                    Ok(key) => key,
-                    Err(error) if error.errno == errno::ENOENT || error.errno == errno::ENOTDIR => continue,
-                    Err(error) => return Err(error),
+                let key = match record {
+                    Node::File { inode, .. } => match self.file_key(inode.ino) {
+                        Ok(key) => key,
+                        Err(error) if error.errno == errno::ENOENT || error.errno == errno::ENOTDIR => continue,
+                        Err(error) => return Err(error),
+                    },
+                    Node::Index { .. } => match self.index_key_if_alive(record)? {
+                        Some(key) => key,
+                        None => continue,
+                    },
+                    _ => continue,
                 };
                 if self.home_of(key)? == pointer {
                     self.keep(key)?;
@@ -830,18 +836,26 @@ impl<D: FlashDevice> Fs<D> {
             Node::MapDirectory { number, .. } => NodeKey::MapDirectory(*number as u32),
             Node::Directory { slot, .. } | Node::Bucket { slot, .. } | Node::Table { slot, .. } => NodeKey::Slot(*slot),
             Node::File { slot, .. } => NodeKey::Slot(*slot),
-            Node::Index { ino, level, number, version, .. } => {
-                match self.file_key(*ino).and_then(|key| self.node(key)) {
-                    Ok(Node::File { inode, .. }) if inode.ino == *ino && *version >= inode.born => {}
-                    _ => return Ok(()),
-                }
-                NodeKey::Index { level: *level, ino: *ino, number: *number }
-            }
+            Node::Index { .. } => match self.index_key_if_alive(&node)? {
+                Some(key) => key,
+                None => return Ok(()),
+            },
         };
         if self.home_of(key)? == here {
             self.keep(key)?;
         }
         Ok(())
+    }
+
+    /// The key of an index page whose file lives in the life the page was
+    /// written in; none for a page of a file gone or of an earlier life.
+    fn index_key_if_alive(&mut self, index: &Node) -> Result<Option<NodeKey>> {
+        let Node::Index { ino, level, number, version, .. } = index else { return Ok(None) };
+        match self.file_key(*ino).and_then(|key| self.node(key)) {
+            Ok(Node::File { inode, .. }) if inode.ino == *ino && *version >= inode.born => {}
+            _ => return Ok(None),
+        }
+        Ok(Some(NodeKey::Index { level: *level, ino: *ino, number: *number }))
     }
 
     /// Where a node's current copy is, from memory or what locates it.

@@ -235,6 +235,8 @@ pub struct FsCounters {
     /// Blocks stored as compressed chunks, blocks a codec was tried on,
     /// and files marked incompressible.
     pub chunks_compressed: u64,
+    /// Index pages written as records in packs rather than pages.
+    pub index_records_written: u64,
     pub compression_attempts: u64,
     pub files_marked_incompressible: u64,
     pub data_pages_read: u64,

@@ -530,11 +530,11 @@ impl<D: FlashDevice> Fs<D> {
         Ok(())
     }
 
-    /// Writes file inodes packed into as few node pages as they need, a
-    /// page at a time, settling each file before the next page. The nodes
-    /// must already be out of the cache and the pending list; on an error,
-    /// every file not yet settled is pending again. Returns each settled
-    /// file's new home.
+    /// Writes file inodes, or small index pages, packed into as few node
+    /// pages as they need, a page at a time, settling each before the next
+    /// page. The nodes must already be out of the cache and the pending
+    /// list; on an error, every one not yet settled is pending again.
+    /// Returns each settled node's new home.
     pub(crate) fn write_files(&mut self, files: Vec<(NodeKey, Cached)>, skip_entries: bool) -> Result<Vec<Pointer>> {
         let page_size = self.page_size;
         let room = page_size - flintfs_format::NODE_HEADER_BYTES;
@@ -574,8 +574,14 @@ impl<D: FlashDevice> Fs<D> {
                     self.pending.insert(key, cached);
                     continue;
                 }
-                let Node::File { inode, .. } = &cached.node else { unreachable!("only files are packed") };
-                let ino = inode.ino;
+                let file = match &cached.node {
+                    Node::File { inode, .. } => Some(inode.ino),
+                    Node::Index { .. } => {
+                        self.counters.index_records_written += 1;
+                        None
+                    }
+                    _ => unreachable!("only files and index pages are packed"),
+                };
                 match self.settle(key, cached, home, skip_entries) {
                     Ok(()) => {
                         homes.push(home);
@@ -583,11 +589,13 @@ impl<D: FlashDevice> Fs<D> {
                         // is found again through its locator: the table
                         // stays as small as what the caller holds.
                         // (Not while a caller patches entries from it.)
-                        if !skip_entries
-                            && self.known.get(&ino).is_some_and(|known| known.lookups == 0 && !known.orphan)
-                            && !self.file_has_state(ino)
-                        {
-                            self.known.remove(&ino);
+                        if let Some(ino) = file {
+                            if !skip_entries
+                                && self.known.get(&ino).is_some_and(|known| known.lookups == 0 && !known.orphan)
+                                && !self.file_has_state(ino)
+                            {
+                                self.known.remove(&ino);
+                            }
                         }
                     }
                     Err(error) => failure = Some(error),
@@ -679,12 +687,34 @@ impl<D: FlashDevice> Fs<D> {
     /// there, so a parent is never read stale from flash.
     pub(crate) fn drain(&mut self) -> Result<()> {
         loop {
-            if let Some((&key, _)) = self.pending.first_key_value() {
-                if matches!(key, NodeKey::Index { .. }) {
-                    let cached = self.pending.remove(&key).expect("present");
-                    self.write_back(key, cached)?;
-                    continue;
+            if let Some((&NodeKey::Index { level, .. }, _)) = self.pending.first_key_value() {
+                // Every pending index page of the lowest level: those whose
+                // pointers take little go into packs as records (an index
+                // page of a 128 KiB file then costs 300 bytes, not a
+                // page), the rest a page each. Levels go up one at a time,
+                // since each write changes the level above.
+                let keys: Vec<NodeKey> = self
+                    .pending
+                    .keys()
+                    .take_while(|key| matches!(key, NodeKey::Index { level: at, .. } if *at == level))
+                    .copied()
+                    .collect();
+                let (packed, paged): (Vec<_>, Vec<_>) = keys
+                    .into_iter()
+                    .map(|key| (key, self.pending.remove(&key).expect("present")))
+                    .partition(|(_, cached)| flintfs_format::index_fits_record(&cached.node, self.page_size));
+                let mut paged = paged.into_iter();
+                while let Some((key, cached)) = paged.next() {
+                    if let Err(error) = self.write_back(key, cached) {
+                        self.pending.extend(paged);
+                        self.pending.extend(packed);
+                        return Err(error);
+                    }
                 }
+                if !packed.is_empty() {
+                    self.write_files(packed, false)?;
+                }
+                continue;
             }
             let file_keys: Vec<NodeKey> = self
                 .pending
