@@ -312,3 +312,44 @@ fn incompressible_files_take_their_size_and_little_more() {
     read_all(&mut fs, &inos, BYTES, random_bytes);
     assert_clean(&mut fs);
 }
+
+/// An fsync carries the file's small blocks (their chunks) in its log
+/// record instead of programming a packed page: the fsync of a 4 KiB
+/// append that compresses programs its log page and nothing else, and a
+/// power cut right after keeps the bytes (recovery buffers them again and
+/// writes them home).
+#[test]
+fn an_fsync_carries_small_blocks_in_its_record_and_a_cut_keeps_them() {
+    let (flash, clock) = format(64, Compression::Lz4);
+    let mut fs = mount(flash, &clock, None);
+    let file = fs.create(1, b"mail", 0o644, 0, 0).unwrap().ino;
+    fs.fsync(file, false).unwrap();
+    let mut written = Vec::new();
+    for round in 0..6u64 {
+        let data = text(round, PAGE_BYTES);
+        let before = (fs.counters().clone(), fs.device().counters().pages_programmed);
+        fs.write(file, written.len() as u64, &data).unwrap();
+        written.extend_from_slice(&data);
+        fs.fsync(file, false).unwrap();
+        let after = fs.counters();
+        assert_eq!(after.data_pages_written, before.0.data_pages_written, "round {round}: no data page");
+        assert_eq!(after.log_pages_written - before.0.log_pages_written, 1, "round {round}: one log page");
+        assert!(after.blocks_embedded > before.0.blocks_embedded);
+        // The log page, and the block parity that page may complete.
+        let programmed = fs.device().counters().pages_programmed - before.1;
+        assert!(programmed <= 2, "round {round}: {programmed} pages programmed");
+    }
+    // The power goes before any checkpoint: the blocks are only in the log.
+    let mut flash = fs.into_device();
+    flash.power_cut(3).unwrap();
+    flash.power_on();
+    let (mut fs, report) =
+        Fs::mount(flash, FsOptions::default(), Box::new(clock.clone())).expect("recovery after the cut");
+    assert!(report.recovery.is_some(), "the mount recovered");
+    assert!(fs.read(file, 0, written.len() as u64 + 1).unwrap() == written, "every fsynced byte is back");
+    assert_clean(&mut fs);
+    let flash = fs.unmount().unwrap();
+    let mut fs = mount(flash, &clock, None);
+    assert!(fs.read(file, 0, written.len() as u64 + 1).unwrap() == written, "and written home");
+    assert_clean(&mut fs);
+}

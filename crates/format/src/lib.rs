@@ -35,8 +35,8 @@ pub use chunk::{
 pub use codec::{Reader, Writer};
 pub use compress::{compress, decompress, CompressionChoice, ZSTD_LEVEL_DEFAULT, ZSTD_LEVEL_MAX, ZSTD_LEVEL_MIN};
 pub use log::{
-    LogBatch, LogOperation, LogRecord, SetAttributes, LOG_BATCH_HEADER_BYTES, LOG_BLOCKS_PER_RECORD_MAX,
-    LOG_CONTENT_BYTES_MAX, LOG_RECORD_HEADER_BYTES,
+    EmbeddedBlock, LogBatch, LogOperation, LogRecord, SetAttributes, LOG_BATCH_HEADER_BYTES, LOG_BLOCKS_PER_RECORD_MAX,
+    LOG_CONTENT_BYTES_MAX, LOG_EMBEDDED_HEADER_BYTES, LOG_RECORD_HEADER_BYTES,
 };
 pub use node::{
     array_capacity, bucket_area_bytes, decode_inode_pack, directory_area_bytes, encode_inode_pack, index_fits_record,

@@ -27,6 +27,22 @@ pub const LOG_RECORD_HEADER_BYTES: usize = 24;
 pub const LOG_CONTENT_BYTES_MAX: usize = 4096;
 /// Most block addresses one inode state carries.
 pub const LOG_BLOCKS_PER_RECORD_MAX: usize = 1 << 16;
+/// Bytes of an embedded block's header in an inode state: block number,
+/// compression, reserved, logical and stored lengths.
+pub const LOG_EMBEDDED_HEADER_BYTES: usize = 20;
+
+/// A small block carried in an inode state itself, as the chunk it would
+/// be (compressed or not), so the fsync that makes it durable programs no
+/// packed page for it: the block stays buffered, and goes home at the next
+/// checkpoint (or sooner) like any buffered block.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EmbeddedBlock {
+    pub block: u64,
+    pub compression: crate::Compression,
+    /// Bytes of file data the payload gives (the block's valid bytes).
+    pub logical_length: u32,
+    pub payload: Vec<u8>,
+}
 
 /// One batch: the payload of one log record.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -133,8 +149,9 @@ pub enum LogOperation {
         ino: u64,
     },
     /// A regular file's state at fsync: attributes, inline bytes (`None`
-    /// for a file of blocks), and `(block, address)` for every block
-    /// written since the file was last logged.
+    /// for a file of blocks), `(block, address)` for every block written
+    /// since the file was last logged, and the small blocks the record
+    /// carries itself (applied after the addresses).
     InodeState {
         ino: u64,
         born: u64,
@@ -148,6 +165,7 @@ pub enum LogOperation {
         ctime_ns: i64,
         inline: Option<Vec<u8>>,
         blocks: Vec<(u64, Pointer)>,
+        embedded: Vec<EmbeddedBlock>,
     },
 }
 
@@ -338,6 +356,7 @@ impl LogRecord {
                 ctime_ns,
                 inline,
                 blocks,
+                embedded,
             } => {
                 writer.u64(*ino).u64(*born).u64(*current).u32(*mode).u32(*uid).u32(*gid).u64(*size);
                 writer.u64(*atime_ns as u64).u64(*mtime_ns as u64).u64(*ctime_ns as u64);
@@ -346,6 +365,16 @@ impl LogRecord {
                 writer.u32(blocks.len() as u32);
                 for (block, pointer) in blocks {
                     writer.u64(*block).u64(pointer.0);
+                }
+                writer.u32(embedded.len() as u32);
+                for block in embedded {
+                    writer
+                        .u64(block.block)
+                        .u8(block.compression.to_byte())
+                        .zeros(3)
+                        .u32(block.logical_length)
+                        .u32(block.payload.len() as u32)
+                        .bytes(&block.payload);
                 }
             }
         }
@@ -480,6 +509,37 @@ impl LogRecord {
                     }
                     blocks.push((block, pointer));
                 }
+                let count = reader.u32()? as usize;
+                if count > 0 && has_inline {
+                    return Err(reader.error("embedded blocks for a file of inline bytes"));
+                }
+                let mut embedded = Vec::with_capacity(count.min(reader.remaining() / LOG_EMBEDDED_HEADER_BYTES));
+                for _ in 0..count {
+                    let block = reader.u64()?;
+                    let compression_byte = reader.u8()?;
+                    reader.zeros(3)?;
+                    let logical_length = reader.u32()?;
+                    let stored = reader.u32()? as usize;
+                    let compression = crate::Compression::from_byte(compression_byte)
+                        .ok_or_else(|| reader.error(format!("unknown compression {compression_byte}")))?;
+                    // The rules of a chunk header: the same bytes, carried
+                    // here instead of in a packed page.
+                    let header = crate::ChunkHeader {
+                        kind: crate::ChunkKind::FileData,
+                        compression,
+                        stored_length: stored as u32,
+                        ino,
+                        offset: 0,
+                        logical_length,
+                        version: current,
+                    };
+                    header.validate().map_err(|reason| reader.error(format!("embedded block {block}: {reason}")))?;
+                    if embedded.last().is_some_and(|last: &EmbeddedBlock| last.block >= block) {
+                        return Err(reader.error("embedded blocks out of order or repeated"));
+                    }
+                    let payload = reader.take(stored)?.to_vec();
+                    embedded.push(EmbeddedBlock { block, compression, logical_length, payload });
+                }
                 LogOperation::InodeState {
                     ino,
                     born,
@@ -493,6 +553,7 @@ impl LogRecord {
                     ctime_ns,
                     inline: has_inline.then_some(bytes),
                     blocks,
+                    embedded,
                 }
             }
             other => return Err(reader.error(format!("unknown record tag {other}"))),
@@ -638,6 +699,20 @@ mod tests {
                 ctime_ns: 3,
                 inline: None,
                 blocks: vec![(0, Pointer::page_at(9, 3)), (2, Pointer::new(9, 4, 1, 3))],
+                embedded: vec![
+                    EmbeddedBlock {
+                        block: 1,
+                        compression: crate::Compression::Lz4,
+                        logical_length: 4096,
+                        payload: vec![7; 20],
+                    },
+                    EmbeddedBlock {
+                        block: 3,
+                        compression: crate::Compression::None,
+                        logical_length: 5,
+                        payload: vec![1, 2, 3, 4, 5],
+                    },
+                ],
             },
             LogOperation::InodeState {
                 ino: 8,
@@ -652,6 +727,7 @@ mod tests {
                 ctime_ns: 3,
                 inline: Some(vec![1, 2, 3]),
                 blocks: Vec::new(),
+                embedded: Vec::new(),
             },
         ];
         LogBatch {

@@ -224,6 +224,7 @@ impl Subject {
                 self.counters_earlier.chunks_compressed += counters.chunks_compressed;
                 self.counters_earlier.compression_attempts += counters.compression_attempts;
                 self.counters_earlier.index_records_written += counters.index_records_written;
+                self.counters_earlier.blocks_embedded += counters.blocks_embedded;
                 let flash = self.fs.take().expect("mounted").into_device();
                 let (fs, _) = Fs::mount(flash, self.options.clone(), Box::new(self.clock.clone())).map_err(code)?;
                 self.fs = Some(fs);
@@ -311,6 +312,8 @@ pub struct RunReport {
     pub compression_attempts: u64,
     /// Index pages written as pack records, over the whole run.
     pub index_records_written: u64,
+    /// Small blocks fsync carried in its log record, over the whole run.
+    pub blocks_embedded: u64,
 }
 
 /// Runs `operations` generated operations from `seed` on the engine and
@@ -366,6 +369,7 @@ pub fn run_model(setup: &Setup, seed: u64, operations: u64, check_every: u64) ->
     report.chunks_compressed = earlier.chunks_compressed + now.chunks_compressed;
     report.compression_attempts = earlier.compression_attempts + now.compression_attempts;
     report.index_records_written = earlier.index_records_written + now.index_records_written;
+    report.blocks_embedded = earlier.blocks_embedded + now.blocks_embedded;
     Ok(report)
 }
 

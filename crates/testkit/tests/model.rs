@@ -47,16 +47,21 @@ fn random_workloads_match_the_model_with_each_codec() {
     for codec in ["zstd", "zstd:15", "none", "lz4"] {
         let mut setup = Setup::small();
         setup.options.compression = Some(flintfs_format::CompressionChoice::parse(codec).unwrap());
-        let (mut compressed, mut attempts, mut index_records) = (0, 0, 0);
+        let (mut compressed, mut attempts, mut index_records, mut embedded) = (0, 0, 0, 0);
         for seed in 1..=seeds {
             let report = run_model(&setup, seed, operations, 1).unwrap_or_else(|failure| panic!("{codec}: {failure}"));
             compressed += report.chunks_compressed;
             attempts += report.compression_attempts;
             index_records += report.index_records_written;
+            embedded += report.blocks_embedded;
         }
         eprintln!(
-            "{codec}: {compressed} of {attempts} blocks tried were stored compressed; {index_records} index records"
+            "{codec}: {compressed} of {attempts} blocks tried were stored compressed; {index_records} index \
+             records; {embedded} blocks carried in fsync records"
         );
+        // At 512-byte pages only a compressed block is small enough to be
+        // carried (an uncompressed one that small is inline data).
+        assert!(codec == "none" || embedded > 0, "{codec}: no fsync carried a block in its record");
         assert!(index_records > 0, "{codec}: no index page was packed as a record");
         if codec == "none" {
             assert_eq!(attempts, 0);

@@ -557,6 +557,13 @@ impl<D: FlashDevice> Fs<D> {
     /// one file. Whatever fails to reach the device stays buffered; nothing
     /// buffered is dropped on an error.
     pub(crate) fn flush_data(&mut self, only: Option<u64>) -> Result<()> {
+        self.flush_data_with(only, None)
+    }
+
+    /// [`Fs::flush_data`], and with `embedding`, small blocks (those that
+    /// would be chunks) go into it instead, up to its room, and stay
+    /// buffered: the fsync that asked carries them in its log record.
+    pub(crate) fn flush_data_with(&mut self, only: Option<u64>, mut embedding: Option<&mut Embedding>) -> Result<()> {
         let keys: Vec<(u64, u64)> = match only {
             Some(ino) => self.dirty_blocks.range((ino, 0)..=(ino, u64::MAX)).map(|(key, _)| *key).collect(),
             None => self.dirty_blocks.keys().copied().collect(),
@@ -571,7 +578,9 @@ impl<D: FlashDevice> Fs<D> {
         let mut result = Ok(());
         for (ino, block) in keys {
             let Some(buffer) = self.dirty_blocks.remove(&(ino, block)) else { continue };
-            if let Err((error, buffer)) = self.flush_block(ino, block, buffer, &mut packing, &mut whole) {
+            if let Err((error, buffer)) =
+                self.flush_block(ino, block, buffer, &mut packing, &mut whole, embedding.as_deref_mut())
+            {
                 self.dirty_blocks.insert((ino, block), buffer);
                 result = Err(error);
                 break;
@@ -685,6 +694,7 @@ impl<D: FlashDevice> Fs<D> {
         mut buffer: Vec<u8>,
         packing: &mut Packing,
         whole: &mut Vec<WholeBlock>,
+        embedding: Option<&mut Embedding>,
     ) -> std::result::Result<(), (Error, Vec<u8>)> {
         let page_size = self.page_size;
         let block_bytes = self.block_bytes();
@@ -703,7 +713,42 @@ impl<D: FlashDevice> Fs<D> {
         let valid = (inode.size - start).min(block_bytes) as usize;
         buffer[valid..].fill(0);
         let choice = self.compression_of(&inode);
-        if let Some(payload) = self.try_compress(ino, choice, incompressible, &buffer[..valid]) {
+        let compressed = self.try_compress(ino, choice, incompressible, &buffer[..valid]);
+        if let Some(embedding) = embedding {
+            // The chunk it would be, carried in the fsync's record instead,
+            // while the record has room.
+            let chunk = match &compressed {
+                Some(payload) => Some((choice.codec, payload.clone())),
+                None if CHUNK_HEADER_BYTES + valid <= page_size / 2 => {
+                    Some((Compression::None, buffer[..valid].to_vec()))
+                }
+                None => None,
+            };
+            if let Some((compression, payload)) = chunk {
+                let carried =
+                    flintfs_format::EmbeddedBlock { block, compression, logical_length: valid as u32, payload };
+                if self.log.carried.get(&(ino, block)) == Some(&(inode.current, carried.clone())) {
+                    // An earlier record of this log carries these very
+                    // bytes, and nothing since has changed what they mean.
+                    self.dirty_blocks.insert((ino, block), buffer);
+                    return Ok(());
+                }
+                let payload = carried.payload;
+                if embedding.bytes + flintfs_format::LOG_EMBEDDED_HEADER_BYTES + payload.len() <= embedding.bytes_max {
+                    embedding.bytes += flintfs_format::LOG_EMBEDDED_HEADER_BYTES + payload.len();
+                    embedding.blocks.push(flintfs_format::EmbeddedBlock {
+                        block,
+                        compression,
+                        logical_length: valid as u32,
+                        payload,
+                    });
+                    self.dirty_blocks.insert((ino, block), buffer);
+                    self.counters.blocks_embedded += 1;
+                    return Ok(());
+                }
+            }
+        }
+        if let Some(payload) = compressed {
             let header = ChunkHeader {
                 kind: ChunkKind::FileData,
                 compression: choice.codec,
@@ -913,6 +958,16 @@ pub const DATA_RUN_PAGES_MAX: u64 = 64;
 /// `zstd:LEVEL`), as btrfs's `btrfs.compression` property does.
 pub const COMPRESSION_XATTR: &[u8] = b"user.flintfs.compress";
 const _: () = assert!(DATA_RUN_PAGES_MAX as usize >= crate::protect::SEAL_PARALLEL_PAGES_MIN);
+
+/// Small blocks an fsync carries in its log record instead of programming
+/// a packed page for them: their chunks, and the bytes those take in the
+/// record, at most `bytes_max`.
+#[derive(Debug, Default)]
+pub(crate) struct Embedding {
+    pub blocks: Vec<flintfs_format::EmbeddedBlock>,
+    pub bytes: usize,
+    pub bytes_max: usize,
+}
 
 /// Packed pages a flush fills at once. Chunks go to the one they fill
 /// best, so a chunk of a little over a third of a page can still share

@@ -100,7 +100,18 @@ pub(crate) struct LogState {
     /// Buffered records could not be programmed: the next operation takes
     /// a checkpoint.
     pub checkpoint_wanted: bool,
+    /// Buffered blocks whose chunk a logged inode state carries, with the
+    /// file's version then: a later fsync that finds the same chunk (the
+    /// same bytes, the same version) carries it again for nothing, and
+    /// skips it. Forgotten when the block goes to flash, when any other
+    /// record names the file, and when the log is truncated; bounded by
+    /// [`CARRIED_BLOCKS_MAX`].
+    pub carried: BTreeMap<(u64, u64), (u64, flintfs_format::EmbeddedBlock)>,
 }
+
+/// Blocks remembered as carried by the log; past it the memory starts over,
+/// which costs only carrying some again.
+pub const CARRIED_BLOCKS_MAX: usize = 4096;
 
 /// What recovery did with the log.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -129,6 +140,14 @@ impl<D: FlashDevice> Fs<D> {
         if self.log.replaying {
             return;
         }
+        if !matches!(operation, LogOperation::InodeState { .. }) {
+            // A record that names a file may change what its buffered
+            // blocks mean (a truncate, an unlink): what the log carries of
+            // them is carried again by the next inode state.
+            for ino in operation.inodes() {
+                self.forget_carried(ino);
+            }
+        }
         let record = LogRecord {
             version_next: self.log.operation_version,
             now_ns: self.log.operation_now.unwrap_or_else(|| self.clock.now_ns()),
@@ -138,8 +157,18 @@ impl<D: FlashDevice> Fs<D> {
         self.log.record_count += 1;
     }
 
+    /// Forgets what the log carries of a file's buffered blocks.
+    fn forget_carried(&mut self, ino: u64) {
+        let carried: Vec<(u64, u64)> =
+            self.log.carried.range((ino, 0)..=(ino, u64::MAX)).map(|(&key, _)| key).collect();
+        for key in carried {
+            self.log.carried.remove(&key);
+        }
+    }
+
     /// Notes a block whose address changed.
     pub(crate) fn log_note_block(&mut self, ino: u64, block: u64) {
+        self.log.carried.remove(&(ino, block));
         if self.log.written.entry(ino).or_default().insert(block) {
             self.log.written_blocks += 1;
         }
@@ -167,6 +196,7 @@ impl<D: FlashDevice> Fs<D> {
         self.log.written.clear();
         self.log.written_blocks = 0;
         self.log.checkpoint_wanted = false;
+        self.log.carried.clear();
     }
 
     /// Whether the log has grown to where a checkpoint should truncate it.
@@ -245,16 +275,32 @@ impl<D: FlashDevice> Fs<D> {
         let inode = self.inode(ino)?;
         self.begin(0)?;
         let regular = inode.file_type() == Some(FileType::Regular);
+        // The file's small blocks ride in the record itself, as the chunks
+        // they would be (DESIGN.md's "small writes may ride inside the
+        // record"): up to half a page of them, so the record stays one
+        // page where it would have been one, and no packed page is
+        // programmed for them. They stay buffered and go home with the
+        // next checkpoint.
+        let mut embedding = super::data::Embedding { bytes_max: self.page_size / 2, ..Default::default() };
         if regular {
-            self.flush_data(Some(ino))?;
+            self.flush_data_with(Some(ino), Some(&mut embedding))?;
             self.drain()?;
         }
         if self.volume.undeclared_zones_taken > 0 {
             return self.checkpoint();
         }
-        if regular && self.log.written.contains_key(&ino) {
+        if regular && (self.log.written.contains_key(&ino) || !embedding.blocks.is_empty()) {
             self.log.operation_version = self.version_next;
-            self.log_pending_state(ino)?;
+            if self.log.carried.len() + embedding.blocks.len() > CARRIED_BLOCKS_MAX {
+                self.log.carried.clear();
+            }
+            let current = self.inode(ino)?.current;
+            for carried in &embedding.blocks {
+                self.log.carried.insert((ino, carried.block), (current, carried.clone()));
+            }
+            let state = self.inode_state(ino, embedding.blocks)?;
+            self.log(state);
+            self.log_forget_file(ino);
         }
         if self.log.record_count == 0 && !self.log.unflushed {
             return Ok(());
@@ -285,14 +331,14 @@ impl<D: FlashDevice> Fs<D> {
             return Ok(());
         }
         self.flush_data(Some(ino))?;
-        let state = self.inode_state(ino)?;
+        let state = self.inode_state(ino, Vec::new())?;
         self.log(state);
         self.log_forget_file(ino);
         Ok(())
     }
 
-    /// A regular file's inode state record.
-    fn inode_state(&mut self, ino: u64) -> Result<LogOperation> {
+    /// A regular file's inode state record, carrying `embedded`.
+    fn inode_state(&mut self, ino: u64, embedded: Vec<flintfs_format::EmbeddedBlock>) -> Result<LogOperation> {
         let key = self.file_key(ino)?;
         let Node::File { inode, content, .. } = self.node(key)? else {
             return Err(Error::corrupt(format!("inode {ino} is not a file")));
@@ -325,6 +371,7 @@ impl<D: FlashDevice> Fs<D> {
             ctime_ns: inode.ctime_ns,
             inline,
             blocks,
+            embedded,
         })
     }
 
@@ -562,6 +609,7 @@ impl<D: FlashDevice> Fs<D> {
             ctime_ns,
             inline,
             blocks,
+            embedded,
         } = operation.clone()
         else {
             unreachable!("called for inode states")
@@ -600,6 +648,30 @@ impl<D: FlashDevice> Fs<D> {
                         fs.release(old);
                         let bytes = fs.pointer_bytes(pointer) as i64;
                         fs.volume.account(pointer.zone(), bytes);
+                    }
+                    // The blocks the record carried, newer than any address
+                    // above: buffered again, written home by the checkpoint
+                    // that ends the recovery. A payload that does not give
+                    // its length is damage, refused like a bad chunk.
+                    let block_bytes = fs.block_bytes() as usize;
+                    for carried in embedded {
+                        let start = carried.block.checked_mul(block_bytes as u64);
+                        if start.is_none_or(|start| start >= size) || carried.logical_length as usize > block_bytes {
+                            return Err(Error::corrupt(format!(
+                                "inode {ino} block {}: {} logical bytes in a block of {block_bytes}, or past the \
+                                 size {size}",
+                                carried.block, carried.logical_length
+                            )));
+                        }
+                        let bytes = flintfs_format::decompress(
+                            carried.compression,
+                            &carried.payload,
+                            carried.logical_length as usize,
+                        )
+                        .map_err(|error| Error::corrupt(format!("inode {ino} block {}: {error}", carried.block)))?;
+                        let mut buffer = vec![0u8; block_bytes];
+                        buffer[..bytes.len()].copy_from_slice(&bytes);
+                        fs.dirty_blocks.insert((ino, carried.block), buffer);
                     }
                 }
             }

@@ -237,6 +237,9 @@ pub struct FsCounters {
     pub chunks_compressed: u64,
     /// Index pages written as records in packs rather than pages.
     pub index_records_written: u64,
+    /// Small blocks fsync carried in its log record instead of a packed
+    /// page.
+    pub blocks_embedded: u64,
     pub compression_attempts: u64,
     pub files_marked_incompressible: u64,
     pub data_pages_read: u64,
