@@ -353,3 +353,29 @@ fn an_fsync_carries_small_blocks_in_its_record_and_a_cut_keeps_them() {
     assert!(fs.read(file, 0, written.len() as u64 + 1).unwrap() == written, "and written home");
     assert_clean(&mut fs);
 }
+
+/// A file marked incompressible still tries one block in
+/// `INCOMPRESSIBLE_PROBE_BLOCKS`: when its data turns compressible again,
+/// the probe finds it and the file compresses again.
+#[test]
+fn a_marked_file_whose_data_turns_compressible_compresses_again() {
+    use flintfs_core::{INCOMPRESSIBLE_AFTER_BLOCKS, INCOMPRESSIBLE_PROBE_BLOCKS};
+    let (flash, clock) = format(64, Compression::Lz4);
+    let mut fs = mount(flash, &clock, None);
+    let file = fs.create(1, b"mixed", 0o644, 0, 0).unwrap().ino;
+    let noise_blocks = INCOMPRESSIBLE_AFTER_BLOCKS as usize;
+    let text_blocks = 2 * INCOMPRESSIBLE_PROBE_BLOCKS as usize;
+    let mut data = random_bytes(4, noise_blocks * PAGE_BYTES);
+    data.extend_from_slice(&text(4, text_blocks * PAGE_BYTES));
+    fs.write(file, 0, &data).unwrap();
+    fs.sync().unwrap();
+    let counters = fs.counters().clone();
+    assert_eq!(counters.files_marked_incompressible, 1);
+    assert_eq!(counters.files_unmarked_incompressible, 1, "the probe found the text");
+    // The text's first blocks went raw until the probe; the rest compressed.
+    let compressed = counters.chunks_compressed as usize;
+    assert!(compressed >= text_blocks - INCOMPRESSIBLE_PROBE_BLOCKS as usize, "{compressed} blocks compressed");
+    assert!(compressed < text_blocks);
+    assert!(fs.read(file, 0, data.len() as u64).unwrap() == data);
+    assert_clean(&mut fs);
+}

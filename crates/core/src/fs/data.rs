@@ -866,31 +866,39 @@ impl<D: FlashDevice> Fs<D> {
         incompressible: bool,
         data: &[u8],
     ) -> Option<Vec<u8>> {
-        if choice.codec == Compression::None || incompressible || data.len() < super::COMPRESSION_BYTES_MIN {
+        if choice.codec == Compression::None || data.len() < super::COMPRESSION_BYTES_MIN {
             return None;
         }
-        // The chunk, in whole units, must take at most 15/16 of the raw
-        // bytes, and at most half a page: a chunk larger than that cannot
-        // share its page with another like it, so it would save nothing on
-        // flash (and its zone would look half empty to the cleaner while
-        // cleaning it gives nothing back). The payload limit is what those
-        // units leave after the header (compress wants strictly less than
-        // its limit).
-        let chunk_bytes_max = (data.len() * super::COMPRESSED_SIXTEENTHS_MAX / 16).min(self.page_size / 2);
-        let units_max = chunk_bytes_max / CHUNK_UNIT_BYTES as usize;
-        let payload_max = (units_max * CHUNK_UNIT_BYTES as usize).saturating_sub(CHUNK_HEADER_BYTES);
-        self.counters.compression_attempts += 1;
-        if let Some(payload) = flintfs_format::compress(choice, data, payload_max + 1) {
-            debug_assert!(payload.len() <= payload_max);
+        if incompressible {
+            // One block in INCOMPRESSIBLE_PROBE_BLOCKS is still tried, so a
+            // file whose data turns compressible again (a log after a
+            // binary header, a tar of mixed files) is found out; the rest
+            // pay nothing. The count is in memory: a remount starts it
+            // again.
+            let skipped = self.compression_streak(ino);
+            *skipped += 1;
+            if *skipped < super::INCOMPRESSIBLE_PROBE_BLOCKS {
+                return None;
+            }
+            self.compression_misses.remove(&ino);
+            let payload = self.compress_block(choice, data)?;
+            let cleared = self.file_key(ino).and_then(|key| {
+                self.modify(key, |node| {
+                    if let Node::File { content: FileContent::Index { incompressible, .. }, .. } = node {
+                        *incompressible = false;
+                    }
+                })
+            });
+            if cleared.is_ok() {
+                self.counters.files_unmarked_incompressible += 1;
+            }
+            return Some(payload);
+        }
+        if let Some(payload) = self.compress_block(choice, data) {
             self.compression_misses.remove(&ino);
             return Some(payload);
         }
-        if self.compression_misses.len() >= super::COMPRESSION_STREAKS_MAX
-            && !self.compression_misses.contains_key(&ino)
-        {
-            self.compression_misses.clear();
-        }
-        let misses = self.compression_misses.entry(ino).or_insert(0);
+        let misses = self.compression_streak(ino);
         *misses += 1;
         if *misses >= super::INCOMPRESSIBLE_AFTER_BLOCKS {
             self.compression_misses.remove(&ino);
@@ -907,6 +915,35 @@ impl<D: FlashDevice> Fs<D> {
             }
         }
         None
+    }
+
+    /// A file's count of misses (or, marked, of blocks skipped); the
+    /// counts start over when they would pass their bound.
+    fn compression_streak(&mut self, ino: u64) -> &mut u32 {
+        if self.compression_misses.len() >= super::COMPRESSION_STREAKS_MAX
+            && !self.compression_misses.contains_key(&ino)
+        {
+            self.compression_misses.clear();
+        }
+        self.compression_misses.entry(ino).or_insert(0)
+    }
+
+    /// One attempt: `data` compressed, when its chunk (header and payload,
+    /// in whole units) takes at most 15/16 of the raw bytes and at most
+    /// half a page.
+    fn compress_block(&mut self, choice: CompressionChoice, data: &[u8]) -> Option<Vec<u8>> {
+        // A chunk larger than half a page cannot share its page with
+        // another like it, so it would save nothing on flash (and its zone
+        // would look half empty to the cleaner while cleaning it gives
+        // nothing back). The payload limit is what the units leave after
+        // the header (compress wants strictly less than its limit).
+        let chunk_bytes_max = (data.len() * super::COMPRESSED_SIXTEENTHS_MAX / 16).min(self.page_size / 2);
+        let units_max = chunk_bytes_max / CHUNK_UNIT_BYTES as usize;
+        let payload_max = (units_max * CHUNK_UNIT_BYTES as usize).saturating_sub(CHUNK_HEADER_BYTES);
+        self.counters.compression_attempts += 1;
+        let payload = flintfs_format::compress(choice, data, payload_max + 1)?;
+        debug_assert!(payload.len() <= payload_max);
+        Some(payload)
     }
 
     /// Programs a page of packed chunks and points each file at its chunk.

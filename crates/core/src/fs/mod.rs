@@ -87,6 +87,10 @@ pub const CACHE_PAGES_MIN: usize = 16;
 /// file at its first incompressible range; a few blocks more keep a file
 /// whose header alone is random from losing its compressible body).
 pub const INCOMPRESSIBLE_AFTER_BLOCKS: u32 = 16;
+/// A file marked incompressible still has one block in this many tried,
+/// and is unmarked when it compresses.
+pub const INCOMPRESSIBLE_PROBE_BLOCKS: u32 = 64;
+const _: () = assert!(INCOMPRESSIBLE_PROBE_BLOCKS > INCOMPRESSIBLE_AFTER_BLOCKS);
 /// Files whose run of misses is remembered; past it the runs start over,
 /// which costs only attempts.
 pub const COMPRESSION_STREAKS_MAX: usize = 4096;
@@ -242,6 +246,8 @@ pub struct FsCounters {
     pub blocks_embedded: u64,
     pub compression_attempts: u64,
     pub files_marked_incompressible: u64,
+    /// Marked files whose probe block compressed.
+    pub files_unmarked_incompressible: u64,
     pub data_pages_read: u64,
     pub read_cache_hits: u64,
     /// Filler pages unmount wrote to close the heads' open blocks.
@@ -305,7 +311,9 @@ pub struct Fs<D: FlashDevice> {
     pub(crate) compression: flintfs_format::CompressionChoice,
     /// Blocks in a row that did not compress, per file, since its last
     /// block that did: at [`INCOMPRESSIBLE_AFTER_BLOCKS`] the file is
-    /// marked incompressible. Bounded by [`COMPRESSION_STREAKS_MAX`].
+    /// marked incompressible. For a marked file, the blocks skipped since
+    /// its last probe ([`INCOMPRESSIBLE_PROBE_BLOCKS`]). Bounded by
+    /// [`COMPRESSION_STREAKS_MAX`].
     pub(crate) compression_misses: BTreeMap<u64, u32>,
 }
 
