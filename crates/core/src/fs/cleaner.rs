@@ -697,8 +697,12 @@ impl<D: FlashDevice> Fs<D> {
                         let block = chunk.offset / self.block_bytes();
                         let units = (CHUNK_HEADER_BYTES + range.len()).div_ceil(CHUNK_UNIT_BYTES as usize) as u32;
                         // A chunk no pointer can name is referenced by
-                        // nothing.
-                        if index + 1 > Pointer::CHUNKS_MAX as usize || units > Pointer::CHUNK_UNITS_MAX {
+                        // nothing; one longer than a block is damage (a
+                        // read refuses it too), left where it is.
+                        if index + 1 > Pointer::CHUNKS_MAX as usize
+                            || units > Pointer::CHUNK_UNITS_MAX
+                            || chunk.logical_length as usize > self.page_size
+                        {
                             continue;
                         }
                         let pointer = Pointer::new(zone, page, index as u32 + 1, units);

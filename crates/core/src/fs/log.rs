@@ -291,15 +291,18 @@ impl<D: FlashDevice> Fs<D> {
         }
         if regular && (self.log.written.contains_key(&ino) || !embedding.blocks.is_empty()) {
             self.log.operation_version = self.version_next;
-            if self.log.carried.len() + embedding.blocks.len() > CARRIED_BLOCKS_MAX {
-                self.log.carried.clear();
-            }
             let current = self.inode(ino)?.current;
-            for carried in &embedding.blocks {
-                self.log.carried.insert((ino, carried.block), (current, carried.clone()));
-            }
+            let carried: Vec<((u64, u64), (u64, flintfs_format::EmbeddedBlock))> =
+                embedding.blocks.iter().map(|block| ((ino, block.block), (current, block.clone()))).collect();
+            // The record first: only a record that is logged may be
+            // remembered as carrying the blocks (a state that fails to
+            // build leaves nothing a retried fsync would skip).
             let state = self.inode_state(ino, embedding.blocks)?;
             self.log(state);
+            if self.log.carried.len() + carried.len() > CARRIED_BLOCKS_MAX {
+                self.log.carried.clear();
+            }
+            self.log.carried.extend(carried);
             self.log_forget_file(ino);
         }
         if self.log.record_count == 0 && !self.log.unflushed {
