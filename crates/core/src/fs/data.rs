@@ -713,29 +713,31 @@ impl<D: FlashDevice> Fs<D> {
         let valid = (inode.size - start).min(block_bytes) as usize;
         buffer[valid..].fill(0);
         let choice = self.compression_of(&inode);
-        let compressed = self.try_compress(ino, choice, incompressible, &buffer[..valid]);
-        if let Some(embedding) = embedding {
-            // The chunk it would be, carried in the fsync's record instead,
-            // while the record has room.
-            let chunk = match &compressed {
-                Some(payload) => Some((choice.codec, payload.clone())),
-                None if CHUNK_HEADER_BYTES + valid <= page_size / 2 => {
-                    Some((Compression::None, buffer[..valid].to_vec()))
-                }
-                None => None,
-            };
-            if let Some((compression, payload)) = chunk {
-                let carried =
-                    flintfs_format::EmbeddedBlock { block, compression, logical_length: valid as u32, payload };
-                if self.log.carried.get(&(ino, block)) == Some(&(inode.current, carried.clone())) {
+        // The chunk the block is, if it is one: compressed, or short enough
+        // to pack raw. Either way it is carried in an fsync's record while
+        // the record has room, and packed into a page otherwise.
+        let chunk = match self.try_compress(ino, choice, incompressible, &buffer[..valid]) {
+            Some(payload) => Some((choice.codec, payload)),
+            None if CHUNK_HEADER_BYTES + valid <= page_size / 2 => Some((Compression::None, buffer[..valid].to_vec())),
+            None => None,
+        };
+        if let Some((compression, payload)) = chunk {
+            if let Some(embedding) = embedding {
+                let carried = self.log.carried.get(&(ino, block)).is_some_and(|(version, carried)| {
+                    *version == inode.current
+                        && carried.compression == compression
+                        && carried.logical_length as usize == valid
+                        && carried.payload == payload
+                });
+                if carried {
                     // An earlier record of this log carries these very
                     // bytes, and nothing since has changed what they mean.
                     self.dirty_blocks.insert((ino, block), buffer);
                     return Ok(());
                 }
-                let payload = carried.payload;
-                if embedding.bytes + flintfs_format::LOG_EMBEDDED_HEADER_BYTES + payload.len() <= embedding.bytes_max {
-                    embedding.bytes += flintfs_format::LOG_EMBEDDED_HEADER_BYTES + payload.len();
+                let bytes = flintfs_format::LOG_EMBEDDED_HEADER_BYTES + payload.len();
+                if embedding.bytes + bytes <= embedding.bytes_max {
+                    embedding.bytes += bytes;
                     embedding.blocks.push(flintfs_format::EmbeddedBlock {
                         block,
                         compression,
@@ -747,11 +749,9 @@ impl<D: FlashDevice> Fs<D> {
                     return Ok(());
                 }
             }
-        }
-        if let Some(payload) = compressed {
             let header = ChunkHeader {
                 kind: ChunkKind::FileData,
-                compression: choice.codec,
+                compression,
                 stored_length: payload.len() as u32,
                 ino,
                 offset: start,
@@ -760,22 +760,10 @@ impl<D: FlashDevice> Fs<D> {
             };
             let units = (CHUNK_HEADER_BYTES + payload.len()).div_ceil(CHUNK_UNIT_BYTES as usize) as u32;
             self.pack_chunk(&header, &payload, PackedChunk { ino, block, units, buffer }, packing)?;
-            self.counters.chunks_compressed += 1;
+            if compression != Compression::None {
+                self.counters.chunks_compressed += 1;
+            }
             return Ok(());
-        }
-        if CHUNK_HEADER_BYTES + valid <= page_size / 2 {
-            let header = ChunkHeader {
-                kind: ChunkKind::FileData,
-                compression: Compression::None,
-                stored_length: valid as u32,
-                ino,
-                offset: start,
-                logical_length: valid as u32,
-                version: inode.current,
-            };
-            let units = (CHUNK_HEADER_BYTES + valid).div_ceil(CHUNK_UNIT_BYTES as usize) as u32;
-            let payload = buffer[..valid].to_vec();
-            return self.pack_chunk(&header, &payload, PackedChunk { ino, block, units, buffer }, packing);
         }
         let meta = PageMeta {
             kind: PageKind::DataBlock,
