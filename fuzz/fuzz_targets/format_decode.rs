@@ -48,6 +48,15 @@ fuzz_target!(|bytes: &[u8]| {
     }
     let length = u32::from_le_bytes(bytes[bytes.len() - 4..].try_into().unwrap());
     let _ = parse_packed(data, length, length % 200);
+    // The NVM header and frame header, for any region size.
+    if let flintfs_format::NvmHeaderState::Valid(header) = flintfs_format::NvmHeader::decode(data, u64::from(length)) {
+        assert_eq!(
+            flintfs_format::NvmHeader::decode(&header.encode(), u64::from(length)),
+            flintfs_format::NvmHeaderState::Valid(header.clone())
+        );
+        assert!(header.epoch_start(u64::from(length)) < header.log_bytes);
+    }
+    let _ = flintfs_format::decode_nvm_frame_header(data);
     // Compressed chunk payloads: any bytes, any claimed length up to a
     // block, give that many bytes or an error.
     let logical = (length % 65_536) as usize + 1;

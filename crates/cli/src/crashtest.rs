@@ -27,6 +27,12 @@ pub enum FsyncArgument {
     Unchecked,
 }
 
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum BarrierArgument {
+    Keep,
+    Skip,
+}
+
 #[derive(Args)]
 pub struct CrashtestArguments {
     #[arg(long, value_enum)]
@@ -42,6 +48,13 @@ pub struct CrashtestArguments {
     /// the image's, lz4).
     #[arg(long, value_name = "CODEC")]
     pub compress: Option<String>,
+    /// Bytes of NVM beside the flash (the metadata log goes there).
+    #[arg(long, value_name = "SIZE", value_parser = crate::image::parse_size, default_value = "0")]
+    pub nvm: u64,
+    /// For tests of the test: `skip` writes an NVM log frame's commit word
+    /// without persisting the frame first, which the crashtest must catch.
+    #[arg(long, value_enum, default_value = "keep")]
+    pub nvm_barrier: BarrierArgument,
     /// Operations of each generated workload (exhaustive and random).
     #[arg(long, default_value_t = crashtest::GENERATED_OPERATIONS_DEFAULT)]
     pub operations: u64,
@@ -71,6 +84,8 @@ pub fn crashtest(arguments: CrashtestArguments) -> Outcome<ExitCode> {
                 .map_err(|reason| crate::Failure(format!("crashtest: {reason}")))?,
         );
     }
+    options.nvm_size_bytes = arguments.nvm;
+    options.nvm_barrier = matches!(arguments.nvm_barrier, BarrierArgument::Keep);
     options.fsync = match arguments.fsync {
         FsyncArgument::WpCheck => FsyncMode::WpCheck,
         FsyncArgument::Ordered => FsyncMode::Ordered,
@@ -93,10 +108,15 @@ pub fn crashtest(arguments: CrashtestArguments) -> Outcome<ExitCode> {
         println!("{}", crashtest::summary_json(&options, &summary));
     } else {
         println!(
-            "crashtest {} (seed {}, fsync {:?}): {} workloads, {} cuts, {} violations, in {:.1} s",
+            "crashtest {} (seed {}, fsync {:?}{}): {} workloads, {} cuts, {} violations, in {:.1} s",
             format!("{:?}", arguments.mode).to_lowercase(),
             options.seed,
             arguments.fsync,
+            if options.nvm_size_bytes > 0 {
+                format!(", {} B NVM, barrier {:?}", options.nvm_size_bytes, arguments.nvm_barrier)
+            } else {
+                String::new()
+            },
             summary.workloads,
             summary.cuts,
             summary.violations,
@@ -106,6 +126,9 @@ pub fn crashtest(arguments: CrashtestArguments) -> Outcome<ExitCode> {
             "  device operations per workload: {} to {}",
             summary.device_operations_min, summary.device_operations_max
         );
+        if options.nvm_size_bytes > 0 {
+            println!("  write-homes of a full NVM log in the uncut runs: {}", summary.nvm_write_homes);
+        }
         let histogram: Vec<String> =
             summary.recovery_pages_read.iter().map(|(bucket, count)| format!("<={bucket}: {count}")).collect();
         println!("  pages read by recovery: {}", histogram.join(", "));

@@ -279,6 +279,8 @@ pub struct Protected<D: FlashDevice> {
     /// opened (never reset, unlike the device's counters): a zone's
     /// capacity changes only at a reset.
     resets_issued: u64,
+    /// A program, reset or finish was issued since the last flush.
+    unflushed: bool,
 }
 
 impl<D: FlashDevice> Protected<D> {
@@ -300,6 +302,7 @@ impl<D: FlashDevice> Protected<D> {
             block_samples: BTreeMap::new(),
             resets_issued: 0,
             correction: Correction::ALL,
+            unflushed: false,
         }
     }
 
@@ -322,6 +325,12 @@ impl<D: FlashDevice> Protected<D> {
         self.parity = parity;
         self.stripes.clear();
         Ok(())
+    }
+
+    /// Whether a program, reset or finish was issued since the last flush
+    /// (which a flush would make durable).
+    pub fn unflushed(&self) -> bool {
+        self.unflushed
     }
 
     pub fn parity(&self) -> ParityLayout {
@@ -696,6 +705,7 @@ impl<D: FlashDevice> Protected<D> {
         // The homomorphism: the running parity of the signatures is the
         // signature of the running parity.
         debug_assert_eq!(&oob[protection::SIGNATURE_OFFSET..PROTECTED_OOB_BYTES], &signature);
+        self.unflushed = true;
         match self.inner.program_page(address, &unit[..page_size], &oob) {
             Ok(()) => {
                 self.counters.parity_pages_programmed += 1;
@@ -897,6 +907,7 @@ impl<D: FlashDevice> Protected<D> {
     /// Programs a page whose OOB [`Protected::seal_pages`] (or
     /// `program_page`) sealed: the header's signature and ECC are in place.
     pub fn program_sealed(&mut self, address: PageAddress, data: &[u8], sealed: &[u8]) -> Result<()> {
+        self.unflushed = true;
         debug_assert!(protection::signature_matches(data, sealed), "{address} was not sealed");
         if self.parity_zone(address.zone) {
             self.program_protected(address, data, sealed)
@@ -1084,6 +1095,7 @@ impl<D: FlashDevice> Protected<D> {
             // last k pages taken for parity, and a finish outlives a cut
             // that drops pages still in the device's buffer.
             self.inner.flush()?;
+            self.unflushed = false;
         }
         self.stripes.remove(&zone);
         Ok(())
@@ -1341,6 +1353,7 @@ impl<D: FlashDevice> FlashDevice for Protected<D> {
     }
 
     fn reset_zone(&mut self, zone: u32) -> Result<()> {
+        self.unflushed = true;
         self.owing.retain(|&owing| owing != zone);
         self.stripes.remove(&zone);
         self.refresh.remove(&zone);
@@ -1354,6 +1367,7 @@ impl<D: FlashDevice> FlashDevice for Protected<D> {
     }
 
     fn finish_zone(&mut self, zone: u32) -> Result<()> {
+        self.unflushed = true;
         // A zone owing its zone parity is full to the engine already, and
         // fills up (and so finishes) as the parity is paid: finishing it
         // now would pay all of it at once.
@@ -1381,7 +1395,9 @@ impl<D: FlashDevice> FlashDevice for Protected<D> {
 
     fn flush(&mut self) -> Result<()> {
         self.pay_zone_parity(ZONE_PARITY_PAGES_PER_FLUSH)?;
-        self.inner.flush()
+        self.inner.flush()?;
+        self.unflushed = false;
+        Ok(())
     }
 
     fn nvm_read(&mut self, offset: u64, buffer: &mut [u8]) -> Result<()> {

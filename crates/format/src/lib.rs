@@ -20,6 +20,7 @@ pub mod erasure;
 pub mod gf;
 mod log;
 mod node;
+mod nvm;
 mod page;
 pub mod protection;
 mod record;
@@ -47,6 +48,11 @@ pub use node::{
     INODE_FIXED_BYTES, INODE_RECORD_HEADER_BYTES, NAME_BYTES_MAX, NODE_HEADER_BYTES, SLOT_NONE, XATTR_BYTES_CAP,
     XATTR_NAME_BYTES_MAX,
 };
+pub use nvm::{
+    decode_nvm_frame_header, encode_nvm_frame, nvm_commit_word, nvm_crc, nvm_frame_bytes, NvmHeader, NvmHeaderState,
+    NVM_COMMIT_BYTES, NVM_EPOCH_STRIDE_BYTES, NVM_FRAME_HEADER_BYTES, NVM_HEADER_BYTES, NVM_LOG_OFFSET_BYTES,
+    NVM_MAGIC, NVM_SIZE_BYTES_MIN,
+};
 pub use page::{InvertedIndex, PageHeader, PageKind, PAGE_HEADER_BYTES};
 pub use record::{
     split_record, RecordAssembler, RecordHeader, RecordKind, RecordPage, RECORD_HEADER_BYTES, RECORD_PAYLOAD_BYTES_MAX,
@@ -57,7 +63,7 @@ pub use superblock::{
 
 /// The on-flash format version this build reads and writes. An image of
 /// another version is refused with a message naming both.
-pub const FORMAT_VERSION: u16 = 7;
+pub const FORMAT_VERSION: u16 = 8;
 
 /// Why some bytes are not a valid structure.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]

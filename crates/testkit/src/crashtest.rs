@@ -63,6 +63,11 @@ pub struct CrashOptions {
     pub fsync: FsyncMode,
     /// The mount's compression; `None` takes the image's default (lz4).
     pub compression: Option<flintfs_format::CompressionChoice>,
+    /// Bytes of NVM on the device (0: none): the metadata log goes there.
+    pub nvm_size_bytes: u64,
+    /// Whether NVM log frames are persisted before their commit words.
+    /// Off only to show that the check catches what the barrier prevents.
+    pub nvm_barrier: bool,
 }
 
 impl CrashOptions {
@@ -78,6 +83,8 @@ impl CrashOptions {
             sample: 1,
             fsync: FsyncMode::WpCheck,
             compression: None,
+            nvm_size_bytes: 0,
+            nvm_barrier: true,
         }
     }
 }
@@ -101,6 +108,9 @@ pub struct Summary {
     /// The most and fewest device operations one workload took.
     pub device_operations_max: u64,
     pub device_operations_min: u64,
+    /// Checkpoints the uncut runs took because the NVM log's ring filled:
+    /// the cuts fall in and around these write-homes too.
+    pub nvm_write_homes: u64,
 }
 
 impl Summary {
@@ -475,6 +485,10 @@ impl Prepared {
         // The workload's own device operations, before the snapshot below
         // reads (and, letting go of what it looked up, may write).
         let taken = subject.fs.as_ref().map(|fs| fs.device().mutating_operations() - start);
+        let nvm_write_homes = subject
+            .fs
+            .as_ref()
+            .map_or(0, |fs| fs.counters().nvm_log_full_checkpoints + subject.counters_earlier.nvm_log_full_checkpoints);
         if cut.is_none() && subject.snapshot()? != *oracle.states.last().expect("a state") {
             return Err("uncut, the engine's tree differs from the model's at the end".into());
         }
@@ -483,7 +497,7 @@ impl Prepared {
         };
         let mut flash = fs.into_device();
         let taken = taken.unwrap_or(flash.mutating_operations() - start);
-        let Some(cut) = cut else { return Ok(CutOutcome::Ran { device_operations: taken }) };
+        let Some(cut) = cut else { return Ok(CutOutcome::Ran { device_operations: taken, nvm_write_homes }) };
         if !flash.is_powered_off() && cut < taken {
             return Err(format!(
                 "the cut at device operation {cut} of {taken} did not fire: the run is not deterministic"
@@ -525,7 +539,7 @@ impl Prepared {
 }
 
 enum CutOutcome {
-    Ran { device_operations: u64 },
+    Ran { device_operations: u64, nvm_write_homes: u64 },
     Recovered { pages_read: u64 },
 }
 
@@ -539,7 +553,10 @@ fn cut_workload(
 ) {
     let oracle = Oracle::new(&prepared.model, operations);
     let total = match prepared.run(&oracle.operations, None, seed, &oracle) {
-        Ok(CutOutcome::Ran { device_operations }) => device_operations,
+        Ok(CutOutcome::Ran { device_operations, nvm_write_homes }) => {
+            summary.nvm_write_homes += nvm_write_homes;
+            device_operations
+        }
         Ok(CutOutcome::Recovered { .. }) => unreachable!("no cut was asked for"),
         Err(what) => {
             summary.record(seed, 0, Err(format!("the workload without a cut: {what}")));
@@ -687,9 +704,16 @@ pub fn bounded_workloads() -> Vec<Vec<Operation>> {
 }
 
 /// A generated workload of `operations` operations from `seed`.
-fn generated_workload(start: &Model, seed: u64, operations: u64, page_size: u32) -> Vec<Operation> {
+fn generated_workload(
+    start: &Model,
+    seed: u64,
+    operations: u64,
+    page_size: u32,
+    checkpoints_rare: bool,
+) -> Vec<Operation> {
     let mut model = start.clone();
     let mut generator = Generator::new(seed, u64::from(page_size) * 6);
+    generator.checkpoints_rare = checkpoints_rare;
     (0..operations)
         .map(|_| {
             let operation = generator.next(&model);
@@ -704,7 +728,20 @@ pub fn run(options: &CrashOptions, mut progress: impl FnMut(u64, u64)) -> Result
     let mut setup = Setup::small();
     setup.options.fsync_mode = options.fsync;
     setup.options.compression = options.compression;
+    setup.geometry.nvm_size_bytes = options.nvm_size_bytes;
+    setup.options.nvm_barrier = options.nvm_barrier;
+    if options.nvm_size_bytes > 0 {
+        // The timer would write home every 50 operations, long before a
+        // ring fills: with it far apart, the ring's own write-homes (and
+        // cuts during them) happen within a workload.
+        setup.options.checkpoint_interval_ns = 60_000_000_000;
+        // And more zones declared, so that running out of them (a
+        // checkpoint) comes later than the ring filling.
+        setup.unindexed_segments = 12;
+    }
     let page_size = setup.geometry.page_size_bytes;
+    // With NVM, generated workloads checkpoint rarely, so the ring fills.
+    let nvm = options.nvm_size_bytes > 0;
     let mut summary = Summary::default();
     match options.mode {
         Mode::Bounded => {
@@ -721,7 +758,7 @@ pub fn run(options: &CrashOptions, mut progress: impl FnMut(u64, u64)) -> Result
             let prepared = Prepared::new(setup, options.seed, &[])?;
             for index in 0..options.cuts {
                 let seed = options.seed.wrapping_add(index);
-                let workload = generated_workload(&prepared.model, seed, options.operations, page_size);
+                let workload = generated_workload(&prepared.model, seed, options.operations, page_size, nvm);
                 cut_workload(&prepared, workload, seed, |total| (0..=total).collect(), &mut summary);
                 progress(index + 1, options.cuts);
             }
@@ -732,7 +769,7 @@ pub fn run(options: &CrashOptions, mut progress: impl FnMut(u64, u64)) -> Result
             for index in 0..seeds {
                 let seed = options.seed.wrapping_add(index);
                 let cuts_here = options.cuts / seeds + u64::from(index < options.cuts % seeds);
-                let workload = generated_workload(&prepared.model, seed, options.operations, page_size);
+                let workload = generated_workload(&prepared.model, seed, options.operations, page_size, nvm);
                 let mut random = Pcg64::seed_from_u64(seed ^ 0xC0FF_EE00);
                 let pick =
                     move |total: u64| (0..cuts_here).map(|_| random.random_range(0..=total)).collect::<Vec<u64>>();
@@ -772,14 +809,16 @@ pub fn summary_json(options: &CrashOptions, summary: &Summary) -> String {
     let histogram: Vec<String> =
         summary.recovery_pages_read.iter().map(|(bucket, count)| format!("\"{bucket}\":{count}")).collect();
     format!(
-        "{{\"mode\":{},\"fsync\":{},\"seed\":{},\"workloads\":{},\"cuts\":{},\"violations\":{},\"failures\":[{}],\
-         \"recovery_pages_read\":{{{}}},\"device_operations_min\":{},\"device_operations_max\":{}}}",
+        "{{\"mode\":{},\"fsync\":{},\"nvm_size_bytes\":{},\"nvm_barrier\":{},\"seed\":{},\"workloads\":{},\"cuts\":{},\"violations\":{},\"failures\":[{}],\
+         \"recovery_pages_read\":{{{}}},\"device_operations_min\":{},\"device_operations_max\":{},\"nvm_write_homes\":{}}}",
         escape(&format!("{:?}", options.mode).to_lowercase()),
         escape(match options.fsync {
             FsyncMode::WpCheck => "wp-check",
             FsyncMode::Ordered => "ordered",
             FsyncMode::Unchecked => "unchecked",
         }),
+        options.nvm_size_bytes,
+        options.nvm_barrier,
         options.seed,
         summary.workloads,
         summary.cuts,
@@ -787,7 +826,8 @@ pub fn summary_json(options: &CrashOptions, summary: &Summary) -> String {
         failures.join(","),
         histogram.join(","),
         summary.device_operations_min,
-        summary.device_operations_max
+        summary.device_operations_max,
+        summary.nvm_write_homes
     )
 }
 

@@ -565,13 +565,17 @@ pub struct Generator {
     random: Pcg64,
     /// Largest write and file size it asks for.
     pub write_bytes_max: u64,
+    /// Sync and remount (each a checkpoint) one time in 20 they would
+    /// come, fsync the rest: so that a log the checkpoints would keep
+    /// short (the NVM ring) fills within a workload.
+    pub checkpoints_rare: bool,
 }
 
 const NAMES: [&[u8]; 8] = [b"a", b"b", b"c", b"dir", b"file", b"x", b"a-longer-name-for-buckets", b"z"];
 
 impl Generator {
     pub fn new(seed: u64, write_bytes_max: u64) -> Generator {
-        Generator { random: Pcg64::seed_from_u64(seed), write_bytes_max }
+        Generator { random: Pcg64::seed_from_u64(seed), write_bytes_max, checkpoints_rare: false }
     }
 
     fn name(&mut self) -> Vec<u8> {
@@ -671,6 +675,9 @@ impl Generator {
             85..=86 => Operation::Chmod { path: self.pick(&files), permissions: self.random.random_range(0..0o1000) },
             87..=92 => Operation::Readdir { directory: self.pick(&directories) },
             93..=95 => Operation::Fsync { path: self.pick(&any), data_only: self.random.random_bool(0.3) },
+            96..=99 if self.checkpoints_rare && self.random.random_range(0..20) != 0 => {
+                Operation::Fsync { path: self.pick(&any), data_only: self.random.random_bool(0.3) }
+            }
             96..=97 => Operation::Sync,
             _ => Operation::Remount,
         }

@@ -225,6 +225,7 @@ impl Subject {
                 self.counters_earlier.compression_attempts += counters.compression_attempts;
                 self.counters_earlier.index_records_written += counters.index_records_written;
                 self.counters_earlier.blocks_embedded += counters.blocks_embedded;
+                self.counters_earlier.nvm_log_full_checkpoints += counters.nvm_log_full_checkpoints;
                 let flash = self.fs.take().expect("mounted").into_device();
                 let (fs, _) = Fs::mount(flash, self.options.clone(), Box::new(self.clock.clone())).map_err(code)?;
                 self.fs = Some(fs);

@@ -80,3 +80,58 @@ fn without_the_write_pointer_check_recovery_trusts_data_that_never_arrived() {
         crashtest::summary_json(&options, &summary)
     );
 }
+
+/// With NVM (the metadata log in a 16 KiB region, FSMAC): every mode, and
+/// in random mode workloads long enough that the ring fills and writes
+/// home, with cuts during those write-homes too.
+fn nvm_options(mode: Mode) -> CrashOptions {
+    let mut options = CrashOptions::new(mode);
+    options.nvm_size_bytes = flintfs_format::NVM_SIZE_BYTES_MIN;
+    options.seed = environment("FLINTFS_CRASH_SEED", 7);
+    options
+}
+
+#[test]
+fn with_nvm_bounded_workloads_recover_as_promised() {
+    let mut options = nvm_options(Mode::Bounded);
+    options.sample = environment("FLINTFS_CRASH_SAMPLE", 20);
+    let summary = crashtest::run(&options, |_, _| {}).expect("crashtest runs");
+    assert_no_violations(&options, &summary);
+}
+
+#[test]
+fn with_nvm_every_cut_of_a_generated_workload_recovers_as_promised() {
+    let mut options = nvm_options(Mode::Exhaustive);
+    options.cuts = environment("FLINTFS_CRASH_WORKLOADS", 1);
+    options.operations = environment("FLINTFS_CRASH_OPERATIONS", 80);
+    let summary = crashtest::run(&options, |_, _| {}).expect("crashtest runs");
+    assert_no_violations(&options, &summary);
+}
+
+#[test]
+fn with_nvm_random_cuts_through_full_rings_recover_as_promised() {
+    let mut options = nvm_options(Mode::Random);
+    options.cuts = environment("FLINTFS_CRASH_CUTS", 200);
+    options.operations = 600;
+    let summary = crashtest::run(&options, |_, _| {}).expect("crashtest runs");
+    assert!(summary.nvm_write_homes >= 10, "the ring filled {} times", summary.nvm_write_homes);
+    assert_no_violations(&options, &summary);
+}
+
+/// The persist barrier is what makes a committed NVM frame whole: the same
+/// cuts with the commit word persisted and the frame not lose records
+/// whose fsync returned.
+#[test]
+fn with_nvm_without_the_persist_barrier_recovery_loses_what_fsync_promised() {
+    let mut options = nvm_options(Mode::Random);
+    options.cuts = environment("FLINTFS_CRASH_CUTS", 400);
+    options.nvm_barrier = false;
+    let summary = crashtest::run(&options, |_, _| {}).expect("crashtest runs");
+    eprintln!("{}", crashtest::summary_json(&options, &summary));
+    assert!(summary.violations > 0, "without the barrier recovery passed {} cuts", summary.cuts);
+    assert!(
+        summary.failures.iter().any(|failure| failure.what.contains("NVM log ends")),
+        "{}",
+        crashtest::summary_json(&options, &summary)
+    );
+}

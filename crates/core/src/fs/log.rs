@@ -107,6 +107,9 @@ pub(crate) struct LogState {
     /// record names the file, and when the log is truncated; bounded by
     /// [`CARRIED_BLOCKS_MAX`].
     pub carried: BTreeMap<(u64, u64), (u64, flintfs_format::EmbeddedBlock)>,
+    /// The log in NVM, when the device has NVM: batches go there instead
+    /// of to flash log pages.
+    pub nvm: Option<super::nvm::NvmLog>,
 }
 
 /// Blocks remembered as carried by the log; past it the memory starts over,
@@ -126,6 +129,8 @@ pub struct RecoveryReport {
     pub records_failed: Vec<String>,
     /// Log pages read.
     pub log_pages_read: u64,
+    /// NVM log bytes read.
+    pub nvm_bytes_read: u64,
     /// Where and why the log ended.
     pub end: String,
 }
@@ -166,6 +171,12 @@ impl<D: FlashDevice> Fs<D> {
         }
     }
 
+    /// The NVM log's ring: bytes the current epoch's frames take, and its
+    /// size. `None` without NVM.
+    pub fn nvm_log_usage(&self) -> Option<(u64, u64)> {
+        self.log.nvm.as_ref().map(|nvm| (nvm.used_bytes(), nvm.log_bytes()))
+    }
+
     /// Notes a block whose address changed.
     pub(crate) fn log_note_block(&mut self, ino: u64, block: u64) {
         self.log.carried.remove(&(ino, block));
@@ -197,6 +208,13 @@ impl<D: FlashDevice> Fs<D> {
         self.log.written_blocks = 0;
         self.log.checkpoint_wanted = false;
         self.log.carried.clear();
+        let epoch = self.volume.checkpoint.number;
+        if let Some(nvm) = self.log.nvm.as_mut() {
+            if nvm.wants_checkpoint(1) {
+                self.counters.nvm_log_full_checkpoints += 1;
+            }
+            nvm.truncated(epoch);
+        }
     }
 
     /// Whether the log has grown to where a checkpoint should truncate it.
@@ -206,6 +224,7 @@ impl<D: FlashDevice> Fs<D> {
             || self.log.written_blocks >= LOG_PENDING_BLOCKS_MAX
             || self.log.checkpoint_wanted
             || self.log.records.len() >= LOG_BUFFER_BYTES_MAX * 2
+            || self.log.nvm.as_ref().is_some_and(|nvm| nvm.wants_checkpoint(fraction))
     }
 
     /// Programs the buffered records as one log record when they pass
@@ -235,6 +254,21 @@ impl<D: FlashDevice> Fs<D> {
             &self.log.records,
         );
         let pages = (flintfs_format::RECORD_HEADER_BYTES + payload.len()).div_ceil(self.page_size) as u64;
+        if pages <= LOG_RECORD_PAGES_MAX {
+            if let Some(nvm) = self.log.nvm.as_mut() {
+                // The batch is durable when this returns: persisted, then
+                // committed by its persisted commit word.
+                nvm.append(&mut self.volume.device, self.volume.checkpoint.number, self.log.batch_next, &payload)?;
+                self.log.batch_next += 1;
+                self.counters.log_batches_written += 1;
+                self.counters.nvm_log_batches_written += 1;
+                self.counters.nvm_log_bytes_written += flintfs_format::nvm_frame_bytes(payload.len());
+                self.log.unflushed = true;
+                self.log.records.clear();
+                self.log.record_count = 0;
+                return Ok(());
+            }
+        }
         let result = if pages > LOG_RECORD_PAGES_MAX {
             Err(Error::invalid(format!("a log batch of {pages} pages")))
         } else {
@@ -317,7 +351,9 @@ impl<D: FlashDevice> Fs<D> {
             self.changed = true;
             return self.checkpoint();
         }
-        if self.options.barrier {
+        // With the log in NVM the record is durable already: a flush is
+        // owed only to data pages programmed since the last one.
+        if self.options.barrier && (self.log.nvm.is_none() || self.volume.device.unflushed()) {
             self.volume.device.flush()?;
         }
         self.log.unflushed = false;
@@ -331,6 +367,14 @@ impl<D: FlashDevice> Fs<D> {
     /// operations, data included).
     pub(crate) fn log_pending_state(&mut self, ino: u64) -> Result<()> {
         if self.log.replaying || !self.log.written.contains_key(&ino) {
+            return Ok(());
+        }
+        if self.inode(ino)?.file_type() != Some(FileType::Regular) {
+            // A symlink's target blocks: its create record carries the
+            // target, and replay writes them again. An inode state is only
+            // a regular file's (the decoder refuses any other), so one
+            // here would end the log at recovery.
+            self.log_forget_file(ino);
             return Ok(());
         }
         self.flush_data(Some(ino))?;
@@ -383,6 +427,14 @@ impl<D: FlashDevice> Fs<D> {
     /// damaged, foreign or missing one.
     fn read_log(&mut self, written: &WrittenSince, report: &mut RecoveryReport) -> Vec<LogBatch> {
         let epoch = self.volume.checkpoint.number;
+        if let Some(nvm) = self.log.nvm.as_mut() {
+            // With NVM every batch of the epoch went there.
+            let read = nvm.read_epoch(&mut self.volume.device, epoch);
+            report.nvm_bytes_read = read.bytes_read;
+            report.batches = read.batches.len() as u64;
+            report.end = read.end;
+            return read.batches;
+        }
         // Each range's first page says whether the zone is the log's.
         let mut ranges: Vec<(u64, u32, u32, u32)> = Vec::new();
         for (&zone, &(first, end)) in written {

@@ -32,6 +32,7 @@ pub use data::COMPRESSION_XATTR;
 mod directory;
 mod log;
 mod nodes;
+mod nvm;
 mod ops;
 mod scrub;
 
@@ -56,6 +57,7 @@ pub use log::{
     LOG_ZONES_PER_CHECKPOINT,
 };
 pub(crate) use nodes::{map_directory_page_count, map_page_count};
+pub use nvm::NVM_LOG_CHECKPOINT_QUARTERS;
 pub use ops::{Attributes, DirectoryEntry, RenameFlags, SetAttributes, SetIdOnWrite, StatFs, XattrFlags};
 pub use scrub::{ScrubReport, SCRUB_NAMED_PAGES_MAX, SCRUB_PAGES_PER_STEP_MAX};
 
@@ -160,6 +162,11 @@ pub struct FsOptions {
     /// image's default, chosen at mkfs. A file's `user.flintfs.compress`
     /// xattr overrides both.
     pub compression: Option<flintfs_format::CompressionChoice>,
+    /// Whether an NVM log frame is persisted before its commit word is
+    /// written. Off only in tests, to show the barrier is what keeps a
+    /// committed frame whole (as [`FsyncMode::Unchecked`] does for the
+    /// write-pointer check).
+    pub nvm_barrier: bool,
 }
 
 impl Default for FsOptions {
@@ -174,6 +181,7 @@ impl Default for FsOptions {
             correction: crate::protect::Correction::ALL,
             scrub_pages_per_second: SCRUB_PAGES_PER_SECOND_DEFAULT,
             compression: None,
+            nvm_barrier: true,
         }
     }
 }
@@ -233,6 +241,13 @@ pub struct FsCounters {
     /// Metadata-log pages and records (batches) programmed.
     pub log_pages_written: u64,
     pub log_batches_written: u64,
+    /// Of those batches, the ones written to the NVM log instead of flash,
+    /// and the NVM bytes their frames took.
+    pub nvm_log_batches_written: u64,
+    pub nvm_log_bytes_written: u64,
+    /// Checkpoints taken because the NVM log's ring filled (its
+    /// write-homes).
+    pub nvm_log_full_checkpoints: u64,
     pub node_pages_read: u64,
     pub data_pages_written: u64,
     pub chunks_written: u64,
@@ -366,8 +381,14 @@ impl<D: FlashDevice> Fs<D> {
             }
         }
         let mut report = report;
-        if !fs.volume.orphans.is_empty() {
-            // Pages were written after the checkpoint: an unclean stop.
+        let epoch = fs.volume.checkpoint.number;
+        let nvm_frames = match fs.log.nvm.as_mut() {
+            Some(nvm) => nvm.has_frames(&mut fs.volume.device, epoch),
+            None => false,
+        };
+        if !fs.volume.orphans.is_empty() || nvm_frames {
+            // Pages were written after the checkpoint, or the NVM log
+            // holds records of its epoch: an unclean stop.
             report.recovery = Some(fs.recover()?);
         } else if !adopted.is_empty() {
             for ino in adopted {
@@ -478,6 +499,8 @@ impl<D: FlashDevice> Fs<D> {
         let compression = options
             .compression
             .unwrap_or_else(|| flintfs_format::CompressionChoice::of(volume.superblock().compression));
+        let mut volume = volume;
+        let nvm = nvm::NvmLog::open(&mut volume.device, uuid, options.nvm_barrier)?;
         Ok(Fs {
             nodes: PageCache::new(options.node_cache_bytes),
             read_cache: PageCache::new(options.read_cache_bytes),
@@ -501,7 +524,7 @@ impl<D: FlashDevice> Fs<D> {
             zone_scan_hint: [None; 2],
             capacities_hint: [None, None],
             capacity_hint: std::cell::Cell::new(None),
-            log: log::LogState::default(),
+            log: log::LogState { nvm, ..log::LogState::default() },
             space_reserved: false,
             scrub_cursor: scrub::ScrubCursor { zone: 0, page: 0, last_ns: now },
             compression,
@@ -648,7 +671,12 @@ impl<D: FlashDevice> Fs<D> {
         let zones_for = |need: u64, free: u64| need.saturating_sub(free).div_ceil(zone_pages);
         let zones_needed = zones_for(data_need, self.volume.head_free_pages(flintfs_format::ZoneRole::HotData))
             + zones_for(node_need, self.volume.head_free_pages(flintfs_format::ZoneRole::Node))
-            + zones_for(LOG_RECORD_PAGES_MAX, self.volume.head_free_pages(flintfs_format::ZoneRole::Log));
+            + if self.log.nvm.is_some() {
+                // The log is in NVM: it takes no zone.
+                0
+            } else {
+                zones_for(LOG_RECORD_PAGES_MAX, self.volume.head_free_pages(flintfs_format::ZoneRole::Log))
+            };
         zones_needed > self.volume.unindexed_remaining() as u64
     }
 

@@ -1,0 +1,254 @@
+//! The metadata log in NVM (FSMAC), when the device has NVM.
+//!
+//! A batch of log records that would take a flash page goes to the NVM
+//! ring instead, as a frame: its bytes are written and persisted, then its
+//! commit word is written and persisted (`docs/SEMANTICS.md`, "Persist
+//! ordering in NVM"). fsync of metadata is then a few NVM words and no
+//! flash page. The ring of an epoch fills from a start that moves with the
+//! epoch; when it is three quarters full, the next operation takes a
+//! checkpoint, which writes everything home to flash and starts a new
+//! epoch, so NVM running out never refuses an operation.
+//!
+//! Recovery reads the frames of the loaded checkpoint's epoch from its
+//! start, in order, and stops at the first one whose commit word, CRC,
+//! epoch or number does not hold: what follows it was never committed.
+
+use flintfs_flash::FlashDevice;
+use flintfs_format::{
+    decode_nvm_frame_header, encode_nvm_frame, nvm_commit_word, nvm_frame_bytes, LogBatch, NvmHeader, NvmHeaderState,
+    NVM_COMMIT_BYTES, NVM_FRAME_HEADER_BYTES, NVM_HEADER_BYTES, NVM_SIZE_BYTES_MIN,
+};
+
+use crate::error::{Error, Result};
+
+/// The fraction of the ring, in quarters, at which a checkpoint is taken.
+pub const NVM_LOG_CHECKPOINT_QUARTERS: u64 = 3;
+const _: () = assert!(NVM_LOG_CHECKPOINT_QUARTERS < 4);
+
+/// The NVM log's state in memory.
+#[derive(Debug)]
+pub(crate) struct NvmLog {
+    header: NvmHeader,
+    /// The epoch whose frames the ring holds from its start, and the ring
+    /// bytes they take.
+    epoch: u64,
+    used_bytes: u64,
+    /// Whether a frame is persisted before its commit word is written. Off
+    /// only for the test that shows what the barrier is for.
+    barrier: bool,
+}
+
+/// What reading an epoch's frames found.
+pub(crate) struct NvmRead {
+    pub batches: Vec<LogBatch>,
+    pub bytes_read: u64,
+    pub end: String,
+}
+
+impl NvmLog {
+    /// Opens the NVM log of a device, writing a fresh header where there is
+    /// none (new, or cleared after a clean unmount) or it is damaged: the
+    /// flash alone then holds the file system at its last checkpoint.
+    /// `None` when the device has no NVM. A header of another format
+    /// version is refused.
+    pub fn open<D: FlashDevice>(device: &mut D, uuid: [u8; 16], barrier: bool) -> Result<Option<NvmLog>> {
+        let nvm_size_bytes = device.geometry().nvm_size_bytes;
+        if nvm_size_bytes == 0 {
+            return Ok(None);
+        }
+        if nvm_size_bytes < NVM_SIZE_BYTES_MIN {
+            return Err(Error::invalid(format!(
+                "an NVM region of {nvm_size_bytes} bytes is under the {NVM_SIZE_BYTES_MIN} flintfs needs for its log"
+            )));
+        }
+        let mut bytes = vec![0u8; NVM_HEADER_BYTES];
+        device.nvm_read(0, &mut bytes)?;
+        let header = match NvmHeader::decode(&bytes, nvm_size_bytes) {
+            NvmHeaderState::Valid(header) if header.uuid == uuid => header,
+            NvmHeaderState::OtherVersion(version) => {
+                return Err(Error::corrupt(format!(
+                    "the NVM holds flintfs format version {version}; this build reads version {}",
+                    flintfs_format::FORMAT_VERSION
+                )));
+            }
+            state => {
+                if !matches!(state, NvmHeaderState::Blank) {
+                    tracing::warn!("the NVM header is not this volume's ({state:?}): starting the NVM log afresh");
+                }
+                let header = NvmHeader::for_region(uuid, nvm_size_bytes);
+                let encoded = header.encode();
+                device.nvm_write(0, &encoded)?;
+                device.nvm_persist(0, encoded.len() as u64)?;
+                header
+            }
+        };
+        Ok(Some(NvmLog { header, epoch: u64::MAX, used_bytes: 0, barrier }))
+    }
+
+    /// Ring bytes in use by the current epoch.
+    pub fn used_bytes(&self) -> u64 {
+        self.used_bytes
+    }
+
+    pub fn log_bytes(&self) -> u64 {
+        self.header.log_bytes
+    }
+
+    /// Whether the ring has filled to where a checkpoint should write home
+    /// (at `fraction` of the usual point: the idle thread takes it at half).
+    pub fn wants_checkpoint(&self, fraction: u64) -> bool {
+        self.used_bytes * fraction * 4 >= self.header.log_bytes * NVM_LOG_CHECKPOINT_QUARTERS
+    }
+
+    /// A checkpoint started `epoch`: its frames start afresh.
+    pub fn truncated(&mut self, epoch: u64) {
+        self.epoch = epoch;
+        self.used_bytes = 0;
+    }
+
+    /// Appends batch `batch` of `epoch` as a frame and commits it. Errors
+    /// with ENOSPC when the ring has no room for it: a checkpoint must
+    /// write home first.
+    pub fn append<D: FlashDevice>(&mut self, device: &mut D, epoch: u64, batch: u64, payload: &[u8]) -> Result<()> {
+        if epoch != self.epoch {
+            self.truncated(epoch);
+        }
+        let frame_bytes = nvm_frame_bytes(payload.len());
+        if self.used_bytes + frame_bytes > self.header.log_bytes {
+            return Err(Error::new(
+                crate::error::errno::ENOSPC,
+                format!("the NVM log has {} of {} bytes free", self.header.log_bytes - self.used_bytes, frame_bytes),
+            ));
+        }
+        let frame = encode_nvm_frame(payload);
+        let at = self.header.epoch_start(epoch) + self.used_bytes;
+        self.write_ring(device, at, &frame)?;
+        if self.barrier {
+            self.persist_ring(device, at, frame.len() as u64)?;
+        }
+        let crc = flintfs_format::nvm_crc(payload);
+        let commit_at = at + frame.len() as u64;
+        let commit = nvm_commit_word(epoch, batch, crc).to_le_bytes();
+        self.write_ring(device, commit_at, &commit)?;
+        self.persist_ring(device, commit_at, NVM_COMMIT_BYTES)?;
+        self.used_bytes += frame_bytes;
+        debug_assert_eq!(frame.len() as u64 + NVM_COMMIT_BYTES, frame_bytes);
+        Ok(())
+    }
+
+    /// Reads the committed frames of `epoch`, in order, up to the first
+    /// that is not (torn, uncommitted, of another epoch, out of turn).
+    /// Leaves the log positioned after them, so the epoch could go on.
+    pub fn read_epoch<D: FlashDevice>(&mut self, device: &mut D, epoch: u64) -> NvmRead {
+        let mut read = NvmRead { batches: Vec::new(), bytes_read: 0, end: String::new() };
+        let start = self.header.epoch_start(epoch);
+        let mut used = 0u64;
+        read.end = loop {
+            let at = start + used;
+            let room = self.header.log_bytes - used;
+            if room < NVM_FRAME_HEADER_BYTES + NVM_COMMIT_BYTES {
+                break format!("the NVM log fills its ring after {} frames", read.batches.len());
+            }
+            let mut header = [0u8; NVM_FRAME_HEADER_BYTES as usize];
+            if let Err(error) = self.read_ring(device, at, &mut header) {
+                break format!("the NVM log could not be read: {error}");
+            }
+            read.bytes_read += header.len() as u64;
+            let Ok((length, crc)) = decode_nvm_frame_header(&header) else { unreachable!("8 bytes decode") };
+            let frame_bytes = nvm_frame_bytes(length as usize);
+            if frame_bytes > room {
+                break format!("the NVM log ends at ring offset {at}: a frame of {length} bytes cannot be there");
+            }
+            let mut payload = vec![0u8; length as usize];
+            let mut commit = [0u8; NVM_COMMIT_BYTES as usize];
+            let commit_at = at + frame_bytes - NVM_COMMIT_BYTES;
+            if let Err(error) = self
+                .read_ring(device, at + NVM_FRAME_HEADER_BYTES, &mut payload)
+                .and_then(|()| self.read_ring(device, commit_at, &mut commit))
+            {
+                break format!("the NVM log could not be read: {error}");
+            }
+            read.bytes_read += length as u64 + NVM_COMMIT_BYTES;
+            let batch_number = read.batches.len() as u64;
+            if u64::from_le_bytes(commit) != nvm_commit_word(epoch, batch_number, crc) {
+                break format!("the NVM log ends at ring offset {at}: no commit word for batch {batch_number}");
+            }
+            if flintfs_format::nvm_crc(&payload) != crc {
+                break format!("the NVM log ends at ring offset {at}: batch {batch_number} fails its CRC");
+            }
+            match LogBatch::decode(&payload) {
+                Ok(batch) if batch.epoch == epoch && batch.batch == batch_number => read.batches.push(batch),
+                Ok(batch) => {
+                    break format!(
+                        "the NVM log ends at ring offset {at}: batch {} of epoch {} where batch {batch_number} of \
+                         epoch {epoch} was due",
+                        batch.batch, batch.epoch
+                    )
+                }
+                Err(error) => break format!("the NVM log ends at ring offset {at}: {error}"),
+            }
+            used += frame_bytes;
+        };
+        self.epoch = epoch;
+        self.used_bytes = used;
+        read
+    }
+
+    /// Whether `epoch` has a committed frame: the log must be replayed.
+    pub fn has_frames<D: FlashDevice>(&mut self, device: &mut D, epoch: u64) -> bool {
+        let start = self.header.epoch_start(epoch);
+        let mut header = [0u8; NVM_FRAME_HEADER_BYTES as usize];
+        if self.read_ring(device, start, &mut header).is_err() {
+            return false;
+        }
+        let Ok((length, crc)) = decode_nvm_frame_header(&header) else { return false };
+        let frame_bytes = nvm_frame_bytes(length as usize);
+        if frame_bytes > self.header.log_bytes {
+            return false;
+        }
+        let mut commit = [0u8; NVM_COMMIT_BYTES as usize];
+        if self.read_ring(device, start + frame_bytes - NVM_COMMIT_BYTES, &mut commit).is_err() {
+            return false;
+        }
+        u64::from_le_bytes(commit) == nvm_commit_word(epoch, 0, crc)
+    }
+
+    /// The device ranges a ring range covers (it may wrap once).
+    fn ranges(&self, at: u64, length: u64) -> [(u64, u64); 2] {
+        let ring = self.header.log_bytes;
+        let at = at % ring;
+        let first = length.min(ring - at);
+        [(self.header.log_offset + at, first), (self.header.log_offset, length - first)]
+    }
+
+    fn write_ring<D: FlashDevice>(&self, device: &mut D, at: u64, bytes: &[u8]) -> Result<()> {
+        let mut done = 0usize;
+        for (offset, length) in self.ranges(at, bytes.len() as u64) {
+            if length > 0 {
+                device.nvm_write(offset, &bytes[done..done + length as usize])?;
+                done += length as usize;
+            }
+        }
+        Ok(())
+    }
+
+    fn read_ring<D: FlashDevice>(&self, device: &mut D, at: u64, buffer: &mut [u8]) -> Result<()> {
+        let mut done = 0usize;
+        for (offset, length) in self.ranges(at, buffer.len() as u64) {
+            if length > 0 {
+                device.nvm_read(offset, &mut buffer[done..done + length as usize])?;
+                done += length as usize;
+            }
+        }
+        Ok(())
+    }
+
+    fn persist_ring<D: FlashDevice>(&self, device: &mut D, at: u64, length: u64) -> Result<()> {
+        for (offset, length) in self.ranges(at, length) {
+            if length > 0 {
+                device.nvm_persist(offset, length)?;
+            }
+        }
+        Ok(())
+    }
+}
