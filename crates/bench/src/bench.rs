@@ -54,10 +54,12 @@ pub const WORKLOADS: [&str; 15] = [
     "space_usr_share",
 ];
 /// Targets, in the order rows are printed.
-pub const TARGETS: [&str; 12] = [
+pub const TARGETS: [&str; 14] = [
     "flintfs",
     "flintfs-ordered",
     "flintfs-fuse",
+    "flintfs-nvm",
+    "flintfs-nvm-fuse",
     "flintfs-block",
     "flintfs-zstd",
     "flintfs-none",
@@ -70,7 +72,11 @@ pub const TARGETS: [&str; 12] = [
 ];
 /// How many of [`TARGETS`] are flintfs (run without being asked for); the
 /// rest are peers.
-const FLINTFS_TARGETS: usize = 6;
+const FLINTFS_TARGETS: usize = 8;
+/// NVM beside the flash for the `flintfs-nvm` targets (FSMAC's metadata
+/// accelerator): a small NVDIMM's worth, whose ring holds the log of tens of
+/// thousands of metadata fsyncs between write-homes.
+pub const BENCH_NVM_BYTES: u64 = 64 << 20;
 
 /// The mount's compression on an in-process target: `flintfs-zstd` and
 /// `flintfs-none` measure zstd and no compression beside the default (the
@@ -91,6 +97,10 @@ fn runs_by_default(workload: &str, target: &str) -> bool {
     match target {
         "flintfs-zstd" | "flintfs-none" => workload.starts_with("space_") || workload.starts_with("large_"),
         "btrfs-zstd" => workload.starts_with("space_"),
+        // NVM holds metadata: measured where fsync and metadata dominate.
+        "flintfs-nvm" | "flintfs-nvm-fuse" => !["space_", "large_", "near_full_", "mount_", "ram_", "recover_"]
+            .iter()
+            .any(|prefix| workload.starts_with(prefix)),
         _ => true,
     }
 }
@@ -1066,7 +1076,10 @@ const NEAR_FULL_DEVICE_BYTES: u64 = 512 << 20;
 
 /// The workload on the in-process engine, with fsync in `fsync_mode`.
 pub(crate) fn run_engine(workload: &str, target: &str, fsync_mode: FsyncMode, size: Size, seed: u64) -> Outcome<Value> {
-    let geometry = Geometry::with_size_bytes(device_bytes(size, workload));
+    let mut geometry = Geometry::with_size_bytes(device_bytes(size, workload));
+    if target == "flintfs-nvm" {
+        geometry.nvm_size_bytes = BENCH_NVM_BYTES;
+    }
     let options = DeviceOptions::default();
     let timing = options.timing;
     let device = MemoryFlash::memory(geometry, options)?;
@@ -1088,6 +1101,7 @@ pub(crate) fn run_engine(workload: &str, target: &str, fsync_mode: FsyncMode, si
     // apart from the checkpoints that truncate the log.
     let log_pages = files.log_pages().zip(phase.log_pages_at_start).map(|(now, before)| now - before);
     let fs = files.fs.take().expect("mounted");
+    let engine_counters = fs.counters().clone();
     let device = fs.unmount().map_err(engine_error)?;
     // From the measured phase's start to after the unmount checkpoint.
     let counters = device.counters().since(&phase.at_start.unwrap_or_default());
@@ -1110,6 +1124,12 @@ pub(crate) fn run_engine(workload: &str, target: &str, fsync_mode: FsyncMode, si
     value["page_bytes"] = json!(geometry.page_size_bytes + geometry.oob_size_bytes);
     value["program_and_flush_ns"] = json!(timing.program_ns + timing.flush_ns);
     value["log_pages_programmed"] = json!(log_pages);
+    // Since the last mount, the unmount's checkpoint not included.
+    value["checkpoints"] = json!(engine_counters.checkpoints);
+    value["node_pages_written"] = json!(engine_counters.node_pages_written);
+    if geometry.nvm_size_bytes > 0 {
+        add_nvm_fields(&mut value, &counters, ops, device.nvm_hottest_word(), geometry.nvm_size_bytes);
+    }
     if let Some(recovery) = &files.recovery {
         // Of the pages the recovery read, those of the log (and the first
         // page of each zone written since the checkpoint); the rest are
@@ -1119,6 +1139,19 @@ pub(crate) fn run_engine(workload: &str, target: &str, fsync_mode: FsyncMode, si
         value["recovery_unindexed_segments"] = json!(flintfs_core::UNINDEXED_SEGMENTS_DEFAULT);
     }
     Ok(value)
+}
+
+/// NVM traffic per operation, and the hottest 8-byte word's writes per
+/// million operations beside what phase-change memory endures.
+fn add_nvm_fields(value: &mut Value, counters: &Counters, ops: u64, hottest: Option<(u64, u64)>, nvm_bytes: u64) {
+    let ops = ops.max(1) as f64;
+    value["nvm_size_bytes"] = json!(nvm_bytes);
+    value["nvm_bytes_per_op"] = json!(counters.nvm_bytes_written as f64 / ops);
+    value["nvm_persists_per_op"] = json!(counters.nvm_persists as f64 / ops);
+    if let Some((offset, writes)) = hottest {
+        value["nvm_hottest_word_offset"] = json!(offset);
+        value["nvm_hottest_word_writes_per_million_ops"] = json!(writes as f64 * 1e6 / ops);
+    }
 }
 
 /// A process's `field` of /proc/PID/status, in bytes.
@@ -1139,13 +1172,15 @@ fn resident_of(pid: u32) -> Option<u64> {
 }
 
 /// The workload on a FUSE mount of an image.
-fn run_fuse(workload: &str, size: Size, seed: u64, directory: &Path) -> Outcome<Value> {
+fn run_fuse(workload: &str, target: &str, size: Size, seed: u64, directory: &Path) -> Outcome<Value> {
     let Some(flintfs) = flintfs_binary() else { fail!("{}", NO_FLINTFS_BINARY) };
     let image = directory.join("bench.img");
     let mountpoint = directory.join("mnt");
     std::fs::create_dir_all(&mountpoint)?;
+    let nvm_bytes = if target == "flintfs-nvm-fuse" { BENCH_NVM_BYTES } else { 0 };
     let status = Command::new(&flintfs)
         .args(["mkfs", &image.to_string_lossy(), "--size", &device_bytes(size, workload).to_string(), "--force"])
+        .args(["--nvm-size", &nvm_bytes.to_string()])
         .stdout(Stdio::null())
         .status()?;
     if !status.success() {
@@ -1240,7 +1275,7 @@ fn run_fuse(workload: &str, size: Size, seed: u64, directory: &Path) -> Outcome<
     let since = |name: &str| number(&after, name).saturating_sub(at_start.get(name).copied().unwrap_or(0));
     let mut value = row(
         workload,
-        "flintfs-fuse",
+        target,
         ops,
         seconds,
         Some((
@@ -1250,6 +1285,11 @@ fn run_fuse(workload: &str, size: Size, seed: u64, directory: &Path) -> Outcome<
         )),
     );
     value["device_time_ns_per_op"] = json!(since("device_time_ns") as f64 / ops.max(1) as f64);
+    if nvm_bytes > 0 {
+        value["nvm_size_bytes"] = json!(nvm_bytes);
+        value["nvm_bytes_per_op"] = json!(since("nvm_bytes_written") as f64 / ops.max(1) as f64);
+        value["nvm_persists_per_op"] = json!(since("nvm_persists") as f64 / ops.max(1) as f64);
+    }
     value["mount_pages_read"] = json!(remounted_pages.unwrap_or(number(&live, "mount_pages_read")));
     value["peak_rss_bytes"] = json!(rss);
     if let (Some(end), Some(start)) = (requests_at_end, phase.fuse_requests_at_start) {
@@ -1446,10 +1486,10 @@ fn run_one(arguments: &BenchArguments, target: &str) -> Outcome<ExitCode> {
         }
         "flintfs" => run_engine(&arguments.workload, target, FsyncMode::WpCheck, size, arguments.seed),
         "flintfs-ordered" => run_engine(&arguments.workload, target, FsyncMode::Ordered, size, arguments.seed),
-        "flintfs-zstd" | "flintfs-none" => {
+        "flintfs-zstd" | "flintfs-none" | "flintfs-nvm" => {
             run_engine(&arguments.workload, target, FsyncMode::WpCheck, size, arguments.seed)
         }
-        "flintfs-fuse" => run_fuse(&arguments.workload, size, arguments.seed, &directory),
+        "flintfs-fuse" | "flintfs-nvm-fuse" => run_fuse(&arguments.workload, target, size, arguments.seed, &directory),
         "flintfs-block" => run_kernel(&arguments.workload, target, size, arguments.seed, &directory),
         "littlefs" => {
             // The quick device is also the near-full workloads' (see device_bytes).
@@ -1501,9 +1541,9 @@ fn unavailable(target: &str) -> Option<String> {
     // SAFETY: geteuid has no preconditions.
     let root = unsafe { libc::geteuid() } == 0;
     match target {
-        "flintfs" | "flintfs-ordered" | "flintfs-zstd" | "flintfs-none" | "littlefs" => None,
-        "flintfs-fuse" if !Path::new("/dev/fuse").exists() => Some("no /dev/fuse".to_string()),
-        "flintfs-fuse" => flintfs_binary().is_none().then(|| NO_FLINTFS_BINARY.to_string()),
+        "flintfs" | "flintfs-ordered" | "flintfs-zstd" | "flintfs-none" | "flintfs-nvm" | "littlefs" => None,
+        "flintfs-fuse" | "flintfs-nvm-fuse" if !Path::new("/dev/fuse").exists() => Some("no /dev/fuse".to_string()),
+        "flintfs-fuse" | "flintfs-nvm-fuse" => flintfs_binary().is_none().then(|| NO_FLINTFS_BINARY.to_string()),
         "flintfs-block" if !root => Some("the block backend on a loop device needs root".to_string()),
         "flintfs-block" if !Path::new("/dev/fuse").exists() => Some("no /dev/fuse".to_string()),
         "flintfs-block" => flintfs_binary().is_none().then(|| NO_FLINTFS_BINARY.to_string()),

@@ -127,7 +127,10 @@ pub fn crashtest(arguments: CrashtestArguments) -> Outcome<ExitCode> {
             summary.device_operations_min, summary.device_operations_max
         );
         if options.nvm_size_bytes > 0 {
-            println!("  write-homes of a full NVM log in the uncut runs: {}", summary.nvm_write_homes);
+            println!(
+                "  in the uncut runs: {} write-homes of a full NVM log, {} dirty nodes parked in NVM",
+                summary.nvm_write_homes, summary.nodes_parked
+            );
         }
         let histogram: Vec<String> =
             summary.recovery_pages_read.iter().map(|(bucket, count)| format!("<={bucket}: {count}")).collect();

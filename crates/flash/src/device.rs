@@ -212,6 +212,10 @@ pub struct FlashEmulator<B: Backend> {
     nvm_live: Vec<u8>,
     nvm_durable: Vec<u8>,
     nvm_dirty_words: BTreeSet<u64>,
+    /// Writes each 8-byte NVM word has taken since this device was opened
+    /// (wear: phase-change memory endures about 1e8 writes a cell). Empty
+    /// until the first NVM write.
+    nvm_word_writes: Vec<u32>,
     rng: Pcg64Mcg,
     clock: Clock,
     lifetime: Counters,
@@ -365,6 +369,7 @@ impl<B: Backend> FlashEmulator<B> {
             nvm_live: state.nvm.clone(),
             nvm_durable: state.nvm,
             nvm_dirty_words: BTreeSet::new(),
+            nvm_word_writes: Vec::new(),
             lifetime: state.counters,
             baseline: state.counters,
             dirty_zones: BTreeSet::new(),
@@ -413,6 +418,13 @@ impl<B: Backend> FlashEmulator<B> {
     /// Pages currently held in the volatile write buffer.
     pub fn buffered_pages(&self) -> usize {
         self.buffer.len()
+    }
+
+    /// The most writes any 8-byte NVM word has taken since this device was
+    /// opened, and which word (by byte offset). `None` before any NVM write.
+    pub fn nvm_hottest_word(&self) -> Option<(u64, u64)> {
+        let (word, writes) = self.nvm_word_writes.iter().enumerate().max_by_key(|(_, writes)| **writes)?;
+        Some((word as u64 * NVM_WORD_BYTES, u64::from(*writes)))
     }
 
     /// Mutating operations (program, reset, finish, flush, NVM write and
@@ -1441,6 +1453,13 @@ impl<B: Backend> FlashDevice for FlashEmulator<B> {
         if !data.is_empty() {
             let end = offset + data.len() as u64;
             self.nvm_dirty_words.extend(offset / NVM_WORD_BYTES..end.div_ceil(NVM_WORD_BYTES));
+            if self.nvm_word_writes.is_empty() {
+                self.nvm_word_writes = vec![0; (self.geometry.nvm_size_bytes / NVM_WORD_BYTES) as usize];
+            }
+            for word in offset / NVM_WORD_BYTES..end.div_ceil(NVM_WORD_BYTES) {
+                let writes = &mut self.nvm_word_writes[word as usize];
+                *writes = writes.saturating_add(1);
+            }
         }
         bump(&mut self.lifetime.nvm_bytes_written, data.len() as u64);
         self.clock.nvm_access(data.len() as u64);

@@ -50,8 +50,8 @@ pub use node::{
 };
 pub use nvm::{
     decode_nvm_frame_header, encode_nvm_frame, nvm_commit_word, nvm_crc, nvm_frame_bytes, NvmHeader, NvmHeaderState,
-    NVM_COMMIT_BYTES, NVM_EPOCH_STRIDE_BYTES, NVM_FRAME_HEADER_BYTES, NVM_HEADER_BYTES, NVM_LOG_OFFSET_BYTES,
-    NVM_MAGIC, NVM_SIZE_BYTES_MIN,
+    NVM_COMMIT_BYTES, NVM_EPOCH_STRIDE_BYTES, NVM_FRAME_HEADER_BYTES, NVM_HEADER_BYTES, NVM_LOG_BYTES_SMALL,
+    NVM_LOG_OFFSET_BYTES, NVM_MAGIC, NVM_SIZE_BYTES_MIN,
 };
 pub use page::{InvertedIndex, PageHeader, PageKind, PAGE_HEADER_BYTES};
 pub use record::{

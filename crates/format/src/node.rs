@@ -252,7 +252,11 @@ impl Target {
         }
     }
 
-    fn decode(value: u64) -> Result<Target, String> {
+    fn decode(value: u64, in_memory: bool) -> Result<Target, String> {
+        if in_memory && value == 0 {
+            // An entry of a file not yet written, in a node parked in NVM.
+            return Ok(Target::Physical(Pointer::NULL));
+        }
         if value & TARGET_SLOT_TAG != 0 {
             let slot = value & !TARGET_SLOT_TAG;
             if slot >= u64::from(SLOT_NONE) {
@@ -379,10 +383,11 @@ impl Entry {
             .bytes(&self.name);
     }
 
-    fn decode(reader: &mut Reader) -> Result<Entry, DecodeError> {
+    fn decode(reader: &mut Reader, in_memory: bool) -> Result<Entry, DecodeError> {
         let hash = reader.u64()?;
         let ino = reader.u64()?;
-        let target = Target::decode(reader.u64()?).map_err(|reason| reader.error(format!("entry: {reason}")))?;
+        let target =
+            Target::decode(reader.u64()?, in_memory).map_err(|reason| reader.error(format!("entry: {reason}")))?;
         let type_byte = reader.u8()?;
         let file_type =
             FileType::from_byte(type_byte).ok_or_else(|| reader.error(format!("entry of unknown type {type_byte}")))?;
@@ -807,7 +812,19 @@ impl Node {
         if let Err(reason) = self.validate(page_size_bytes) {
             panic!("refusing to encode an invalid node: {reason}");
         }
+        let encoded = self.encode_unchecked(page_size_bytes).expect("a valid node fits its page");
+        debug_assert_eq!(Node::decode(&encoded.0).as_ref(), Ok(self));
+        encoded
+    }
+
+    /// As [`Node::encode`], for a node in memory that may not be whole
+    /// yet (an entry of a file never written points nowhere): what the NVM
+    /// park holds, never what flash does. `None` if it does not fit.
+    pub fn encode_unchecked(&self, page_size_bytes: usize) -> Option<(Vec<u8>, u32)> {
         let body = self.body_bytes();
+        if NODE_HEADER_BYTES + body > page_size_bytes {
+            return None;
+        }
         let (owner, position, version) = self.identity();
         let mut writer = Writer::with_capacity(page_size_bytes);
         writer.u8(self.kind() as u8).zeros(3).u32(body as u32).u64(owner).u64(position).u64(version);
@@ -854,12 +871,23 @@ impl Node {
         let used = writer.len() as u32;
         let mut bytes = writer.finish();
         bytes.resize(page_size_bytes, 0);
-        debug_assert_eq!(Node::decode(&bytes).as_ref(), Ok(self));
-        (bytes, used)
+        Some((bytes, used))
     }
 
     /// Decodes a node page's data (the whole page).
     pub fn decode(page: &[u8]) -> Result<Node, DecodeError> {
+        let node = Node::decode_with(page, false)?;
+        node.validate(page.len()).map_err(|reason| DecodeError { structure: "node", reason })?;
+        Ok(node)
+    }
+
+    /// As [`Node::decode`], without the rules a node in memory may break
+    /// for a while (see [`Node::encode_unchecked`]); total all the same.
+    pub fn decode_unchecked(page: &[u8]) -> Result<Node, DecodeError> {
+        Node::decode_with(page, true)
+    }
+
+    fn decode_with(page: &[u8], in_memory: bool) -> Result<Node, DecodeError> {
         let page_size_bytes = page.len();
         let RawNodeHeader { kind, owner, position, version, body } = RawNodeHeader::decode("node", page)?;
         let mut reader = Reader::new("node", body);
@@ -889,7 +917,7 @@ impl Node {
                         }
                         let mut entries = Vec::new();
                         for _ in 0..count {
-                            entries.push(Entry::decode(&mut reader)?);
+                            entries.push(Entry::decode(&mut reader, in_memory)?);
                         }
                         DirectoryContent::Inline(entries)
                     }
@@ -922,7 +950,7 @@ impl Node {
                 reader.zeros(4)?;
                 let mut entries = Vec::new();
                 for _ in 0..count {
-                    entries.push(Entry::decode(&mut reader)?);
+                    entries.push(Entry::decode(&mut reader, in_memory)?);
                 }
                 Node::Bucket { directory: owner, slot, local_depth, next, entries }
             }
@@ -995,7 +1023,6 @@ impl Node {
         if reader.position() != body {
             return Err(reader.error(format!("{} bytes of the body are left over", body - reader.position())));
         }
-        node.validate(page_size_bytes).map_err(|reason| DecodeError { structure: "node", reason })?;
         Ok(node)
     }
 }

@@ -27,6 +27,9 @@ pub const NVM_LOG_OFFSET_BYTES: u64 = 4096;
 /// batch too big for the ring is made durable by a checkpoint instead, so
 /// a small ring costs flash writes, never an error.
 pub const NVM_SIZE_BYTES_MIN: u64 = 16 << 10;
+/// The log ring takes a quarter of the region, but at least this much (a
+/// region of 16 KiB is all ring).
+pub const NVM_LOG_BYTES_SMALL: u64 = 12 << 10;
 /// A frame's header: the payload's length and CRC-32C.
 pub const NVM_FRAME_HEADER_BYTES: u64 = 8;
 /// The commit word after each frame's padded payload.
@@ -70,7 +73,10 @@ impl NvmHeader {
     /// The header for a region of `nvm_size_bytes`.
     pub fn for_region(uuid: [u8; 16], nvm_size_bytes: u64) -> NvmHeader {
         assert!(nvm_size_bytes >= NVM_SIZE_BYTES_MIN, "an NVM region of {nvm_size_bytes} bytes is too small");
-        let log_bytes = (nvm_size_bytes - NVM_LOG_OFFSET_BYTES) / 8 * 8;
+        // A quarter of the region for the log, the rest for parked node
+        // pages; a small region is all log.
+        let available = nvm_size_bytes - NVM_LOG_OFFSET_BYTES;
+        let log_bytes = (available / 4).max(available.min(NVM_LOG_BYTES_SMALL)) / 8 * 8;
         NvmHeader { uuid, log_offset: NVM_LOG_OFFSET_BYTES, log_bytes }
     }
 

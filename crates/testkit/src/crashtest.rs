@@ -111,6 +111,8 @@ pub struct Summary {
     /// Checkpoints the uncut runs took because the NVM log's ring filled:
     /// the cuts fall in and around these write-homes too.
     pub nvm_write_homes: u64,
+    /// Dirty nodes the uncut runs parked in NVM.
+    pub nodes_parked: u64,
 }
 
 impl Summary {
@@ -485,10 +487,10 @@ impl Prepared {
         // The workload's own device operations, before the snapshot below
         // reads (and, letting go of what it looked up, may write).
         let taken = subject.fs.as_ref().map(|fs| fs.device().mutating_operations() - start);
-        let nvm_write_homes = subject
-            .fs
-            .as_ref()
-            .map_or(0, |fs| fs.counters().nvm_log_full_checkpoints + subject.counters_earlier.nvm_log_full_checkpoints);
+        let (nvm_write_homes, nodes_parked) = subject.fs.as_ref().map_or((0, 0), |fs| {
+            let (now, earlier) = (fs.counters(), &subject.counters_earlier);
+            (now.nvm_log_full_checkpoints + earlier.nvm_log_full_checkpoints, now.nodes_parked + earlier.nodes_parked)
+        });
         if cut.is_none() && subject.snapshot()? != *oracle.states.last().expect("a state") {
             return Err("uncut, the engine's tree differs from the model's at the end".into());
         }
@@ -497,7 +499,9 @@ impl Prepared {
         };
         let mut flash = fs.into_device();
         let taken = taken.unwrap_or(flash.mutating_operations() - start);
-        let Some(cut) = cut else { return Ok(CutOutcome::Ran { device_operations: taken, nvm_write_homes }) };
+        let Some(cut) = cut else {
+            return Ok(CutOutcome::Ran { device_operations: taken, nvm_write_homes, nodes_parked });
+        };
         if !flash.is_powered_off() && cut < taken {
             return Err(format!(
                 "the cut at device operation {cut} of {taken} did not fire: the run is not deterministic"
@@ -539,7 +543,7 @@ impl Prepared {
 }
 
 enum CutOutcome {
-    Ran { device_operations: u64, nvm_write_homes: u64 },
+    Ran { device_operations: u64, nvm_write_homes: u64, nodes_parked: u64 },
     Recovered { pages_read: u64 },
 }
 
@@ -553,8 +557,9 @@ fn cut_workload(
 ) {
     let oracle = Oracle::new(&prepared.model, operations);
     let total = match prepared.run(&oracle.operations, None, seed, &oracle) {
-        Ok(CutOutcome::Ran { device_operations, nvm_write_homes }) => {
+        Ok(CutOutcome::Ran { device_operations, nvm_write_homes, nodes_parked }) => {
             summary.nvm_write_homes += nvm_write_homes;
+            summary.nodes_parked += nodes_parked;
             device_operations
         }
         Ok(CutOutcome::Recovered { .. }) => unreachable!("no cut was asked for"),
@@ -810,7 +815,7 @@ pub fn summary_json(options: &CrashOptions, summary: &Summary) -> String {
         summary.recovery_pages_read.iter().map(|(bucket, count)| format!("\"{bucket}\":{count}")).collect();
     format!(
         "{{\"mode\":{},\"fsync\":{},\"nvm_size_bytes\":{},\"nvm_barrier\":{},\"seed\":{},\"workloads\":{},\"cuts\":{},\"violations\":{},\"failures\":[{}],\
-         \"recovery_pages_read\":{{{}}},\"device_operations_min\":{},\"device_operations_max\":{},\"nvm_write_homes\":{}}}",
+         \"recovery_pages_read\":{{{}}},\"device_operations_min\":{},\"device_operations_max\":{},\"nvm_write_homes\":{},\"nodes_parked\":{}}}",
         escape(&format!("{:?}", options.mode).to_lowercase()),
         escape(match options.fsync {
             FsyncMode::WpCheck => "wp-check",
@@ -827,7 +832,8 @@ pub fn summary_json(options: &CrashOptions, summary: &Summary) -> String {
         histogram.join(","),
         summary.device_operations_min,
         summary.device_operations_max,
-        summary.nvm_write_homes
+        summary.nvm_write_homes,
+        summary.nodes_parked
     )
 }
 

@@ -226,6 +226,8 @@ impl Subject {
                 self.counters_earlier.index_records_written += counters.index_records_written;
                 self.counters_earlier.blocks_embedded += counters.blocks_embedded;
                 self.counters_earlier.nvm_log_full_checkpoints += counters.nvm_log_full_checkpoints;
+                self.counters_earlier.nodes_parked += counters.nodes_parked;
+                self.counters_earlier.nvm_log_batches_written += counters.nvm_log_batches_written;
                 let flash = self.fs.take().expect("mounted").into_device();
                 let (fs, _) = Fs::mount(flash, self.options.clone(), Box::new(self.clock.clone())).map_err(code)?;
                 self.fs = Some(fs);
@@ -315,6 +317,10 @@ pub struct RunReport {
     pub index_records_written: u64,
     /// Small blocks fsync carried in its log record, over the whole run.
     pub blocks_embedded: u64,
+    /// Log batches written to NVM, and dirty nodes parked there, over the
+    /// whole run (with NVM).
+    pub nvm_log_batches_written: u64,
+    pub nodes_parked: u64,
 }
 
 /// Runs `operations` generated operations from `seed` on the engine and
@@ -371,6 +377,8 @@ pub fn run_model(setup: &Setup, seed: u64, operations: u64, check_every: u64) ->
     report.compression_attempts = earlier.compression_attempts + now.compression_attempts;
     report.index_records_written = earlier.index_records_written + now.index_records_written;
     report.blocks_embedded = earlier.blocks_embedded + now.blocks_embedded;
+    report.nvm_log_batches_written = earlier.nvm_log_batches_written + now.nvm_log_batches_written;
+    report.nodes_parked = earlier.nodes_parked + now.nodes_parked;
     Ok(report)
 }
 

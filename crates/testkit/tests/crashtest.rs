@@ -81,12 +81,13 @@ fn without_the_write_pointer_check_recovery_trusts_data_that_never_arrived() {
     );
 }
 
-/// With NVM (the metadata log in a 16 KiB region, FSMAC): every mode, and
-/// in random mode workloads long enough that the ring fills and writes
-/// home, with cuts during those write-homes too.
+/// With NVM (FSMAC: a 64 KiB region, a 15 KiB log ring and the rest for
+/// parked nodes): every mode, and in random mode workloads long enough
+/// that the ring fills and writes home, with cuts during those write-homes
+/// too.
 fn nvm_options(mode: Mode) -> CrashOptions {
     let mut options = CrashOptions::new(mode);
-    options.nvm_size_bytes = flintfs_format::NVM_SIZE_BYTES_MIN;
+    options.nvm_size_bytes = 64 << 10;
     options.seed = environment("FLINTFS_CRASH_SEED", 7);
     options
 }
@@ -115,6 +116,7 @@ fn with_nvm_random_cuts_through_full_rings_recover_as_promised() {
     options.operations = 600;
     let summary = crashtest::run(&options, |_, _| {}).expect("crashtest runs");
     assert!(summary.nvm_write_homes >= 10, "the ring filled {} times", summary.nvm_write_homes);
+    assert!(summary.nodes_parked >= 100, "{} nodes parked", summary.nodes_parked);
     assert_no_violations(&options, &summary);
 }
 

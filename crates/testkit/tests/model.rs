@@ -72,6 +72,24 @@ fn random_workloads_match_the_model_with_each_codec() {
     }
 }
 
+/// The same workloads with NVM (FSMAC): the metadata log in a 15 KiB ring
+/// and evicted dirty nodes parked in the rest of a 64 KiB region.
+#[test]
+fn random_workloads_match_the_model_with_nvm() {
+    let seeds = from_env("FLINTFS_MODEL_NVM_SEEDS", 2);
+    let operations = from_env("FLINTFS_MODEL_OPERATIONS", 1500);
+    let mut setup = Setup::small();
+    setup.geometry.nvm_size_bytes = 64 << 10;
+    let (mut batches, mut parked) = (0, 0);
+    for seed in 1..=seeds {
+        let report = run_model(&setup, seed, operations, 1).unwrap_or_else(|failure| panic!("NVM: {failure}"));
+        batches += report.nvm_log_batches_written;
+        parked += report.nodes_parked;
+    }
+    eprintln!("NVM: {batches} log batches in NVM, {parked} dirty nodes parked");
+    assert!(batches > 0 && parked > 0, "the NVM was not used: {batches} batches, {parked} nodes parked");
+}
+
 #[test]
 fn a_power_cut_at_every_device_operation_recovers_as_promised() {
     let seeds = from_env("FLINTFS_CUT_SEEDS", 3);

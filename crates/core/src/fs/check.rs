@@ -72,6 +72,7 @@ impl<D: FlashDevice> Fs<D> {
     /// A node as the file system sees it now: from memory if it is there,
     /// else from `home`, without caching it.
     fn peek(&mut self, key: NodeKey, home: Pointer) -> std::result::Result<(Node, Pointer), String> {
+        self.unpark(key).map_err(|error| error.message)?;
         if let Some(cached) = self.nodes.peek(key).or_else(|| self.pending.get(&key)) {
             return Ok((cached.node.clone(), cached.home));
         }
@@ -134,7 +135,10 @@ impl<D: FlashDevice> Fs<D> {
         };
         // The checkpoint's root pointer is the root's page as the map had
         // it then: the same, while nothing has changed since.
-        let unchanged = !self.changed && self.nodes.dirty_count() == 0 && self.pending.is_empty();
+        let unchanged = !self.changed
+            && self.nodes.dirty_count() == 0
+            && self.pending.is_empty()
+            && self.parked.as_ref().is_none_or(|parked| parked.is_empty());
         let recorded_root = self.volume.checkpoint.tree.root;
         if unchanged && recorded_root != slot_home(ROOT_SLOT) {
             walk.findings

@@ -16,11 +16,19 @@ impl<D: FlashDevice> Fs<D> {
     /// Makes everything durable with a checkpoint. Skipped when nothing
     /// changed since the last one.
     pub fn checkpoint(&mut self) -> Result<()> {
-        if !self.changed && self.dirty_blocks.is_empty() && self.pending.is_empty() && self.nodes.dirty_count() == 0 {
+        if !self.changed
+            && self.dirty_blocks.is_empty()
+            && self.pending.is_empty()
+            && self.nodes.dirty_count() == 0
+            && self.parked.as_ref().is_none_or(|parked| parked.is_empty())
+        {
             return Ok(());
         }
         let allowed = std::mem::replace(&mut self.volume.reserve_allowed, true);
+        // Everything goes home to flash: nothing is parked in NVM meanwhile.
+        let paused = std::mem::replace(&mut self.parking_paused, true);
         let result = self.checkpoint_now();
+        self.parking_paused = paused;
         self.volume.reserve_allowed = allowed;
         result
     }
@@ -30,11 +38,26 @@ impl<D: FlashDevice> Fs<D> {
         self.drain()?;
         // Every dirty node goes through the same ordered write-back as an
         // eviction; write-backs dirty their parents, so until none is left.
-        while self.nodes.dirty_count() > 0 || !self.pending.is_empty() {
-            for (key, cached) in self.nodes.take_dirty() {
-                self.pending.insert(key, cached);
+        loop {
+            while self.nodes.dirty_count() > 0 || !self.pending.is_empty() {
+                for (key, cached) in self.nodes.take_dirty() {
+                    self.pending.insert(key, cached);
+                }
+                self.drain()?;
             }
-            self.drain()?;
+            // The nodes parked in NVM, a batch at a time, children first
+            // (writing one dirties what points at it, which comes later).
+            let keys = self
+                .parked
+                .as_ref()
+                .map(|parked| parked.first_keys(super::nvm::NVM_UNPARK_BATCH_NODES))
+                .unwrap_or_default();
+            if keys.is_empty() {
+                break;
+            }
+            for key in keys {
+                self.unpark(key)?;
+            }
         }
         debug_assert_eq!(self.nodes.dirty_count(), 0, "a checkpoint leaves no dirty node");
         // The root's page, as the map has it now that everything is
@@ -83,7 +106,10 @@ impl<D: FlashDevice> Fs<D> {
         if self.dirty_blocks.range((ino, 0)..=(ino, u64::MAX)).next().is_some() {
             return true;
         }
-        let dirty = |key: NodeKey| self.pending.contains_key(&key) || self.nodes.dirty(key).is_some_and(|d| d.any());
+        let parked = |key: NodeKey| self.parked.as_ref().is_some_and(|parked| parked.contains(key));
+        let dirty = |key: NodeKey| {
+            self.pending.contains_key(&key) || self.nodes.dirty(key).is_some_and(|d| d.any()) || parked(key)
+        };
         if dirty(NodeKey::File(ino)) {
             return true;
         }
@@ -94,7 +120,9 @@ impl<D: FlashDevice> Fs<D> {
         }
         (0..flintfs_format::INDEX_HEIGHT_MAX).any(|level| {
             let range = NodeKey::Index { level, ino, number: 0 }..=NodeKey::Index { level, ino, number: u64::MAX };
-            self.nodes.keys_in(range.clone()).into_iter().any(dirty) || self.pending.range(range).next().is_some()
+            self.nodes.keys_in(range.clone()).into_iter().any(dirty)
+                || self.pending.range(range.clone()).next().is_some()
+                || self.parked.as_ref().is_some_and(|parked| parked.any_in(range))
         })
     }
 }

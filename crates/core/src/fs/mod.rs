@@ -248,6 +248,9 @@ pub struct FsCounters {
     /// Checkpoints taken because the NVM log's ring filled (its
     /// write-homes).
     pub nvm_log_full_checkpoints: u64,
+    /// Dirty nodes parked in NVM on eviction, and brought back.
+    pub nodes_parked: u64,
+    pub nodes_unparked: u64,
     pub node_pages_read: u64,
     pub data_pages_written: u64,
     pub chunks_written: u64,
@@ -285,6 +288,11 @@ pub struct Fs<D: FlashDevice> {
     /// Dirty nodes pushed out of the cache during an operation, written
     /// back before it returns. Loads look here before reading flash.
     pub(crate) pending: BTreeMap<nodes::NodeKey, nodes::Cached>,
+    /// Dirty nodes parked in NVM instead of written to flash when evicted
+    /// (only with NVM), and whether parking is paused (a checkpoint is
+    /// writing them home).
+    pub(crate) parked: Option<nvm::NvmNodes>,
+    pub(crate) parking_paused: bool,
     /// Files that must stay findable by number.
     pub(crate) known: BTreeMap<u64, Known>,
     /// Buffered file blocks: `(ino, block)` to the whole block.
@@ -501,6 +509,9 @@ impl<D: FlashDevice> Fs<D> {
             .unwrap_or_else(|| flintfs_format::CompressionChoice::of(volume.superblock().compression));
         let mut volume = volume;
         let nvm = nvm::NvmLog::open(&mut volume.device, uuid, options.nvm_barrier)?;
+        let parked = nvm
+            .as_ref()
+            .and_then(|nvm| nvm::NvmNodes::after(nvm.header(), volume.device().geometry().nvm_size_bytes, page_size));
         Ok(Fs {
             nodes: PageCache::new(options.node_cache_bytes),
             read_cache: PageCache::new(options.read_cache_bytes),
@@ -509,6 +520,8 @@ impl<D: FlashDevice> Fs<D> {
             page_size,
             hash_seed,
             pending: BTreeMap::new(),
+            parked,
+            parking_paused: false,
             known: BTreeMap::new(),
             dirty_blocks: BTreeMap::new(),
             map_directory: tree.map_directory,
@@ -665,7 +678,7 @@ impl<D: FlashDevice> Fs<D> {
     fn unindexed_short(&self, data_pages: u64) -> bool {
         let geometry = self.volume.device.geometry();
         let zone_pages = geometry.zone_pages();
-        let dirty_nodes = (self.nodes.dirty_count() + self.pending.len()) as u64;
+        let dirty_nodes = (self.nodes.dirty_count() + self.pending.len()) as u64 + self.parked_pages();
         let data_need = self.dirty_blocks.len() as u64 + data_pages;
         let node_need = dirty_nodes + OPERATION_NODE_PAGES_MAX;
         let zones_for = |need: u64, free: u64| need.saturating_sub(free).div_ceil(zone_pages);
@@ -687,7 +700,7 @@ impl<D: FlashDevice> Fs<D> {
     /// pages as a margin. Data and nodes go to different heads, so each
     /// role's overflow is its own.
     pub(crate) fn pages_past_heads(&self, data_pages: u64, node_pages: u64) -> (u64, u64) {
-        let dirty_nodes = (self.nodes.dirty_count() + self.pending.len()) as u64;
+        let dirty_nodes = (self.nodes.dirty_count() + self.pending.len()) as u64 + self.parked_pages();
         let margin = OPERATION_NODE_PAGES_MAX
             + nodes::map_page_count(self.slot_count, self.page_size)
             + self.map_directory.len() as u64;
@@ -765,7 +778,7 @@ impl<D: FlashDevice> Fs<D> {
                 0
             };
             if more == 0 {
-                let dirty_nodes = self.nodes.dirty_count() + self.pending.len();
+                let dirty_nodes = self.nodes.dirty_count() + self.pending.len() + self.parked_pages() as usize;
                 return Err(Error::new(
                     errno::ENOSPC,
                     format!(

@@ -123,6 +123,7 @@ impl<D: FlashDevice> Fs<D> {
         if self.nodes.get(key).is_some() {
             return Ok(());
         }
+        self.unpark(key)?;
         if let Some(cached) = self.pending.remove(&key) {
             self.cache_insert(key, cached, Dirty::BOTH);
             return Ok(());
@@ -172,12 +173,42 @@ impl<D: FlashDevice> Fs<D> {
 
     /// Takes a node out of memory (cache or pending), with its home.
     pub(crate) fn take(&mut self, key: NodeKey) -> Option<Cached> {
+        // A parked node that does not read back is damage in NVM: what it
+        // held is in the log, and the node is gone either way.
+        let _ = self.unpark(key);
         self.nodes.remove(key).map(|(cached, _)| cached).or_else(|| self.pending.remove(&key))
     }
 
-    /// Whether a node is in memory.
+    /// Whether a node is in memory (parked in NVM counts).
     pub(crate) fn in_memory(&self, key: NodeKey) -> bool {
-        self.nodes.contains(key) || self.pending.contains_key(&key)
+        self.nodes.contains(key)
+            || self.pending.contains_key(&key)
+            || self.parked.as_ref().is_some_and(|parked| parked.contains(key))
+    }
+
+    /// Brings a node parked in NVM back into the pending write-backs.
+    pub(crate) fn unpark(&mut self, key: NodeKey) -> Result<()> {
+        let Some(parked) = self.parked.as_mut() else { return Ok(()) };
+        if let Some(cached) = parked.unpark(&mut self.volume.device, key, self.page_size)? {
+            self.counters.nodes_unparked += 1;
+            self.pending.insert(key, cached);
+        }
+        Ok(())
+    }
+
+    /// Pages that writing home every parked node would take, about.
+    pub(crate) fn parked_pages(&self) -> u64 {
+        self.parked.as_ref().map_or(0, |parked| parked.pages_estimate(self.page_size))
+    }
+
+    /// Parks the pending write-backs in NVM, those there is room for.
+    fn park_pending(&mut self) {
+        let Some(parked) = self.parked.as_mut() else { return };
+        let page_size = self.page_size;
+        let device = &mut self.volume.device;
+        let before = self.pending.len();
+        self.pending.retain(|&key, cached| !parked.park(device, key, cached, page_size));
+        self.counters.nodes_parked += (before - self.pending.len()) as u64;
     }
 
     /// Removes a node for good: out of memory, and its page no longer
@@ -686,6 +717,11 @@ impl<D: FlashDevice> Fs<D> {
     /// pages). Whatever a write-back changes stays in `pending` if it is
     /// there, so a parent is never read stale from flash.
     pub(crate) fn drain(&mut self) -> Result<()> {
+        if !self.parking_paused {
+            // With NVM, an evicted node waits there for its next use or
+            // the checkpoint; only what finds no room goes to flash now.
+            self.park_pending();
+        }
         loop {
             if let Some((&NodeKey::Index { level, .. }, _)) = self.pending.first_key_value() {
                 // Every pending index page of the lowest level: those whose

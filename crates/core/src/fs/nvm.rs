@@ -13,12 +13,15 @@
 //! start, in order, and stops at the first one whose commit word, CRC,
 //! epoch or number does not hold: what follows it was never committed.
 
+use std::collections::{BTreeMap, VecDeque};
+
 use flintfs_flash::FlashDevice;
 use flintfs_format::{
-    decode_nvm_frame_header, encode_nvm_frame, nvm_commit_word, nvm_frame_bytes, LogBatch, NvmHeader, NvmHeaderState,
-    NVM_COMMIT_BYTES, NVM_FRAME_HEADER_BYTES, NVM_HEADER_BYTES, NVM_SIZE_BYTES_MIN,
+    decode_nvm_frame_header, encode_nvm_frame, nvm_commit_word, nvm_frame_bytes, LogBatch, Node, NvmHeader,
+    NvmHeaderState, Pointer, NVM_COMMIT_BYTES, NVM_FRAME_HEADER_BYTES, NVM_HEADER_BYTES, NVM_SIZE_BYTES_MIN,
 };
 
+use super::nodes::{Cached, NodeKey};
 use crate::error::{Error, Result};
 
 /// The fraction of the ring, in quarters, at which a checkpoint is taken.
@@ -83,6 +86,10 @@ impl NvmLog {
             }
         };
         Ok(Some(NvmLog { header, epoch: u64::MAX, used_bytes: 0, barrier }))
+    }
+
+    pub fn header(&self) -> &NvmHeader {
+        &self.header
     }
 
     /// Ring bytes in use by the current epoch.
@@ -250,5 +257,140 @@ impl NvmLog {
             }
         }
         Ok(())
+    }
+}
+
+/// Smallest slot a parked node takes in NVM.
+pub const NVM_PARK_SLOT_BYTES_MIN: u64 = 256;
+/// Nodes a checkpoint brings back from NVM at a time to write home.
+pub const NVM_UNPARK_BATCH_NODES: usize = 4096;
+
+/// Dirty node pages parked in NVM (FSMAC's hot metadata in NVM): a dirty
+/// node the cache evicts goes here instead of to flash, and comes back
+/// when it is next used; a checkpoint writes every parked node home.
+///
+/// Nothing here is durable state: the log (in NVM, persisted) and the
+/// flash checkpoint say everything a crash must keep, exactly as when an
+/// evicted node went to flash between checkpoints, so parked bytes are
+/// written without a persist and never read at mount. A node that finds no
+/// room goes to flash through the ordinary write-back.
+#[derive(Debug)]
+pub(crate) struct NvmNodes {
+    /// The park area's end in the region; it starts after the log ring.
+    end: u64,
+    /// The next never-used offset.
+    bump: u64,
+    /// Freed slots by size, oldest first (reused in turn, which spreads
+    /// the writes over them).
+    free: BTreeMap<u64, VecDeque<u64>>,
+    entries: BTreeMap<NodeKey, Parked>,
+    /// Estimate of the pages writing every parked node home takes: one per
+    /// node page, and file inodes by the bytes their pack records take.
+    node_pages: u64,
+    file_bytes: u64,
+}
+
+#[derive(Debug)]
+struct Parked {
+    offset: u64,
+    slot_bytes: u64,
+    used_bytes: u32,
+    /// The bytes' CRC, kept in memory: NVM damage is found, not decoded.
+    crc: u32,
+    home: Pointer,
+}
+
+fn crc32c_of(bytes: &[u8]) -> u32 {
+    flintfs_format::nvm_crc(bytes)
+}
+
+impl NvmNodes {
+    /// The park area after the header's log ring; `None` if no room is left
+    /// for a page.
+    pub fn after(header: &NvmHeader, nvm_size_bytes: u64, page_size: usize) -> Option<NvmNodes> {
+        let start = (header.log_offset + header.log_bytes).next_multiple_of(8);
+        (nvm_size_bytes.saturating_sub(start) >= page_size as u64).then(|| NvmNodes {
+            end: nvm_size_bytes,
+            bump: start,
+            free: BTreeMap::new(),
+            entries: BTreeMap::new(),
+            node_pages: 0,
+            file_bytes: 0,
+        })
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    pub fn contains(&self, key: NodeKey) -> bool {
+        self.entries.contains_key(&key)
+    }
+
+    pub fn any_in(&self, range: std::ops::RangeInclusive<NodeKey>) -> bool {
+        self.entries.range(range).next().is_some()
+    }
+
+    /// The first `count` parked keys, children first.
+    pub fn first_keys(&self, count: usize) -> Vec<NodeKey> {
+        self.entries.keys().take(count).copied().collect()
+    }
+
+    /// Pages writing every parked node home would take, about.
+    pub fn pages_estimate(&self, page_size: usize) -> u64 {
+        let room = (page_size - flintfs_format::NODE_HEADER_BYTES) as u64;
+        self.node_pages + self.file_bytes.div_ceil(room)
+    }
+
+    /// Parks a node; false when there is no room (or NVM refused it).
+    pub fn park<D: FlashDevice>(&mut self, device: &mut D, key: NodeKey, cached: &Cached, page_size: usize) -> bool {
+        debug_assert!(!self.entries.contains_key(&key), "{key:?} is parked twice");
+        let Some((page, used)) = cached.node.encode_unchecked(page_size) else { return false };
+        let slot_bytes = u64::from(used).next_power_of_two().max(NVM_PARK_SLOT_BYTES_MIN);
+        // Fresh space first, then freed slots oldest first: every word of
+        // the area takes a write before any takes a second (wear).
+        let offset = if self.bump + slot_bytes <= self.end {
+            self.bump += slot_bytes;
+            self.bump - slot_bytes
+        } else {
+            match self.free.get_mut(&slot_bytes).and_then(VecDeque::pop_front) {
+                Some(offset) => offset,
+                None => return false,
+            }
+        };
+        if device.nvm_write(offset, &page[..used as usize]).is_err() {
+            self.free.entry(slot_bytes).or_default().push_back(offset);
+            return false;
+        }
+        self.count(&cached.node, 1);
+        let crc = crc32c_of(&page[..used as usize]);
+        self.entries.insert(key, Parked { offset, slot_bytes, used_bytes: used, crc, home: cached.home });
+        true
+    }
+
+    /// Takes a parked node back, if it is parked.
+    pub fn unpark<D: FlashDevice>(&mut self, device: &mut D, key: NodeKey, page_size: usize) -> Result<Option<Cached>> {
+        let Some(parked) = self.entries.remove(&key) else { return Ok(None) };
+        self.free.entry(parked.slot_bytes).or_default().push_back(parked.offset);
+        let mut page = vec![0u8; page_size];
+        device.nvm_read(parked.offset, &mut page[..parked.used_bytes as usize])?;
+        if crc32c_of(&page[..parked.used_bytes as usize]) != parked.crc {
+            return Err(Error::corrupt(format!("{key:?} parked in NVM at {}: CRC mismatch", parked.offset)));
+        }
+        let node =
+            Node::decode_unchecked(&page).map_err(|error| Error::corrupt(format!("{key:?} parked in NVM: {error}")))?;
+        self.count(&node, -1);
+        Ok(Some(Cached { node, home: parked.home }))
+    }
+
+    fn count(&mut self, node: &Node, sign: i64) {
+        let apply = |total: &mut u64, amount: u64| {
+            *total = if sign > 0 { *total + amount } else { total.saturating_sub(amount) };
+        };
+        if matches!(node, Node::File { .. }) {
+            apply(&mut self.file_bytes, flintfs_format::inode_record_bytes(node) as u64);
+        } else {
+            apply(&mut self.node_pages, 1);
+        }
     }
 }
