@@ -1130,6 +1130,19 @@ pub(crate) fn run_engine(workload: &str, target: &str, fsync_mode: FsyncMode, si
     if geometry.nvm_size_bytes > 0 {
         add_nvm_fields(&mut value, &counters, ops, device.nvm_hottest_word(), geometry.nvm_size_bytes);
     }
+    if workload.starts_with("append_fsync") {
+        // The appended data as flash stores it: a page with its spare area
+        // per 4 KiB block, and that page's share of the parity pages (k in
+        // each erase block, and the zone's parity blocks).
+        let parity = MkfsOptions::new([0; 16], 0).parity_for(&geometry);
+        let zone_pages = f64::from(geometry.block_pages * geometry.zone_blocks);
+        let data_pages = f64::from(
+            (geometry.block_pages - parity.block_parity_pages) * (geometry.zone_blocks - parity.zone_parity_blocks),
+        );
+        let page_bytes = f64::from(geometry.page_size_bytes + geometry.oob_size_bytes);
+        let blocks_per_op = APPEND_BYTES.div_ceil(geometry.page_size_bytes as usize) as f64;
+        value["data_floor_bytes_per_op"] = json!(blocks_per_op * page_bytes * zone_pages / data_pages);
+    }
     if let Some(recovery) = &files.recovery {
         // Of the pages the recovery read, those of the log (and the first
         // page of each zone written since the checkpoint); the rest are

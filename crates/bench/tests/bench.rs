@@ -58,7 +58,19 @@ fn a_row_per_target_with_the_fields_tools_read() {
         serde_json::from_str(ok(&["create_fsync", "--quick", "--json"]).trim()).expect("JSON rows");
     let rows = rows.as_array().expect("an array of rows");
     let targets: Vec<&str> = rows.iter().filter_map(|row| row["target"].as_str()).collect();
-    assert_eq!(targets, ["flintfs", "flintfs-ordered", "flintfs-fuse", "flintfs-block"], "{rows:?}");
+    assert_eq!(
+        targets,
+        ["flintfs", "flintfs-ordered", "flintfs-fuse", "flintfs-nvm", "flintfs-nvm-fuse", "flintfs-block"],
+        "{rows:?}"
+    );
+    // The NVM targets say what NVM took, and their fsyncs no log page.
+    for row in rows.iter().filter(|row| row["target"].as_str().is_some_and(|target| target.contains("nvm"))) {
+        assert!(row["nvm_bytes_per_op"].as_f64().is_some_and(|bytes| bytes > 0.0), "{row}");
+        assert!(row["nvm_persists_per_op"].as_f64().is_some_and(|persists| persists >= 1.0), "{row}");
+    }
+    let nvm = rows.iter().find(|row| row["target"] == "flintfs-nvm").expect("an NVM row");
+    assert_eq!(nvm["log_pages_programmed"], 0, "{nvm}");
+    assert!(nvm["nvm_hottest_word_writes_per_million_ops"].as_f64().is_some(), "{nvm}");
     for row in rows {
         for field in [
             "workload",
