@@ -36,6 +36,8 @@ pub const NVM_FRAME_HEADER_BYTES: u64 = 8;
 pub const NVM_COMMIT_BYTES: u64 = 8;
 /// Epochs start this many bytes apart in the ring.
 pub const NVM_EPOCH_STRIDE_BYTES: u64 = 4096;
+/// 2^64 divided by the golden ratio: spreads epochs' starts over the ring.
+pub const NVM_EPOCH_SPREAD: u64 = 0x9E37_79B9_7F4A_7C15;
 /// Mixed into commit words so that zeroed NVM commits nothing.
 const NVM_COMMIT_SALT: u32 = 0x5EA1_C0DE;
 
@@ -141,7 +143,12 @@ impl NvmHeader {
     /// from `log_offset`).
     pub fn epoch_start(&self, epoch: u64) -> u64 {
         let strides = (self.log_bytes / NVM_EPOCH_STRIDE_BYTES).max(1);
-        epoch % strides * NVM_EPOCH_STRIDE_BYTES
+        // Fibonacci hashing: consecutive epochs start about 0.618 of the
+        // ring apart, so the few KiB each writes seldom overlap, and no
+        // word is rewritten by every checkpoint (wear).
+        let fraction = epoch.wrapping_mul(NVM_EPOCH_SPREAD);
+        let stride = ((u128::from(fraction) * u128::from(strides)) >> 64) as u64;
+        stride * NVM_EPOCH_STRIDE_BYTES
     }
 }
 
