@@ -38,8 +38,8 @@ pub const NVM_COMMIT_BYTES: u64 = 8;
 pub const NVM_EPOCH_STRIDE_BYTES: u64 = 4096;
 /// 2^64 divided by the golden ratio: spreads epochs' starts over the ring.
 pub const NVM_EPOCH_SPREAD: u64 = 0x9E37_79B9_7F4A_7C15;
-/// Mixed into commit words so that zeroed NVM commits nothing.
-const NVM_COMMIT_SALT: u32 = 0x5EA1_C0DE;
+/// Mixed into commit words' tags.
+const NVM_COMMIT_SALT: u64 = 0x5EA1_C0DE_F1A5_4000;
 
 const _: () = assert!(NVM_LOG_OFFSET_BYTES >= NVM_HEADER_BYTES as u64);
 const _: () = assert!(NVM_SIZE_BYTES_MIN > NVM_LOG_OFFSET_BYTES + NVM_EPOCH_STRIDE_BYTES);
@@ -179,12 +179,26 @@ pub fn decode_nvm_frame_header(bytes: &[u8]) -> Result<(u32, u32), DecodeError> 
     Ok((reader.u32()?, reader.u32()?))
 }
 
-/// The word that commits frame `batch` of `epoch` whose payload has CRC
-/// `crc`: never zero for a frame, and different for every (epoch, batch)
-/// that shares an offset.
-pub fn nvm_commit_word(epoch: u64, batch: u64, crc: u32) -> u64 {
-    let tag = (epoch as u32) ^ (epoch >> 32) as u32 ^ (batch as u32).rotate_left(16) ^ NVM_COMMIT_SALT;
-    (u64::from(crc) << 32) | u64::from(tag) | 1 << 31
+/// The word that commits frame `batch` of `epoch` of the volume whose
+/// UUID is `uuid`, its payload's CRC `crc`: `(crc << 32) | 1 << 31 | tag`,
+/// `tag` 31 bits of a hash of the UUID, the epoch and the number. Never
+/// zero, so zeroed NVM commits nothing; a word another volume, epoch or
+/// frame left at the same offset matches only if both its CRC and its tag
+/// do (about 2^-63).
+pub fn nvm_commit_word(uuid: &[u8; 16], epoch: u64, batch: u64, crc: u32) -> u64 {
+    let uuid_low = u64::from_le_bytes(uuid[..8].try_into().expect("8 bytes"));
+    let uuid_high = u64::from_le_bytes(uuid[8..].try_into().expect("8 bytes"));
+    let mixed = mix64(mix64(mix64(uuid_low ^ NVM_COMMIT_SALT) ^ uuid_high) ^ epoch) ^ batch;
+    let tag = mix64(mixed) & 0x7FFF_FFFF;
+    (u64::from(crc) << 32) | 1 << 31 | tag
+}
+
+/// splitmix64's finalizer: every input bit moves every output bit.
+fn mix64(value: u64) -> u64 {
+    let mut value = value.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    value = (value ^ (value >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    value = (value ^ (value >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    value ^ (value >> 31)
 }
 
 #[cfg(test)]
@@ -214,9 +228,13 @@ mod tests {
         assert_eq!(frame.len() % 8, 0);
         assert_eq!(decode_nvm_frame_header(&frame).unwrap(), (5, crc32c::crc32c(b"hello")));
         let crc = crc32c::crc32c(b"hello");
-        assert_ne!(nvm_commit_word(1, 0, crc), 0);
-        assert_ne!(nvm_commit_word(1, 0, crc), nvm_commit_word(2, 0, crc));
-        assert_ne!(nvm_commit_word(1, 0, crc), nvm_commit_word(1, 1, crc));
+        let uuid = [7; 16];
+        assert_ne!(nvm_commit_word(&uuid, 1, 0, crc), 0);
+        assert_ne!(nvm_commit_word(&uuid, 1, 0, crc), nvm_commit_word(&uuid, 2, 0, crc));
+        assert_ne!(nvm_commit_word(&uuid, 1, 0, crc), nvm_commit_word(&uuid, 1, 1, crc));
+        assert_ne!(nvm_commit_word(&uuid, 1, 0, crc), nvm_commit_word(&[8; 16], 1, 0, crc));
+        // The tag is a hash, not a sum: (E, 65536) and (E + 1, 0) differ.
+        assert_ne!(nvm_commit_word(&uuid, 5, 65_536, crc), nvm_commit_word(&uuid, 6, 0, crc));
         let header = NvmHeader::for_region([0; 16], 1 << 20);
         assert_ne!(header.epoch_start(1), header.epoch_start(2));
         assert!(header.epoch_start(u64::MAX) < header.log_bytes);

@@ -864,7 +864,9 @@ impl<D: FlashDevice> Fs<D> {
 
     /// Where a node's current copy is, from memory or what locates it.
     fn home_of(&mut self, key: NodeKey) -> Result<Pointer> {
-        self.unpark(key)?;
+        if let Some(home) = self.parked.as_ref().and_then(|parked| parked.home_of(key)) {
+            return Ok(home);
+        }
         if let Some(cached) = self.nodes.peek(key).or_else(|| self.pending.get(&key)) {
             return Ok(cached.home);
         }

@@ -159,7 +159,7 @@ impl<D: FlashDevice> Fs<D> {
 
     /// Adds a node that has never been written.
     pub(crate) fn insert_new(&mut self, key: NodeKey, node: Node) {
-        debug_assert!(!self.nodes.contains(key) && !self.pending.contains_key(&key), "{key:?} already exists");
+        debug_assert!(!self.in_memory(key), "{key:?} already exists");
         self.changed = true;
         self.cache_insert(key, Cached { node, home: Pointer::NULL }, Dirty::BOTH);
     }
@@ -173,9 +173,12 @@ impl<D: FlashDevice> Fs<D> {
 
     /// Takes a node out of memory (cache or pending), with its home.
     pub(crate) fn take(&mut self, key: NodeKey) -> Option<Cached> {
-        // A parked node that does not read back is damage in NVM: what it
-        // held is in the log, and the node is gone either way.
-        let _ = self.unpark(key);
+        // A parked node that does not read back stays parked (and the
+        // checkpoint that needs it fails, rather than write a tree
+        // without it).
+        if let Err(error) = self.unpark(key) {
+            tracing::error!("{key:?} could not be brought back from NVM: {}", error.message);
+        }
         self.nodes.remove(key).map(|(cached, _)| cached).or_else(|| self.pending.remove(&key))
     }
 

@@ -24,6 +24,9 @@ use flintfs_format::{
 use super::nodes::{Cached, NodeKey};
 use crate::error::{Error, Result};
 
+/// Bytes cleared at a time when a ring is started afresh.
+const NVM_CLEAR_CHUNK_BYTES: usize = 64 << 10;
+
 /// The fraction of the ring, in quarters, at which a checkpoint is taken.
 pub const NVM_LOG_CHECKPOINT_QUARTERS: u64 = 3;
 const _: () = assert!(NVM_LOG_CHECKPOINT_QUARTERS < 4);
@@ -79,6 +82,19 @@ impl NvmLog {
                     tracing::warn!("the NVM header is not this volume's ({state:?}): starting the NVM log afresh");
                 }
                 let header = NvmHeader::for_region(uuid, nvm_size_bytes);
+                // The ring first: frames an earlier volume left there must
+                // not be read as this one's (their commit words name the
+                // other UUID too, but a volume made again with the same
+                // UUID would match).
+                let zeros = vec![0u8; NVM_CLEAR_CHUNK_BYTES];
+                let (start, end) = (header.log_offset, header.log_offset + header.log_bytes);
+                let mut at = start;
+                while at < end {
+                    let length = (end - at).min(NVM_CLEAR_CHUNK_BYTES as u64);
+                    device.nvm_write(at, &zeros[..length as usize])?;
+                    at += length;
+                }
+                device.nvm_persist(start, end - start)?;
                 let encoded = header.encode();
                 device.nvm_write(0, &encoded)?;
                 device.nvm_persist(0, encoded.len() as u64)?;
@@ -135,7 +151,7 @@ impl NvmLog {
         }
         let crc = flintfs_format::nvm_crc(payload);
         let commit_at = at + frame.len() as u64;
-        let commit = nvm_commit_word(epoch, batch, crc).to_le_bytes();
+        let commit = nvm_commit_word(&self.header.uuid, epoch, batch, crc).to_le_bytes();
         self.write_ring(device, commit_at, &commit)?;
         self.persist_ring(device, commit_at, NVM_COMMIT_BYTES)?;
         self.used_bytes += frame_bytes;
@@ -177,7 +193,7 @@ impl NvmLog {
             }
             read.bytes_read += length as u64 + NVM_COMMIT_BYTES;
             let batch_number = read.batches.len() as u64;
-            if u64::from_le_bytes(commit) != nvm_commit_word(epoch, batch_number, crc) {
+            if u64::from_le_bytes(commit) != nvm_commit_word(&self.header.uuid, epoch, batch_number, crc) {
                 break format!("the NVM log ends at ring offset {at}: no commit word for batch {batch_number}");
             }
             if flintfs_format::nvm_crc(&payload) != crc {
@@ -217,7 +233,7 @@ impl NvmLog {
         if self.read_ring(device, start + frame_bytes - NVM_COMMIT_BYTES, &mut commit).is_err() {
             return false;
         }
-        u64::from_le_bytes(commit) == nvm_commit_word(epoch, 0, crc)
+        u64::from_le_bytes(commit) == nvm_commit_word(&self.header.uuid, epoch, 0, crc)
     }
 
     /// The device ranges a ring range covers (it may wrap once).
@@ -276,7 +292,8 @@ pub const NVM_UNPARK_BATCH_NODES: usize = 4096;
 /// room goes to flash through the ordinary write-back.
 #[derive(Debug)]
 pub(crate) struct NvmNodes {
-    /// The park area's end in the region; it starts after the log ring.
+    /// The park area: `[start, end)` of the region, after the log ring.
+    start: u64,
     end: u64,
     /// The next never-used offset.
     bump: u64,
@@ -310,6 +327,7 @@ impl NvmNodes {
     pub fn after(header: &NvmHeader, nvm_size_bytes: u64, page_size: usize) -> Option<NvmNodes> {
         let start = (header.log_offset + header.log_bytes).next_multiple_of(8);
         (nvm_size_bytes.saturating_sub(start) >= page_size as u64).then(|| NvmNodes {
+            start,
             end: nvm_size_bytes,
             bump: start,
             free: BTreeMap::new(),
@@ -369,9 +387,16 @@ impl NvmNodes {
     }
 
     /// Takes a parked node back, if it is parked.
+    /// A parked node's home on flash, without bringing it back.
+    pub fn home_of(&self, key: NodeKey) -> Option<Pointer> {
+        self.entries.get(&key).map(|parked| parked.home)
+    }
+
+    /// Takes a parked node back, if it is parked. A node whose bytes do
+    /// not read back whole stays parked and the error says so: nothing
+    /// falls back to its older copy on flash.
     pub fn unpark<D: FlashDevice>(&mut self, device: &mut D, key: NodeKey, page_size: usize) -> Result<Option<Cached>> {
-        let Some(parked) = self.entries.remove(&key) else { return Ok(None) };
-        self.free.entry(parked.slot_bytes).or_default().push_back(parked.offset);
+        let Some(parked) = self.entries.get(&key) else { return Ok(None) };
         let mut page = vec![0u8; page_size];
         device.nvm_read(parked.offset, &mut page[..parked.used_bytes as usize])?;
         if crc32c_of(&page[..parked.used_bytes as usize]) != parked.crc {
@@ -379,7 +404,15 @@ impl NvmNodes {
         }
         let node =
             Node::decode_unchecked(&page).map_err(|error| Error::corrupt(format!("{key:?} parked in NVM: {error}")))?;
+        let parked = self.entries.remove(&key).expect("found above");
+        self.free.entry(parked.slot_bytes).or_default().push_back(parked.offset);
         self.count(&node, -1);
+        if self.entries.is_empty() {
+            // Nothing parked (after a checkpoint): the whole area is fresh
+            // again, whatever sizes its slots had.
+            self.bump = self.start;
+            self.free.clear();
+        }
         Ok(Some(Cached { node, home: parked.home }))
     }
 
