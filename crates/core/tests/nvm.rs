@@ -311,3 +311,30 @@ fn a_new_volume_replays_nothing_an_earlier_one_left_in_nvm() {
         assert_clean(&mut fs);
     }
 }
+
+/// Hostile NVM: noise over the whole ring (and then over the header too)
+/// gives a mount that replays nothing and loses nothing the flash holds,
+/// never a panic.
+#[test]
+fn noise_in_nvm_is_never_replayed_and_never_panics() {
+    let (flash, clock) = format(1 << 20);
+    let mut fs = mount(flash, &clock, FsOptions::default());
+    create_and_fsync(&mut fs, 20, 0);
+    let mut flash = fs.unmount().unwrap();
+    let size = flash.geometry().nvm_size_bytes as usize;
+    for header_too in [false, true] {
+        let first = if header_too { 0 } else { flintfs_format::NVM_LOG_OFFSET_BYTES as usize };
+        let noise: Vec<u8> = (first..size).map(|at| (at as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) as u8).collect();
+        flash.nvm_write(first as u64, &noise).unwrap();
+        flash.nvm_persist(first as u64, noise.len() as u64).unwrap();
+        let (mut fs, report) = Fs::mount(flash, FsOptions::default(), Box::new(clock.clone())).unwrap();
+        assert!(report.recovery.is_none(), "noise was taken for a log");
+        assert_present(&mut fs, 20);
+        assert_clean(&mut fs);
+        create_and_fsync(&mut fs, 5, 20 + usize::from(header_too) * 5);
+        flash = cut(fs, 2);
+        let mut fs = mount(flash, &clock, FsOptions::default());
+        assert_present(&mut fs, 25 + usize::from(header_too) * 5);
+        flash = fs.unmount().unwrap();
+    }
+}

@@ -254,23 +254,17 @@ impl<D: FlashDevice> Fs<D> {
             &self.log.records,
         );
         let pages = (flintfs_format::RECORD_HEADER_BYTES + payload.len()).div_ceil(self.page_size) as u64;
-        if pages <= LOG_RECORD_PAGES_MAX {
-            if let Some(nvm) = self.log.nvm.as_mut() {
-                // The batch is durable when this returns: persisted, then
-                // committed by its persisted commit word.
-                nvm.append(&mut self.volume.device, self.volume.checkpoint.number, self.log.batch_next, &payload)?;
-                self.log.batch_next += 1;
-                self.counters.log_batches_written += 1;
-                self.counters.nvm_log_batches_written += 1;
-                self.counters.nvm_log_bytes_written += flintfs_format::nvm_frame_bytes(payload.len());
-                self.log.unflushed = true;
-                self.log.records.clear();
-                self.log.record_count = 0;
-                return Ok(());
-            }
+        if pages > LOG_RECORD_PAGES_MAX {
+            // The records stay buffered.
+            return Err(Error::invalid(format!("a log batch of {pages} pages")));
         }
-        let result = if pages > LOG_RECORD_PAGES_MAX {
-            Err(Error::invalid(format!("a log batch of {pages} pages")))
+        // On an error the records stay buffered.
+        if let Some(nvm) = self.log.nvm.as_mut() {
+            // The batch is durable when this returns: persisted, then
+            // committed by its persisted commit word.
+            nvm.append(&mut self.volume.device, self.volume.checkpoint.number, self.log.batch_next, &payload)?;
+            self.counters.nvm_log_batches_written += 1;
+            self.counters.nvm_log_bytes_written += flintfs_format::nvm_frame_bytes(payload.len());
         } else {
             let page_size = self.page_size;
             self.volume.append_pages(ZoneRole::Log, pages as u32, |first_sequence| {
@@ -287,13 +281,11 @@ impl<D: FlashDevice> Fs<D> {
                         (meta, std::borrow::Cow::Owned(page.data))
                     })
                     .collect()
-            })
-        };
-        // On an error the records stay buffered.
-        result?;
+            })?;
+            self.log.pages_written += pages;
+            self.counters.log_pages_written += pages;
+        }
         self.log.batch_next += 1;
-        self.log.pages_written += pages;
-        self.counters.log_pages_written += pages;
         self.counters.log_batches_written += 1;
         self.log.unflushed = true;
         self.log.records.clear();

@@ -399,10 +399,7 @@ impl<D: FlashDevice> Fs<D> {
         }
         let mut report = report;
         let epoch = fs.volume.checkpoint.number;
-        let nvm_frames = match fs.log.nvm.as_mut() {
-            Some(nvm) => nvm.has_frames(&mut fs.volume.device, epoch),
-            None => false,
-        };
+        let nvm_frames = fs.log.nvm.as_ref().is_some_and(|nvm| nvm.has_frames(&mut fs.volume.device, epoch));
         if !fs.volume.orphans.is_empty() || nvm_frames {
             // Pages were written after the checkpoint, or the NVM log
             // holds records of its epoch: an unclean stop.

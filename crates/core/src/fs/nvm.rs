@@ -164,76 +164,73 @@ impl NvmLog {
     /// Leaves the log positioned after them, so the epoch could go on.
     pub fn read_epoch<D: FlashDevice>(&mut self, device: &mut D, epoch: u64) -> NvmRead {
         let mut read = NvmRead { batches: Vec::new(), bytes_read: 0, end: String::new() };
-        let start = self.header.epoch_start(epoch);
         let mut used = 0u64;
         read.end = loop {
-            let at = start + used;
-            let room = self.header.log_bytes - used;
-            if room < NVM_FRAME_HEADER_BYTES + NVM_COMMIT_BYTES {
-                break format!("the NVM log fills its ring after {} frames", read.batches.len());
-            }
-            let mut header = [0u8; NVM_FRAME_HEADER_BYTES as usize];
-            if let Err(error) = self.read_ring(device, at, &mut header) {
-                break format!("the NVM log could not be read: {error}");
-            }
-            read.bytes_read += header.len() as u64;
-            let Ok((length, crc)) = decode_nvm_frame_header(&header) else { unreachable!("8 bytes decode") };
-            let frame_bytes = nvm_frame_bytes(length as usize);
-            if frame_bytes > room {
-                break format!("the NVM log ends at ring offset {at}: a frame of {length} bytes cannot be there");
-            }
-            let mut payload = vec![0u8; length as usize];
-            let mut commit = [0u8; NVM_COMMIT_BYTES as usize];
-            let commit_at = at + frame_bytes - NVM_COMMIT_BYTES;
-            if let Err(error) = self
-                .read_ring(device, at + NVM_FRAME_HEADER_BYTES, &mut payload)
-                .and_then(|()| self.read_ring(device, commit_at, &mut commit))
-            {
-                break format!("the NVM log could not be read: {error}");
-            }
-            read.bytes_read += length as u64 + NVM_COMMIT_BYTES;
-            let batch_number = read.batches.len() as u64;
-            if u64::from_le_bytes(commit) != nvm_commit_word(&self.header.uuid, epoch, batch_number, crc) {
-                break format!("the NVM log ends at ring offset {at}: no commit word for batch {batch_number}");
-            }
-            if flintfs_format::nvm_crc(&payload) != crc {
-                break format!("the NVM log ends at ring offset {at}: batch {batch_number} fails its CRC");
-            }
-            match LogBatch::decode(&payload) {
-                Ok(batch) if batch.epoch == epoch && batch.batch == batch_number => read.batches.push(batch),
-                Ok(batch) => {
-                    break format!(
-                        "the NVM log ends at ring offset {at}: batch {} of epoch {} where batch {batch_number} of \
-                         epoch {epoch} was due",
-                        batch.batch, batch.epoch
-                    )
+            match self.read_frame(device, epoch, read.batches.len() as u64, used, &mut read.bytes_read) {
+                Ok((batch, frame_bytes)) => {
+                    read.batches.push(batch);
+                    used += frame_bytes;
                 }
-                Err(error) => break format!("the NVM log ends at ring offset {at}: {error}"),
+                Err(end) => break end,
             }
-            used += frame_bytes;
         };
         self.epoch = epoch;
         self.used_bytes = used;
         read
     }
 
-    /// Whether `epoch` has a committed frame: the log must be replayed.
-    pub fn has_frames<D: FlashDevice>(&mut self, device: &mut D, epoch: u64) -> bool {
-        let start = self.header.epoch_start(epoch);
-        let mut header = [0u8; NVM_FRAME_HEADER_BYTES as usize];
-        if self.read_ring(device, start, &mut header).is_err() {
-            return false;
+    /// Whether `epoch` has a committed first frame: the log must be
+    /// replayed.
+    pub fn has_frames<D: FlashDevice>(&self, device: &mut D, epoch: u64) -> bool {
+        self.read_frame(device, epoch, 0, 0, &mut 0).is_ok()
+    }
+
+    /// Reads frame `batch` of `epoch`, `used` ring bytes past the epoch's
+    /// start, and the bytes it takes; or why the log ends there. Counts
+    /// the bytes it reads into `bytes_read`.
+    fn read_frame<D: FlashDevice>(
+        &self,
+        device: &mut D,
+        epoch: u64,
+        batch: u64,
+        used: u64,
+        bytes_read: &mut u64,
+    ) -> std::result::Result<(LogBatch, u64), String> {
+        let at = self.header.epoch_start(epoch) + used;
+        let room = self.header.log_bytes - used;
+        if room < NVM_FRAME_HEADER_BYTES + NVM_COMMIT_BYTES {
+            return Err(format!("the NVM log fills its ring after {batch} frames"));
         }
-        let Ok((length, crc)) = decode_nvm_frame_header(&header) else { return false };
+        let unreadable = |error: Error| format!("the NVM log could not be read: {error}");
+        let mut header = [0u8; NVM_FRAME_HEADER_BYTES as usize];
+        self.read_ring(device, at, &mut header).map_err(unreadable)?;
+        *bytes_read += header.len() as u64;
+        let (length, crc) = decode_nvm_frame_header(&header).map_err(|error| error.to_string())?;
         let frame_bytes = nvm_frame_bytes(length as usize);
-        if frame_bytes > self.header.log_bytes {
-            return false;
+        if frame_bytes > room {
+            return Err(format!("the NVM log ends at ring offset {at}: a frame of {length} bytes cannot be there"));
         }
         let mut commit = [0u8; NVM_COMMIT_BYTES as usize];
-        if self.read_ring(device, start + frame_bytes - NVM_COMMIT_BYTES, &mut commit).is_err() {
-            return false;
+        self.read_ring(device, at + frame_bytes - NVM_COMMIT_BYTES, &mut commit).map_err(unreadable)?;
+        *bytes_read += NVM_COMMIT_BYTES;
+        if u64::from_le_bytes(commit) != nvm_commit_word(&self.header.uuid, epoch, batch, crc) {
+            return Err(format!("the NVM log ends at ring offset {at}: no commit word for batch {batch}"));
         }
-        u64::from_le_bytes(commit) == nvm_commit_word(&self.header.uuid, epoch, 0, crc)
+        let mut payload = vec![0u8; length as usize];
+        self.read_ring(device, at + NVM_FRAME_HEADER_BYTES, &mut payload).map_err(unreadable)?;
+        *bytes_read += u64::from(length);
+        if flintfs_format::nvm_crc(&payload) != crc {
+            return Err(format!("the NVM log ends at ring offset {at}: batch {batch} fails its CRC"));
+        }
+        match LogBatch::decode(&payload) {
+            Ok(decoded) if decoded.epoch == epoch && decoded.batch == batch => Ok((decoded, frame_bytes)),
+            Ok(decoded) => Err(format!(
+                "the NVM log ends at ring offset {at}: batch {} of epoch {} where batch {batch} of epoch {epoch} \
+                 was due",
+                decoded.batch, decoded.epoch
+            )),
+            Err(error) => Err(format!("the NVM log ends at ring offset {at}: {error}")),
+        }
     }
 
     /// The device ranges a ring range covers (it may wrap once).
