@@ -66,6 +66,19 @@ pub struct Bch {
     /// `(v(x) * x^(r + 8i)) mod g(x)` for every byte `v`, at `256 * i + v`,
     /// i = 0..8: eight message bytes a step (empty when `r < 64`).
     word_tables: Vec<Register>,
+    /// Barrett's constant for eight bytes a step by carry-less multiplies:
+    /// `floor(x^(r + 64) / g(x))` without its leading `x^64` (0 when
+    /// `r < 64`).
+    barrett: u64,
+    /// `x^(r' + 64) mod g'(x)`, and `g'(x) - x^r'`, with r' the register's
+    /// width (512 bits) and `g' = g * x^(r' - r)`: the carry-less loop's
+    /// fold constant and generator.
+    fold: Register,
+    generator_aligned: Register,
+    /// Whether this processor multiplies carry-less (x86-64's PCLMULQDQ):
+    /// then eight message bytes cost nine multiplies, not eight 64-byte
+    /// table rows. Either way the remainder is the same.
+    carryless: bool,
 }
 
 fn register_bit(register: &Register, bit: u32) -> bool {
@@ -91,6 +104,41 @@ fn register_shift_left(register: &Register, shift: u32, bits: u32) -> Register {
             *word = 0;
         } else if bits < low + 64 {
             *word &= (1u64 << (bits - low)) - 1;
+        }
+    }
+    out
+}
+
+/// Whether [`carryless_multiply`] can run here.
+fn carryless_multiply_available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("pclmulqdq")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// The 127-bit carry-less product of two 64-bit polynomials: (low, high).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "pclmulqdq")]
+#[inline]
+fn carryless_multiply(left: u64, right: u64) -> (u64, u64) {
+    use std::arch::x86_64::{_mm_clmulepi64_si128, _mm_cvtsi128_si64, _mm_set_epi64x, _mm_unpackhi_epi64};
+    let product = _mm_clmulepi64_si128(_mm_set_epi64x(0, left as i64), _mm_set_epi64x(0, right as i64), 0x00);
+    (_mm_cvtsi128_si64(product) as u64, _mm_cvtsi128_si64(_mm_unpackhi_epi64(product, product)) as u64)
+}
+
+/// `register << shift` for any shift, truncated to the register's width.
+fn register_shift_left_any(register: &Register, shift: u32) -> Register {
+    let (words, bits) = ((shift / 64) as usize, shift % 64);
+    let mut out = [0u64; REGISTER_WORDS];
+    for index in words..REGISTER_WORDS {
+        out[index] = register[index - words] << bits;
+        if bits > 0 && index > words {
+            out[index] |= register[index - words - 1] >> (64 - bits);
         }
     }
     out
@@ -146,6 +194,14 @@ impl Bch {
                 }
             }
             code.word_tables = tables;
+            code.barrett = code.barrett_constant();
+            // x^64 * x^r mod g is the remainder of the message x^64: a one
+            // and eight zero bytes.
+            let padding = (REGISTER_WORDS * 64) as u32 - parity_bits;
+            let fold = code.remainder_bytewise(&[1, 0, 0, 0, 0, 0, 0, 0, 0]);
+            code.fold = register_shift_left_any(&fold, padding);
+            code.generator_aligned = register_shift_left_any(&code.generator, padding);
+            code.carryless = carryless_multiply_available();
         }
         Ok(code)
     }
@@ -187,6 +243,10 @@ impl Bch {
             generator: [0; REGISTER_WORDS],
             byte_table: Vec::new(),
             word_tables: Vec::new(),
+            barrett: 0,
+            fold: [0; REGISTER_WORDS],
+            generator_aligned: [0; REGISTER_WORDS],
+            carryless: false,
         }
     }
 
@@ -283,6 +343,17 @@ impl Bch {
         if self.word_tables.is_empty() {
             return self.remainder_bytewise(message);
         }
+        #[cfg(target_arch = "x86_64")]
+        if self.carryless {
+            // SAFETY: `carryless` is set only where the processor has
+            // PCLMULQDQ (`carryless_multiply_available`).
+            return unsafe { self.remainder_carryless(message) };
+        }
+        self.remainder_tables(message)
+    }
+
+    /// The remainder eight bytes a step from the word tables.
+    fn remainder_tables(&self, message: &[u8]) -> Register {
         let mask = self.register_mask();
         let mut register = [0u64; REGISTER_WORDS];
         let chunks = message.chunks_exact(8);
@@ -310,6 +381,81 @@ impl Bch {
             }
         }
         self.bytewise_from(register, tail)
+    }
+
+    /// The remainder eight bytes a step by carry-less multiplies (r >= 64).
+    ///
+    /// Work modulo `g'(x) = g(x) * x^d`, with `d` padding r to the
+    /// register's fixed width (`r'` bits, so the loops unroll): if `M x^r = Q g + R` then `M x^r' = Q g' + R x^d`, so the
+    /// remainder comes out shifted up by `d` and every word lines up. The
+    /// state S is one word wider than `r'` and only congruent to
+    /// `M x^r' mod g'`; a step multiplies it by `x^64`, folding its top word
+    /// `t` back as `t * (x^(r'+64) mod g')`, and adds the incoming word at
+    /// `x^r'`. The chain from one step to the next is one multiply, not a
+    /// table walk. One Barrett step reduces S at the end: over GF(2) the
+    /// quotient `t + high(t * barrett)` is exact.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "pclmulqdq")]
+    unsafe fn remainder_carryless(&self, message: &[u8]) -> Register {
+        const TOP: usize = REGISTER_WORDS;
+        let mut state = [0u64; REGISTER_WORDS + 1];
+        let chunks = message.chunks_exact(8);
+        let tail = chunks.remainder();
+        for chunk in chunks {
+            let incoming = u64::from_be_bytes(chunk.try_into().expect("eight bytes"));
+            let top = state[TOP];
+            let mut next = [0u64; REGISTER_WORDS + 1];
+            let mut carry = 0u64;
+            for index in 0..REGISTER_WORDS {
+                let (low, high) = carryless_multiply(top, self.fold[index]);
+                let shifted = if index > 0 { state[index - 1] } else { 0 };
+                next[index] = shifted ^ low ^ carry;
+                carry = high;
+            }
+            next[TOP] = state[TOP - 1] ^ incoming ^ carry;
+            state = next;
+        }
+        let top = state[TOP];
+        let quotient = top ^ carryless_multiply(top, self.barrett).1;
+        let mut padded = [0u64; REGISTER_WORDS];
+        let mut carry = 0u64;
+        for index in 0..REGISTER_WORDS {
+            let (low, high) = carryless_multiply(quotient, self.generator_aligned[index]);
+            padded[index] = state[index] ^ low ^ carry;
+            carry = high;
+        }
+        debug_assert_eq!(top ^ quotient ^ carry, 0, "Barrett's quotient clears the top word");
+        let padding = (REGISTER_WORDS * 64) as u32 - self.parity_bits;
+        let (words, bits) = ((padding / 64) as usize, padding % 64);
+        let mut register = [0u64; REGISTER_WORDS];
+        for index in 0..REGISTER_WORDS - words {
+            register[index] = padded[index + words] >> bits;
+            if bits > 0 && index + words + 1 < REGISTER_WORDS {
+                register[index] |= padded[index + words + 1] << (64 - bits);
+            }
+        }
+        self.bytewise_from(register, tail)
+    }
+
+    /// `floor(x^(r + 64) / g(x))` without its `x^64` term: the quotient
+    /// bits a bit-serial division of `x^64 * x^r` feeds back, after the
+    /// first.
+    fn barrett_constant(&self) -> u64 {
+        let mut register = [0u64; REGISTER_WORDS];
+        let mut quotient = 0u64;
+        for step in 0..65 {
+            let feedback = (step == 0) ^ register_bit(&register, self.parity_bits - 1);
+            register = register_shift_left(&register, 1, self.parity_bits);
+            if feedback {
+                register_xor(&mut register, &self.generator);
+            }
+            if step == 0 {
+                assert!(feedback, "x^(r+64) / g has a leading x^64");
+            } else {
+                quotient = quotient << 1 | u64::from(feedback);
+            }
+        }
+        quotient
     }
 
     /// The r-bit mask of each register word.
@@ -545,11 +691,16 @@ mod tests {
                         state as u8
                     })
                     .collect();
-                assert_eq!(
-                    code.remainder(&message),
-                    code.remainder_bytewise(&message),
-                    "m = {field_bits}, t = {correctable}"
-                );
+                let bytewise = code.remainder_bytewise(&message);
+                assert_eq!(code.remainder(&message), bytewise, "m = {field_bits}, t = {correctable}");
+                assert_eq!(code.remainder_tables(&message), bytewise, "m = {field_bits}, t = {correctable}");
+                assert_eq!(code.carryless, super::carryless_multiply_available());
+                #[cfg(target_arch = "x86_64")]
+                if code.carryless {
+                    // SAFETY: the processor has PCLMULQDQ.
+                    let carryless = unsafe { code.remainder_carryless(&message) };
+                    assert_eq!(carryless, bytewise, "m = {field_bits}, t = {correctable}");
+                }
             }
         }
     }
