@@ -519,7 +519,7 @@ impl<D: FlashDevice> Fs<D> {
             .as_ref()
             .and_then(|nvm| nvm::NvmNodes::after(nvm.header(), volume.device().geometry().nvm_size_bytes, page_size));
         Ok(Fs {
-            nodes: PageCache::new(options.node_cache_bytes),
+            nodes: PageCache::new_ordered(options.node_cache_bytes),
             read_cache: PageCache::new(options.read_cache_bytes),
             options,
             clock,

@@ -101,7 +101,7 @@ pub(crate) fn index_capacity(page_size: usize) -> usize {
 
 /// A node in memory. The order is the order a checkpoint writes them in:
 /// children before what points at them.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub(crate) enum NodeKey {
     Index { level: u8, ino: u64, number: u64 },
     File(u64),
@@ -140,6 +140,9 @@ impl<D: FlashDevice> Fs<D> {
     /// Reads a node in place: what the hot paths use, so that a lookup
     /// copies the one entry it wants, not the page.
     pub(crate) fn with_node<R>(&mut self, key: NodeKey, read: impl FnOnce(&Node) -> R) -> Result<R> {
+        if let Some(cached) = self.nodes.get(key) {
+            return Ok(read(&cached.node));
+        }
         self.ensure(key)?;
         Ok(read(&self.nodes.get(key).expect("ensured").node))
     }
