@@ -362,14 +362,22 @@ impl<D: FlashDevice> Fs<D> {
     /// Reads block `block` of file `ino` from `pointer`, checking its
     /// inverted index; returns the whole block (zeros past what is stored).
     pub(crate) fn read_block(&mut self, ino: u64, born: u64, block: u64, pointer: Pointer) -> Result<Vec<u8>> {
+        let mut out = vec![0u8; self.page_size];
+        self.read_block_into(ino, born, block, pointer, &mut out)?;
+        Ok(out)
+    }
+
+    /// [`Fs::read_block`] into `out`, a block's length of zeros.
+    fn read_block_into(&mut self, ino: u64, born: u64, block: u64, pointer: Pointer, out: &mut [u8]) -> Result<()> {
         let page_size = self.page_size;
+        debug_assert_eq!(out.len(), page_size);
         let wanted = WantedBlock { ino, born, block, pointer, offset: block * self.block_bytes() };
         let whole = pointer.whole_page();
         // A hit is read in place: copying the cached page out first cost
         // webserver a fifth of its time.
         if let Some((header, data)) = self.read_cache.get(whole) {
             self.counters.read_cache_hits += 1;
-            return wanted.cut_from_page(header, data, page_size);
+            return wanted.cut_from_page(header, data, out);
         }
         if pointer.zone() >= self.volume.device().geometry().zone_count {
             return Err(Error::corrupt(format!("inode {ino} block {block} points past the device: {pointer}")));
@@ -387,23 +395,32 @@ impl<D: FlashDevice> Fs<D> {
             );
         })?;
         self.counters.data_pages_read += 1;
-        let out = wanted.cut_from_page(&header, &data, page_size);
+        let cut = wanted.cut_from_page(&header, &data, out);
         // Only clean pages go in: nothing comes back to write.
         let _ = self.read_cache.insert(whole, (header, data), page_size, crate::cache::Dirty::CLEAN);
-        out
+        cut
     }
 
     /// The bytes of a file from `offset`, at most `size`, stopping at its
     /// end. Holes read as zeros.
     pub(crate) fn file_read(&mut self, ino: u64, offset: u64, size: u64) -> Result<Vec<u8>> {
         let file_key = self.file_key(ino)?;
-        let Node::File { inode, content, .. } = self.node(file_key)? else { unreachable!() };
-        let end = inode.size.min(offset.saturating_add(size));
+        // The inode is read in place, and an inline file's bytes copied
+        // once, straight out of it.
+        let (end, born, inline) = self.with_node(file_key, |node| {
+            let Node::File { inode, content, .. } = node else { unreachable!("file keys hold files") };
+            let end = inode.size.min(offset.saturating_add(size));
+            let inline = match content {
+                FileContent::Inline(data) if offset < end => Some(data[offset as usize..end as usize].to_vec()),
+                _ => None,
+            };
+            (end, inode.born, inline)
+        })?;
         if offset >= end {
             return Ok(Vec::new());
         }
-        if let FileContent::Inline(data) = content {
-            return Ok(data[offset as usize..end as usize].to_vec());
+        if let Some(data) = inline {
+            return Ok(data);
         }
         let block_bytes = self.block_bytes();
         // The size comes from flash: no allocation is sized from it alone.
@@ -417,10 +434,15 @@ impl<D: FlashDevice> Fs<D> {
                 out.extend_from_slice(&buffered[within..within + take]);
             } else {
                 let pointer = self.block_pointer(ino, block)?;
+                let start = out.len();
                 if pointer.is_null() {
-                    out.resize(out.len() + take, 0);
+                    out.resize(start + take, 0);
+                } else if take == self.page_size {
+                    // A whole block lands in place: no buffer of its own.
+                    out.resize(start + take, 0);
+                    self.read_block_into(ino, born, block, pointer, &mut out[start..])?;
                 } else {
-                    let data = self.read_block(ino, inode.born, block, pointer)?;
+                    let data = self.read_block(ino, born, block, pointer)?;
                     out.extend_from_slice(&data[within..within + take]);
                 }
             }
@@ -1052,12 +1074,13 @@ struct WantedBlock {
 }
 
 impl WantedBlock {
-    /// The whole block (zeros past what is stored) out of its verified
-    /// page, once the page's inverted index names it.
-    fn cut_from_page(&self, header: &flintfs_format::PageHeader, data: &[u8], page_size: usize) -> Result<Vec<u8>> {
+    /// The block out of its verified page, once the page's inverted index
+    /// names it, into `out`: a block's length of zeros, which stay past
+    /// what is stored.
+    fn cut_from_page(&self, header: &flintfs_format::PageHeader, data: &[u8], out: &mut [u8]) -> Result<()> {
         let WantedBlock { ino, born, block, pointer, offset } = *self;
+        let page_size = out.len();
         let bad = |what: String| Error::corrupt(format!("inode {ino} block {block} at {pointer}: {what}"));
-        let mut out = vec![0u8; page_size];
         if pointer.chunk() == 0 {
             if header.kind != PageKind::DataBlock {
                 return Err(bad(format!("a {:?} page, not a data block", header.kind)));
@@ -1092,6 +1115,6 @@ impl WantedBlock {
                 out[..logical.len()].copy_from_slice(&logical);
             }
         }
-        Ok(out)
+        Ok(())
     }
 }
