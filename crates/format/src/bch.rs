@@ -113,7 +113,7 @@ fn register_shift_left(register: &Register, shift: u32, bits: u32) -> Register {
 fn carryless_multiply_available() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        std::arch::is_x86_feature_detected!("pclmulqdq")
+        std::arch::is_x86_feature_detected!("pclmulqdq") && std::arch::is_x86_feature_detected!("ssse3")
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
@@ -407,34 +407,58 @@ impl Bch {
     /// `x^r'`. The chain from one step to the next is one multiply, not a
     /// table walk. One Barrett step reduces S at the end: over GF(2) the
     /// quotient `t + high(t * barrett)` is exact.
+    ///
+    /// The state lives in four 128-bit registers and a fifth for its top
+    /// word, so nothing moves between vector and general registers in the
+    /// loop. The products of the top word with the fold's even words land
+    /// on register boundaries; those with its odd words land one word up,
+    /// as the shifted state does, so they are added to the state before the
+    /// shift and move with it (`alignr`).
     #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "pclmulqdq")]
+    #[target_feature(enable = "pclmulqdq,ssse3")]
     unsafe fn remainder_carryless(&self, message: &[u8]) -> Register {
-        const TOP: usize = REGISTER_WORDS;
-        let mut state = [0u64; REGISTER_WORDS + 1];
+        use std::arch::x86_64::{
+            __m128i, _mm_alignr_epi8, _mm_clmulepi64_si128, _mm_cvtsi64_si128, _mm_loadu_si128, _mm_setzero_si128,
+            _mm_slli_si128, _mm_srli_si128, _mm_storeu_si128, _mm_xor_si128,
+        };
+        const LANES: usize = REGISTER_WORDS / 2;
+        // SAFETY (the loads and stores): each names 16 bytes in a u64 array.
+        let mut fold = [_mm_setzero_si128(); LANES];
+        for (lane, register) in fold.iter_mut().enumerate() {
+            *register = unsafe { _mm_loadu_si128(self.fold[2 * lane..].as_ptr().cast::<__m128i>()) };
+        }
+        let mut state = [_mm_setzero_si128(); LANES];
+        let mut top = _mm_setzero_si128();
         let chunks = message.chunks_exact(8);
         let tail = chunks.remainder();
         for chunk in chunks {
             let incoming = u64::from_be_bytes(chunk.try_into().expect("eight bytes"));
-            let top = state[TOP];
-            let mut next = [0u64; REGISTER_WORDS + 1];
-            let mut carry = 0u64;
-            for index in 0..REGISTER_WORDS {
-                let (low, high) = carryless_multiply(top, self.fold[index]);
-                let shifted = if index > 0 { state[index - 1] } else { 0 };
-                next[index] = shifted ^ low ^ carry;
-                carry = high;
+            let mut even = [_mm_setzero_si128(); LANES];
+            let mut moving = [_mm_setzero_si128(); LANES];
+            for lane in 0..LANES {
+                even[lane] = _mm_clmulepi64_si128::<0x00>(top, fold[lane]);
+                moving[lane] = _mm_xor_si128(state[lane], _mm_clmulepi64_si128::<0x10>(top, fold[lane]));
             }
-            next[TOP] = state[TOP - 1] ^ incoming ^ carry;
-            state = next;
+            top = _mm_xor_si128(_mm_srli_si128::<8>(moving[LANES - 1]), _mm_cvtsi64_si128(incoming as i64));
+            state[0] = _mm_xor_si128(even[0], _mm_slli_si128::<8>(moving[0]));
+            for lane in 1..LANES {
+                state[lane] = _mm_xor_si128(even[lane], _mm_alignr_epi8::<8>(moving[lane], moving[lane - 1]));
+            }
         }
-        let top = state[TOP];
+        let mut words = [0u64; REGISTER_WORDS + 1];
+        for (lane, register) in state.iter().enumerate() {
+            unsafe { _mm_storeu_si128(words[2 * lane..].as_mut_ptr().cast::<__m128i>(), *register) };
+        }
+        let mut top_words = [0u64; 2];
+        unsafe { _mm_storeu_si128(top_words.as_mut_ptr().cast::<__m128i>(), top) };
+        words[REGISTER_WORDS] = top_words[0];
+        let top = words[REGISTER_WORDS];
         let quotient = top ^ carryless_multiply(top, self.barrett).1;
         let mut padded = [0u64; REGISTER_WORDS];
         let mut carry = 0u64;
         for index in 0..REGISTER_WORDS {
             let (low, high) = carryless_multiply(quotient, self.generator_aligned[index]);
-            padded[index] = state[index] ^ low ^ carry;
+            padded[index] = words[index] ^ low ^ carry;
             carry = high;
         }
         debug_assert_eq!(top ^ quotient ^ carry, 0, "Barrett's quotient clears the top word");
@@ -691,14 +715,7 @@ mod tests {
             let code = Bch::new(field_bits, correctable, message_bytes).unwrap();
             assert!(code.parity_bits() >= 64, "m = {field_bits}, t = {correctable}");
             for _ in 0..8 {
-                let message: Vec<u8> = (0..message_bytes)
-                    .map(|_| {
-                        state ^= state << 13;
-                        state ^= state >> 7;
-                        state ^= state << 17;
-                        state as u8
-                    })
-                    .collect();
+                let message: Vec<u8> = (0..message_bytes).map(|_| crate::test_noise(&mut state) as u8).collect();
                 let bytewise = code.remainder_bytewise(&message);
                 assert_eq!(code.remainder(&message), bytewise, "m = {field_bits}, t = {correctable}");
                 assert_eq!(code.remainder_tables(&message), bytewise, "m = {field_bits}, t = {correctable}");
@@ -724,10 +741,7 @@ mod tests {
             for _ in 0..16 {
                 let mut register = [0u64; super::REGISTER_WORDS];
                 for bit in 0..code.parity_bits() {
-                    state ^= state << 13;
-                    state ^= state >> 7;
-                    state ^= state << 17;
-                    if state & 1 == 1 {
+                    if crate::test_noise(&mut state) & 1 == 1 {
                         super::register_flip(&mut register, bit);
                     }
                 }

@@ -392,14 +392,7 @@ mod tests {
     fn the_lane_signature_agrees_with_the_symbol_signature() {
         let mut state = 0x853C_49E6_748F_EA9Bu64;
         for length in [0, 1, 2, 63, 64, 65, 130, 4096, 4168, 16384 + 72] {
-            let bytes: Vec<u8> = (0..length)
-                .map(|_| {
-                    state ^= state << 13;
-                    state ^= state >> 7;
-                    state ^= state << 17;
-                    state as u8
-                })
-                .collect();
+            let bytes: Vec<u8> = (0..length).map(|_| crate::test_noise(&mut state) as u8).collect();
             let expected = super::signature_scalar(&bytes);
             assert_eq!(super::signature(&bytes), expected, "{length} bytes");
             #[cfg(target_arch = "x86_64")]

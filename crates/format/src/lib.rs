@@ -26,6 +26,15 @@ pub mod protection;
 mod record;
 mod superblock;
 
+/// Noise for the unit tests: xorshift64, deterministic from its state.
+#[cfg(test)]
+pub(crate) fn test_noise(state: &mut u64) -> u64 {
+    *state ^= *state << 13;
+    *state ^= *state >> 7;
+    *state ^= *state << 17;
+    *state
+}
+
 pub use checkpoint::{
     orphans_max, Checkpoint, LogHead, TreeRoots, ZoneRole, ZoneUsage, CHECKPOINT_FIXED_BYTES, LOG_HEADS_MAX,
     LOG_HEAD_BYTES, ZONE_USAGE_BYTES,
