@@ -114,13 +114,57 @@ impl<D: FlashDevice> Fs<D> {
         let buffered: Vec<u64> =
             self.dirty_blocks.range((ino, 0)..=(ino, u64::MAX)).map(|(&(_, block), _)| block).collect();
         let sector_bytes = 512;
-        let mut bytes = units_stored.saturating_mul(u64::from(CHUNK_UNIT_BYTES));
-        for block in buffered {
-            if self.block_pointer(ino, block)?.is_null() {
-                bytes = bytes.saturating_add(self.block_bytes());
-            }
-        }
+        let unstored = self.holes_among(ino, &buffered)?;
+        let bytes = units_stored
+            .saturating_mul(u64::from(CHUNK_UNIT_BYTES))
+            .saturating_add(unstored.saturating_mul(self.block_bytes()));
         Ok(bytes.div_ceil(sector_bytes))
+    }
+
+    /// How many of `blocks` (ascending) the file's index does not point at.
+    /// Blocks under one index leaf are read from it together: a file with
+    /// many buffered blocks (a log being appended) made every stat walk
+    /// the index once per block, a quarter of webserver's host time.
+    fn holes_among(&mut self, ino: u64, blocks: &[u64]) -> Result<u64> {
+        let fanout = self.index_fanout();
+        let file_key = self.file_key(ino)?;
+        let height = self.with_node(file_key, |node| match node {
+            Node::File { content: FileContent::Index { height, .. }, .. } => *height,
+            _ => 0,
+        })?;
+        // Only a tree with leaves, and only blocks it covers, read a leaf.
+        let covered = if height == 0 { 0 } else { self.index_capacity_blocks(height) };
+        let mut holes = 0u64;
+        let mut index = 0;
+        while index < blocks.len() {
+            let block = blocks[index];
+            // The first block of a leaf walks the path (and brings the leaf
+            // in); the rest under the same leaf read it in place.
+            let leaf = block / fanout;
+            let group_end =
+                blocks[index..].iter().position(|&other| other / fanout != leaf).map_or(blocks.len(), |at| index + at);
+            if self.block_pointer(ino, block)?.is_null() {
+                holes += 1;
+            }
+            let rest = &blocks[index + 1..group_end];
+            let leaf_key = NodeKey::Index { level: 0, ino, number: leaf };
+            if !rest.is_empty() && rest.iter().all(|&other| other < covered) && self.in_memory(leaf_key) {
+                holes += self.with_node(leaf_key, |node| match node {
+                    Node::Index { pointers, .. } => {
+                        rest.iter().filter(|&&other| pointers[(other % fanout) as usize].is_null()).count() as u64
+                    }
+                    _ => unreachable!("index keys hold index nodes"),
+                })?;
+            } else {
+                for &other in rest {
+                    if self.block_pointer(ino, other)?.is_null() {
+                        holes += 1;
+                    }
+                }
+            }
+            index = group_end;
+        }
+        Ok(holes)
     }
 
     /// The first block in `from..end` that the file's index points at
@@ -375,9 +419,9 @@ impl<D: FlashDevice> Fs<D> {
         let whole = pointer.whole_page();
         // A hit is read in place: copying the cached page out first cost
         // webserver a fifth of its time.
-        if let Some((header, data)) = self.read_cache.get(whole) {
+        if let Some(cached) = self.read_cache.get(whole) {
             self.counters.read_cache_hits += 1;
-            return wanted.cut_from_page(header, data, out);
+            return wanted.cut_from_page(cached, out);
         }
         if pointer.zone() >= self.volume.device().geometry().zone_count {
             return Err(Error::corrupt(format!("inode {ino} block {block} points past the device: {pointer}")));
@@ -395,9 +439,13 @@ impl<D: FlashDevice> Fs<D> {
             );
         })?;
         self.counters.data_pages_read += 1;
-        let cut = wanted.cut_from_page(&header, &data, out);
+        let page = CachedPage::new(header, data);
+        let cut = wanted.cut_from_page(&page, out);
         // Only clean pages go in: nothing comes back to write.
-        let _ = self.read_cache.insert(whole, (header, data), page_size, crate::cache::Dirty::CLEAN);
+        let bytes = page.bytes(page_size);
+        if bytes <= self.read_cache.capacity_bytes() {
+            let _ = self.read_cache.insert(whole, page, bytes, crate::cache::Dirty::CLEAN);
+        }
         cut
     }
 
@@ -1064,6 +1112,34 @@ fn stored_less(count: u32, freed: u64) -> u32 {
     u32::try_from(u64::from(count).saturating_sub(freed)).unwrap_or(0)
 }
 
+/// A verified data page in the read cache. A packed page's chunk table is
+/// parsed once, when the page comes in, not at every block read from it
+/// (parsing every header each time was a seventh of webserver's time).
+pub(crate) struct CachedPage {
+    header: flintfs_format::PageHeader,
+    data: Vec<u8>,
+    /// The packed page's chunks, or why they do not parse.
+    chunks: std::result::Result<Vec<(ChunkHeader, std::ops::Range<usize>)>, String>,
+}
+
+impl CachedPage {
+    fn new(header: flintfs_format::PageHeader, data: Vec<u8>) -> CachedPage {
+        let chunks = if header.kind == PageKind::PackedData {
+            parse_packed(&data, header.length, header.count).map_err(|error| error.to_string())
+        } else {
+            Ok(Vec::new())
+        };
+        CachedPage { header, data, chunks }
+    }
+
+    /// What the page holds against the cache's bound: the page and its
+    /// chunk table.
+    fn bytes(&self, page_size: usize) -> usize {
+        let table = self.chunks.as_ref().map_or(0, |chunks| chunks.len());
+        page_size + table * std::mem::size_of::<(ChunkHeader, std::ops::Range<usize>)>()
+    }
+}
+
 /// A block a read wants, and what its page must say to be it.
 struct WantedBlock {
     ino: u64,
@@ -1077,8 +1153,9 @@ impl WantedBlock {
     /// The block out of its verified page, once the page's inverted index
     /// names it, into `out`: a block's length of zeros, which stay past
     /// what is stored.
-    fn cut_from_page(&self, header: &flintfs_format::PageHeader, data: &[u8], out: &mut [u8]) -> Result<()> {
+    fn cut_from_page(&self, page: &CachedPage, out: &mut [u8]) -> Result<()> {
         let WantedBlock { ino, born, block, pointer, offset } = *self;
+        let (header, data) = (&page.header, page.data.as_slice());
         let page_size = out.len();
         let bad = |what: String| Error::corrupt(format!("inode {ino} block {block} at {pointer}: {what}"));
         if pointer.chunk() == 0 {
@@ -1094,7 +1171,7 @@ impl WantedBlock {
             if header.kind != PageKind::PackedData {
                 return Err(bad(format!("a {:?} page, not packed chunks", header.kind)));
             }
-            let chunks = parse_packed(data, header.length, header.count).map_err(|error| bad(error.to_string()))?;
+            let chunks = page.chunks.as_ref().map_err(|reason| bad(reason.clone()))?;
             let (chunk, range) =
                 chunks.get(pointer.chunk() as usize - 1).ok_or_else(|| bad("no such chunk".into()))?.clone();
             if chunk.ino != ino || chunk.offset != offset || chunk.version < born || chunk.kind != ChunkKind::FileData {

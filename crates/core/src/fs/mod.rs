@@ -298,7 +298,7 @@ pub struct Fs<D: FlashDevice> {
     /// Buffered file blocks: `(ino, block)` to the whole block.
     pub(crate) dirty_blocks: BTreeMap<(u64, u64), Vec<u8>>,
     /// Verified data pages, by where they are.
-    pub(crate) read_cache: PageCache<Pointer, (flintfs_format::PageHeader, Vec<u8>)>,
+    pub(crate) read_cache: PageCache<Pointer, data::CachedPage>,
     /// The map's directory pages (from the checkpoint's tree roots), which
     /// locate its pages, and its allocator.
     pub(crate) map_directory: Vec<Pointer>,
