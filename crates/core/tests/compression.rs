@@ -379,3 +379,29 @@ fn a_marked_file_whose_data_turns_compressible_compresses_again() {
     assert!(fs.read(file, 0, data.len() as u64).unwrap() == data);
     assert_clean(&mut fs);
 }
+
+/// `st_blocks` counts each buffered block that the index does not point
+/// at yet: blocks rewritten in place count once, new ones under an index
+/// leaf that exists and under one that does not count too, so the figure
+/// is the same before and after the buffer goes to flash.
+#[test]
+fn st_blocks_counts_buffered_blocks_over_index_leaves() {
+    let (flash, clock) = format(128, Compression::None);
+    let mut fs = mount(flash, &clock, None);
+    let file = fs.create(1, b"log", 0o644, 0, 0).unwrap().ino;
+    let block = PAGE_BYTES as u64;
+    fs.write(file, 0, &random_bytes(1, 1200 * PAGE_BYTES)).unwrap();
+    fs.sync().unwrap();
+    let stored = fs.getattr(file).unwrap().blocks;
+    assert_eq!(stored, 1200 * block / 512);
+    // Rewrites under the first two leaves, and new blocks under the third
+    // (which exists) and past it (under leaves not made yet).
+    for (first, count, seed) in [(10u64, 11usize, 2u64), (600, 11, 3), (1300, 11, 4), (2000, 6, 5)] {
+        fs.write(file, first * block, &random_bytes(seed, count * PAGE_BYTES)).unwrap();
+    }
+    let buffered = fs.getattr(file).unwrap().blocks;
+    assert_eq!(buffered, (1200 + 11 + 6) * block / 512, "rewrites add nothing, new blocks add theirs");
+    fs.sync().unwrap();
+    assert_eq!(fs.getattr(file).unwrap().blocks, buffered, "the same once on flash");
+    assert_clean(&mut fs);
+}

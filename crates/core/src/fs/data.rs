@@ -148,13 +148,19 @@ impl<D: FlashDevice> Fs<D> {
             }
             let rest = &blocks[index + 1..group_end];
             let leaf_key = NodeKey::Index { level: 0, ino, number: leaf };
-            if !rest.is_empty() && rest.iter().all(|&other| other < covered) && self.in_memory(leaf_key) {
-                holes += self.with_node(leaf_key, |node| match node {
-                    Node::Index { pointers, .. } => {
-                        rest.iter().filter(|&&other| pointers[(other % fanout) as usize].is_null()).count() as u64
-                    }
-                    _ => unreachable!("index keys hold index nodes"),
-                })?;
+            if rest.iter().all(|&other| other < covered) {
+                // The walk brought the leaf in if it exists; if it does not,
+                // nothing under it is stored.
+                holes += if self.in_memory(leaf_key) {
+                    self.with_node(leaf_key, |node| match node {
+                        Node::Index { pointers, .. } => {
+                            rest.iter().filter(|&&other| pointers[(other % fanout) as usize].is_null()).count() as u64
+                        }
+                        _ => unreachable!("index keys hold index nodes"),
+                    })?
+                } else {
+                    rest.len() as u64
+                };
             } else {
                 for &other in rest {
                     if self.block_pointer(ino, other)?.is_null() {
