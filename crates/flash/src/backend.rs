@@ -191,6 +191,16 @@ impl MemoryBackend {
     }
 }
 
+/// A zone's slots, allocated zeroed: the kernel hands out zero pages as
+/// they are first written, so nothing fills them up front. (An erased
+/// 0xFF fill touched all 4 MiB of a zone at its first program; without it
+/// fileserver in-process runs about 10% faster.) Slots are never read at
+/// or past the write pointer, so what an unwritten one holds is never
+/// seen. (Marking the memory for huge pages was tried and was slower.)
+fn zone_memory(bytes: usize) -> Box<[u8]> {
+    vec![0u8; bytes].into_boxed_slice()
+}
+
 impl Backend for MemoryBackend {
     fn read_page(&mut self, physical: u64, data: &mut [u8], oob: &mut [u8]) -> Result<()> {
         let (zone, offset) = self.locate(physical);
@@ -221,7 +231,7 @@ impl Backend for MemoryBackend {
     fn write_page(&mut self, physical: u64, data: &[u8], oob: &[u8]) -> Result<()> {
         let (zone, offset) = self.locate(physical);
         let zone_bytes = self.geometry.zone_pages() as usize * self.slot_bytes;
-        let slots = self.zone_slots[zone].get_or_insert_with(|| vec![0xFF; zone_bytes].into_boxed_slice());
+        let slots = self.zone_slots[zone].get_or_insert_with(|| zone_memory(zone_bytes));
         slots[offset..offset + data.len()].copy_from_slice(data);
         slots[offset + data.len()..offset + data.len() + oob.len()].copy_from_slice(oob);
         Ok(())
