@@ -516,11 +516,14 @@ impl<D: FlashDevice> Fs<D> {
             .checked_add(data.len() as u64)
             .filter(|&end| end <= self.file_bytes_max())
             .ok_or_else(|| Error::new(errno::EFBIG, "a write past the largest file"))?;
-        let Node::File { inode, content, .. } = self.node(file_key)? else { unreachable!() };
+        // The inode is read in place: a copy of the node per write showed.
+        let (size, born, inline) = self.with_node(file_key, |node| {
+            let Node::File { inode, content, .. } = node else { unreachable!("file keys hold files") };
+            (inode.size, inode.born, matches!(content, FileContent::Inline(_)))
+        })?;
         let block_bytes = self.block_bytes();
-        let growth =
-            end.div_ceil(block_bytes).saturating_sub(inode.size.div_ceil(block_bytes).max(offset / block_bytes));
-        if let FileContent::Inline(_) = &content {
+        let growth = end.div_ceil(block_bytes).saturating_sub(size.div_ceil(block_bytes).max(offset / block_bytes));
+        if inline {
             if end as usize <= inline_bytes_max(self.page_size) {
                 self.reserve_space(0, 0)?;
                 return self.modify(file_key, |node| {
@@ -546,23 +549,35 @@ impl<D: FlashDevice> Fs<D> {
             let block = position / block_bytes;
             let within = (position % block_bytes) as usize;
             let take = ((block_bytes - within as u64).min(end - position)) as usize;
-            if !self.dirty_blocks.contains_key(&(ino, block)) {
-                let whole = within == 0 && take == block_bytes as usize;
-                let existing = if whole || block * block_bytes >= inode.size {
-                    vec![0u8; block_bytes as usize]
-                } else {
-                    let pointer = self.block_pointer(ino, block)?;
-                    if pointer.is_null() {
+            let source = (position - offset) as usize;
+            let piece = &data[source..source + take];
+            if take == block_bytes as usize {
+                // A whole block is its own buffer: no zeros first.
+                match self.dirty_blocks.entry((ino, block)) {
+                    std::collections::btree_map::Entry::Occupied(mut buffered) => {
+                        buffered.get_mut().copy_from_slice(piece)
+                    }
+                    std::collections::btree_map::Entry::Vacant(vacant) => {
+                        vacant.insert(piece.to_vec());
+                    }
+                }
+            } else {
+                if !self.dirty_blocks.contains_key(&(ino, block)) {
+                    let existing = if block * block_bytes >= size {
                         vec![0u8; block_bytes as usize]
                     } else {
-                        self.read_block(ino, inode.born, block, pointer)?
-                    }
-                };
-                self.dirty_blocks.insert((ino, block), existing);
+                        let pointer = self.block_pointer(ino, block)?;
+                        if pointer.is_null() {
+                            vec![0u8; block_bytes as usize]
+                        } else {
+                            self.read_block(ino, born, block, pointer)?
+                        }
+                    };
+                    self.dirty_blocks.insert((ino, block), existing);
+                }
+                let buffer = self.dirty_blocks.get_mut(&(ino, block)).expect("inserted");
+                buffer[within..within + take].copy_from_slice(piece);
             }
-            let buffer = self.dirty_blocks.get_mut(&(ino, block)).expect("inserted");
-            let source = (position - offset) as usize;
-            buffer[within..within + take].copy_from_slice(&data[source..source + take]);
             position += take as u64;
         }
         self.changed = true;
