@@ -126,7 +126,7 @@ impl<K: Ord + Copy + Hash + std::fmt::Debug, V> PageCache<K, V> {
         }
     }
 
-    /// A cache that also keeps its keys in order, for [`PageCache::keys_in`].
+    /// A cache that also keeps its keys in order, for [`PageCache::any_key_in`].
     pub fn new_ordered(capacity_bytes: usize) -> PageCache<K, V> {
         PageCache { ordered: Some(BTreeSet::new()), ..PageCache::new(capacity_bytes) }
     }
@@ -343,11 +343,12 @@ impl<K: Ord + Copy + Hash + std::fmt::Debug, V> PageCache<K, V> {
         keys.into_iter().map(|key| (key, self.remove_slot(key).expect("listed").value)).collect()
     }
 
-    /// Keys in `range`, in key order, whatever their flags. Only a cache
-    /// made with [`PageCache::new_ordered`] answers.
-    pub fn keys_in(&self, range: impl std::ops::RangeBounds<K>) -> Vec<K> {
-        let ordered = self.ordered.as_ref().expect("keys_in needs a cache made with new_ordered");
-        ordered.range(range).copied().collect()
+    /// Whether any key in `range`, whatever its flags, satisfies `wanted`,
+    /// asked in key order. Only a cache made with [`PageCache::new_ordered`]
+    /// answers.
+    pub fn any_key_in(&self, range: impl std::ops::RangeBounds<K>, wanted: impl FnMut(&K) -> bool) -> bool {
+        let ordered = self.ordered.as_ref().expect("any_key_in needs a cache made with new_ordered");
+        ordered.range(range).any(wanted)
     }
 
     /// Sets both dirty flags of a cached page without touching its value.

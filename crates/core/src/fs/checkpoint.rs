@@ -120,7 +120,7 @@ impl<D: FlashDevice> Fs<D> {
         }
         (0..flintfs_format::INDEX_HEIGHT_MAX).any(|level| {
             let range = NodeKey::Index { level, ino, number: 0 }..=NodeKey::Index { level, ino, number: u64::MAX };
-            self.nodes.keys_in(range.clone()).into_iter().any(dirty)
+            self.nodes.any_key_in(range.clone(), |&key| dirty(key))
                 || self.pending.range(range.clone()).next().is_some()
                 || self.parked.as_ref().is_some_and(|parked| parked.any_in(range))
         })
