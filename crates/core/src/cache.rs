@@ -81,7 +81,11 @@ pub struct KeyHasher(u64);
 
 impl Hasher for KeyHasher {
     fn finish(&self) -> u64 {
-        self.0
+        // The table picks a bucket from the low bits, and the low bits of a
+        // product depend only on the low bits of the key (a page pointer's
+        // page within its zone): rotate the well-mixed high bits down, as
+        // rustc-hash does.
+        self.0.rotate_left(26)
     }
 
     fn write(&mut self, bytes: &[u8]) {

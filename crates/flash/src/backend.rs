@@ -141,7 +141,10 @@ pub struct DurableState {
 /// before the zone records that make them durable, a zone record with a
 /// write pointer of zero before any page of a freshly reset zone.
 pub trait Backend {
-    /// Reads the pristine data and OOB of a durable page slot.
+    /// Reads the pristine data and OOB of a durable page slot. Only slots
+    /// written since their zone's last reset may be asked for: what any
+    /// other holds is unspecified (the memory backend's are zeros or an
+    /// earlier pass's bytes, not 0xFF).
     fn read_page(&mut self, physical: u64, data: &mut [u8], oob: &mut [u8]) -> Result<()>;
     /// Reads the pristine OOB of a durable page slot.
     fn read_oob(&mut self, physical: u64, oob: &mut [u8]) -> Result<()>;

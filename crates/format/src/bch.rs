@@ -69,15 +69,19 @@ pub struct Bch {
     /// Barrett's constant for eight bytes a step by carry-less multiplies:
     /// `floor(x^(r + 64) / g(x))` without its leading `x^64` (0 when
     /// `r < 64`).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     barrett: u64,
     /// `x^(r' + 64) mod g'(x)`, and `g'(x) - x^r'`, with r' the register's
     /// width (512 bits) and `g' = g * x^(r' - r)`: the carry-less loop's
     /// fold constant and generator.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     fold: Register,
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     generator_aligned: Register,
     /// Whether this processor multiplies carry-less (x86-64's PCLMULQDQ):
-    /// then eight message bytes cost nine multiplies, not eight 64-byte
+    /// then eight message bytes cost eight multiplies, not eight 64-byte
     /// table rows. Either way the remainder is the same.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     carryless: bool,
 }
 

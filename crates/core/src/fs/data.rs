@@ -126,6 +126,9 @@ impl<D: FlashDevice> Fs<D> {
     /// many buffered blocks (a log being appended) made every stat walk
     /// the index once per block, a quarter of webserver's host time.
     fn holes_among(&mut self, ino: u64, blocks: &[u64]) -> Result<u64> {
+        if blocks.is_empty() {
+            return Ok(0);
+        }
         let fanout = self.index_fanout();
         let file_key = self.file_key(ino)?;
         let height = self.with_node(file_key, |node| match node {
@@ -148,7 +151,9 @@ impl<D: FlashDevice> Fs<D> {
             }
             let rest = &blocks[index + 1..group_end];
             let leaf_key = NodeKey::Index { level: 0, ino, number: leaf };
-            if rest.iter().all(|&other| other < covered) {
+            if rest.is_empty() {
+                // Nothing more under this leaf.
+            } else if rest.iter().all(|&other| other < covered) {
                 // The walk brought the leaf in if it exists; if it does not,
                 // nothing under it is stored.
                 holes += if self.in_memory(leaf_key) {
