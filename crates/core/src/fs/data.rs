@@ -768,11 +768,18 @@ impl<D: FlashDevice> Fs<D> {
     ) -> std::result::Result<(), (Error, Vec<u8>)> {
         let page_size = self.page_size;
         let block_bytes = self.block_bytes();
-        let (inode, incompressible) = match self.file_key(ino).and_then(|key| self.node(key)) {
-            Ok(Node::File { inode, content, .. }) => {
-                (inode, matches!(content, FileContent::Index { incompressible: true, .. }))
-            }
-            Ok(_) => return Err((Error::corrupt(format!("inode {ino} with buffered data is not a file")), buffer)),
+        // The inode alone is copied, not the node with its content.
+        let read = self.file_key(ino).and_then(|key| {
+            self.with_node(key, |node| match node {
+                Node::File { inode, content, .. } => {
+                    Some((inode.clone(), matches!(content, FileContent::Index { incompressible: true, .. })))
+                }
+                _ => None,
+            })
+        });
+        let (inode, incompressible) = match read {
+            Ok(Some(found)) => found,
+            Ok(None) => return Err((Error::corrupt(format!("inode {ino} with buffered data is not a file")), buffer)),
             Err(error) => return Err((error, buffer)),
         };
         let start = block * block_bytes;
