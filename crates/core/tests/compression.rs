@@ -405,3 +405,48 @@ fn st_blocks_counts_buffered_blocks_over_index_leaves() {
     assert_eq!(fs.getattr(file).unwrap().blocks, buffered, "the same once on flash");
     assert_clean(&mut fs);
 }
+
+/// A file marked incompressible (a repeated-byte head before a noisy
+/// tail, as the bench's files are) still compresses a rewrite of a block
+/// whose stored copy is a chunk: stored raw, each such rewrite took a
+/// page where the block had taken tens of bytes, and near_full_90 grew
+/// from 90% to 99% full. The mark stays for the rest of the file.
+#[test]
+fn a_marked_file_compresses_rewrites_of_its_compressed_blocks() {
+    use flintfs_core::INCOMPRESSIBLE_AFTER_BLOCKS;
+    let (flash, clock) = format(64, Compression::Lz4);
+    let mut fs = mount(flash, &clock, None);
+    let file = fs.create(1, b"mixed", 0o644, 0, 0).unwrap().ino;
+    let blocks = 4 * INCOMPRESSIBLE_AFTER_BLOCKS as usize;
+    let mut data = half_compressible(9, blocks * PAGE_BYTES);
+    fs.write(file, 0, &data).unwrap();
+    fs.sync().unwrap();
+    let before = fs.counters().clone();
+    assert_eq!(before.files_marked_incompressible, 1, "the noisy tail marks the file");
+    let blocks_stored = fs.getattr(file).unwrap().blocks;
+    // Rewrite every block of the head with another repeated byte, one
+    // block and one sync at a time, after a remount (the mark is on flash).
+    let flash = fs.unmount().unwrap();
+    let mut fs = mount(flash, &clock, None);
+    let head_blocks = blocks / 2;
+    for block in 0..head_blocks {
+        let at = block * PAGE_BYTES;
+        data[at..at + PAGE_BYTES].fill(0xA5);
+        fs.write(file, at as u64, &data[at..at + PAGE_BYTES]).unwrap();
+        fs.sync().unwrap();
+    }
+    let after = fs.counters().clone();
+    assert_eq!(after.chunks_compressed, head_blocks as u64, "every rewrite of a compressed block compressed");
+    assert_eq!(after.files_unmarked_incompressible, 0, "the mark stays");
+    assert_eq!(after.compression_attempts, head_blocks as u64, "the noisy tail was not tried");
+    let blocks_now = fs.getattr(file).unwrap().blocks;
+    assert!(blocks_now <= blocks_stored, "{blocks_now} 512-byte blocks now, {blocks_stored} before the rewrites");
+    // A rewrite of the noisy tail is not tried: the mark holds there.
+    let tail = head_blocks * PAGE_BYTES;
+    data[tail..tail + PAGE_BYTES].fill(0x5A);
+    fs.write(file, tail as u64, &data[tail..tail + PAGE_BYTES]).unwrap();
+    fs.sync().unwrap();
+    assert_eq!(fs.counters().compression_attempts, head_blocks as u64, "a raw block is not retried");
+    assert!(fs.read(file, 0, data.len() as u64).unwrap() == data);
+    assert_clean(&mut fs);
+}

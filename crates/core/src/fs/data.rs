@@ -790,10 +790,24 @@ impl<D: FlashDevice> Fs<D> {
         let valid = (inode.size - start).min(block_bytes) as usize;
         buffer[valid..].fill(0);
         let choice = self.compression_of(&inode);
+        // A file marked incompressible still tries a block whose stored
+        // copy is a chunk: what it replaces compressed, so it likely does
+        // too. Stored raw instead, a rewrite of a file's compressible part
+        // (a repeated-byte head before a noisy tail) grew each block from
+        // tens of bytes to a page, and a volume at 90% to 99% full.
+        let retry = incompressible
+            && choice.codec != Compression::None
+            && self.block_pointer(ino, block).is_ok_and(|pointer| pointer.chunk() > 0);
         // The chunk the block is, if it is one: compressed, or short enough
         // to pack raw. Either way it is carried in an fsync's record while
         // the record has room, and packed into a page otherwise.
-        let chunk = match self.try_compress(ino, choice, incompressible, &buffer[..valid]) {
+        // The retry leaves the file's mark and its count of probes alone.
+        let compressed = if retry {
+            self.compress_block(choice, &buffer[..valid])
+        } else {
+            self.try_compress(ino, choice, incompressible, &buffer[..valid])
+        };
+        let chunk = match compressed {
             Some(payload) => Some((choice.codec, payload)),
             None if CHUNK_HEADER_BYTES + valid <= page_size / 2 => Some((Compression::None, buffer[..valid].to_vec())),
             None => None,
