@@ -1102,6 +1102,7 @@ pub(crate) fn run_engine(workload: &str, target: &str, fsync_mode: FsyncMode, si
     let log_pages = files.log_pages().zip(phase.log_pages_at_start).map(|(now, before)| now - before);
     let fs = files.fs.take().expect("mounted");
     let engine_counters = fs.counters().clone();
+    let cleaner_counters = fs.cleaner_counters().clone();
     let device = fs.unmount().map_err(engine_error)?;
     // From the measured phase's start to after the unmount checkpoint.
     let counters = device.counters().since(&phase.at_start.unwrap_or_default());
@@ -1127,6 +1128,15 @@ pub(crate) fn run_engine(workload: &str, target: &str, fsync_mode: FsyncMode, si
     // Since the last mount, the unmount's checkpoint not included.
     value["checkpoints"] = json!(engine_counters.checkpoints);
     value["node_pages_written"] = json!(engine_counters.node_pages_written);
+    // What the cleaner did since the mount: its share of the pages
+    // programmed, and whether any operation had to clean whole zones
+    // (the steps fell behind: the tail-latency targets' enemy).
+    value["cleaner_pages_read"] = json!(cleaner_counters.pages_read);
+    value["cleaner_data_pages_moved"] = json!(cleaner_counters.data_pages_moved);
+    value["cleaner_chunks_moved"] = json!(cleaner_counters.chunks_moved);
+    value["cleaner_nodes_moved"] = json!(cleaner_counters.nodes_moved);
+    value["cleaner_steps"] = json!(cleaner_counters.steps);
+    value["cleaner_whole_zone_cleanings"] = json!(cleaner_counters.whole_zone_cleanings_for_space);
     if geometry.nvm_size_bytes > 0 {
         add_nvm_fields(&mut value, &counters, ops, device.nvm_hottest_word(), geometry.nvm_size_bytes);
     }

@@ -347,7 +347,14 @@ impl Staged {
             Kind::NearFull { writes_max, .. } => {
                 // Overwrites of 4 KiB at random in the fill, each made
                 // durable; the first is the first write after the mount.
-                let block = data(&mut self.random, APPEND_BYTES);
+                // Each overwrite is like the fill at its place (a repeated
+                // byte in a file's first half, noise in the second), so a
+                // file system that compresses stays as full as the fill
+                // left it: noise over the first half's tiny chunks grew
+                // flintfs's live data from 90% to about 98% of the device
+                // over a full run, which measured a file system filling up,
+                // not one at 90%.
+                let mut block = vec![0u8; APPEND_BYTES];
                 let blocks_per_file = (FILL_FILE_BYTES / APPEND_BYTES) as u64;
                 let (used, total) = files.space()?;
                 let free_blocks = total.saturating_sub(used) / APPEND_BYTES as u64;
@@ -361,6 +368,11 @@ impl Staged {
                     }
                     let path = &self.paths[self.random.random_range(0..self.paths.len())];
                     let offset = self.random.random_range(0..blocks_per_file) * APPEND_BYTES as u64;
+                    if offset < (FILL_FILE_BYTES / 2) as u64 {
+                        block.fill(self.random.random());
+                    } else {
+                        self.random.fill(&mut block[..]);
+                    }
                     let handle = files.open(path)?;
                     latencies.time(files, |files| {
                         files.write_at(handle, offset, &block)?;
@@ -371,6 +383,8 @@ impl Staged {
                 phase.end();
                 phase.seconds = latencies.seconds();
                 phase.fields.push(("writes_planned".into(), json!(writes)));
+                files.sync_all()?;
+                phase.fields.push(("full_percent_after".into(), json!(fullness(files)? * 100.0)));
                 for (name, values) in [("", &latencies.host_ns), ("_device", &latencies.device_ns)] {
                     phase
                         .fields
