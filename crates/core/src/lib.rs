@@ -15,6 +15,7 @@ mod check;
 mod error;
 mod fs;
 pub mod protect;
+mod shared;
 mod volume;
 
 pub use allocator::PageMeta;
@@ -32,6 +33,7 @@ pub use fs::{
     SCRUB_NAMED_PAGES_MAX, SCRUB_PAGES_PER_SECOND_DEFAULT, SCRUB_PAGES_PER_STEP_MAX, WEAR_SPREAD_MAX,
 };
 pub use protect::{Correction, ProtectionCounters};
+pub use shared::{GroupCommit, GroupCommitCounters, Pacer, SharedFs};
 pub use volume::{
     mkfs, slots_max, zones_min, MkfsOptions, MountReport, Volume, LOG_HEAD_ROLES, OPEN_ZONES_NEEDED, RESERVE_ZONES,
     ROOT_INO, UNINDEXED_SEGMENTS_DEFAULT,

@@ -298,6 +298,19 @@ impl<D: FlashDevice> Fs<D> {
     /// checkpoint when the log cannot say it (a zone taken outside the
     /// declared list, which recovery would not scan; a batch too big).
     pub(crate) fn fsync_logged(&mut self, ino: u64) -> Result<()> {
+        if self.fsync_prepare(ino)? {
+            self.fsync_commit()?;
+        }
+        Ok(())
+    }
+
+    /// The first half of fsync: the file's blocks and its state go into
+    /// the buffered records, as every other operation's do. Returns whether
+    /// a commit ([`Fs::fsync_commit`]) is still owed; not when nothing is
+    /// buffered or unflushed, or when a checkpoint made everything durable
+    /// already. Several prepared fsyncs share one commit (group commit):
+    /// it programs every buffered record as one batch.
+    pub fn fsync_prepare(&mut self, ino: u64) -> Result<bool> {
         let inode = self.inode(ino)?;
         self.begin(0)?;
         let regular = inode.file_type() == Some(FileType::Regular);
@@ -313,7 +326,8 @@ impl<D: FlashDevice> Fs<D> {
             self.drain()?;
         }
         if self.volume.undeclared_zones_taken > 0 {
-            return self.checkpoint();
+            self.checkpoint()?;
+            return Ok(false);
         }
         if regular && (self.log.written.contains_key(&ino) || !embedding.blocks.is_empty()) {
             self.log.operation_version = self.version_next;
@@ -331,6 +345,15 @@ impl<D: FlashDevice> Fs<D> {
             self.log.carried.extend(carried);
             self.log_forget_file(ino);
         }
+        Ok(self.log.record_count > 0 || self.log.unflushed)
+    }
+
+    /// The second half of fsync: every buffered record as one batch, then
+    /// one flush; everything prepared before is durable when it returns.
+    /// Falls back to a checkpoint when the log cannot say it. With nothing
+    /// buffered or unflushed (a commit shared with an earlier fsync's
+    /// leader, say) it does nothing.
+    pub fn fsync_commit(&mut self) -> Result<()> {
         if self.log.record_count == 0 && !self.log.unflushed {
             return Ok(());
         }
