@@ -142,7 +142,7 @@ pub struct BenchArguments {
     /// webproxy, webserver, postmark, large_seq_write, large_rand_write, space_half, space_random,
     /// space_usr_share, dir_N, near_full_P, large_seq_read,
     /// large_rand_read, large_reread, ram_N, mount_N, recover_N, protection_none, protection_ecc,
-    /// protection_k1, protection_k2, protection_k1_rs), `protection` (those five) or `all`.
+    /// protection_k1, protection_k2, protection_k1_rs, threads_N), `protection` (those five) or `all`.
     pub workload: String,
     /// The quick sizes (for CI and a first look).
     #[arg(long)]
@@ -186,7 +186,7 @@ pub(crate) struct Size {
 }
 
 impl Size {
-    fn of(quick: bool) -> Size {
+    pub(crate) fn of(quick: bool) -> Size {
         if quick {
             Size {
                 quick: true,
@@ -1507,6 +1507,9 @@ fn run_one(arguments: &BenchArguments, target: &str) -> Outcome<ExitCode> {
         "flintfs" if arguments.workload.starts_with("protection_") => {
             crate::bench_protection::run(&arguments.workload, arguments.quick, arguments.seed)
         }
+        "flintfs" if arguments.workload.starts_with("threads_") => {
+            crate::bench_threads::run(&arguments.workload, size, arguments.seed)
+        }
         "flintfs" => run_engine(&arguments.workload, target, FsyncMode::WpCheck, size, arguments.seed),
         "flintfs-ordered" => run_engine(&arguments.workload, target, FsyncMode::Ordered, size, arguments.seed),
         "flintfs-zstd" | "flintfs-none" | "flintfs-nvm" => {
@@ -1595,6 +1598,7 @@ pub fn bench(arguments: BenchArguments) -> Outcome<ExitCode> {
     known.extend(mount_file_counts(arguments.quick).iter().map(|count| format!("mount_{count}")));
     known.extend(file_counts(arguments.quick).iter().map(|count| format!("recover_{count}")));
     known.extend(crate::bench_protection::LEVELS.iter().map(|level| level.0.to_string()));
+    known.extend(crate::bench_threads::names());
     let workloads: Vec<&str> = if arguments.workload == "all" {
         known.iter().map(String::as_str).collect()
     } else if arguments.workload == "protection" {
@@ -1643,7 +1647,7 @@ pub fn bench(arguments: BenchArguments) -> Outcome<ExitCode> {
     for workload in &workloads {
         for target in &targets {
             progress.set_message(format!("{workload} on {target}"));
-            if workload.starts_with("protection_") && *target != "flintfs" {
+            if (workload.starts_with("protection_") || workload.starts_with("threads_")) && *target != "flintfs" {
                 // Measured in process, where the device's time is the cost model's.
                 progress.inc(1);
                 continue;

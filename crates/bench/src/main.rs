@@ -13,6 +13,7 @@ mod bench_littlefs;
 mod bench_protection;
 mod bench_report;
 mod bench_staged;
+mod bench_threads;
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::process::ExitCode;

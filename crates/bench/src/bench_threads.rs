@@ -1,0 +1,257 @@
+//! `threads_N` (issue 19): N threads on one in-process engine, shared
+//! with group commit (`flintfs_core::SharedFs`), with the emulator paced.
+//!
+//! - **Writers:** N threads, each creating 4 KiB files in its own
+//!   directory with an fsync after each: how many log pages an fsync
+//!   costs when N of them are in flight at once (group commit shares one
+//!   batch and one flush among those prepared while a commit runs).
+//! - **Readers:** then N threads reading random 4 KiB files of one shared
+//!   tree, larger than the read cache, after a remount: how reads scale
+//!   with threads. The reads are a fixed number split among the threads,
+//!   so the cache's share of them does not grow with N.
+//!
+//! **Pacing.** The memory emulator answers in no host time, so fsyncs
+//! would never overlap and nothing would wait long enough to batch. Here
+//! each engine call waits out the device time it cost (the emulator's
+//! simulated clock) in a sleep, after it has let the engine go, as a
+//! real device would keep the caller waiting. Every figure of this
+//! workload is paced. The engine is still one mutex: host-CPU work of two
+//! threads never overlaps, their device waits do.
+
+use std::time::{Duration, Instant};
+
+use flintfs_core::{Fs, FsOptions, MkfsOptions, SharedFs};
+use flintfs_flash::{DeviceOptions, FlashDevice, Geometry, MemoryFlash};
+use rand::{Rng, SeedableRng};
+use rand_pcg::Pcg64Mcg;
+use serde_json::{json, Value};
+
+use crate::bench::{data, Size, APPEND_BYTES};
+use crate::{fail, Failure, Outcome};
+
+/// Thread counts of the `threads_N` workloads.
+pub const THREAD_COUNTS: [usize; 4] = [1, 2, 4, 8];
+/// Directories of the shared tree the readers read.
+const TREE_DIRECTORIES: usize = 16;
+
+/// The workloads' names.
+pub fn names() -> Vec<String> {
+    THREAD_COUNTS.iter().map(|count| format!("threads_{count}")).collect()
+}
+
+fn engine_error(error: flintfs_core::Error) -> Failure {
+    Failure(error.to_string())
+}
+
+/// Files each writer creates (the same per thread at every N), and the
+/// reads all readers make together (the same at every N, split evenly,
+/// so the read cache finds as many as N grows).
+fn work(size: Size) -> (usize, usize) {
+    if size.quick {
+        (150, 1_600)
+    } else {
+        (1_000, 16_000)
+    }
+}
+
+/// Files of the shared tree, 4 KiB of noise each (a page each): two and
+/// four times the read cache's default, so most reads reach the device.
+fn tree_files(size: Size) -> usize {
+    if size.quick {
+        2_048
+    } else {
+        4_096
+    }
+}
+
+/// Waits out `nanoseconds` of device time. The thread's timer slack is
+/// set to 1 us first (the default, 50 us, is near a read's whole cost).
+fn pace(nanoseconds: u64) {
+    std::thread::sleep(Duration::from_nanos(nanoseconds));
+}
+
+fn fine_timer_slack() {
+    // SAFETY: PR_SET_TIMERSLACK takes a plain integer and touches only
+    // this thread's timer slack.
+    unsafe {
+        libc::prctl(libc::PR_SET_TIMERSLACK, 1_000u64);
+    }
+}
+
+pub fn run(workload: &str, size: Size, seed: u64) -> Outcome<Value> {
+    let threads: usize = workload
+        .strip_prefix("threads_")
+        .and_then(|count| count.parse().ok())
+        .filter(|count| (1..=64).contains(count))
+        .ok_or_else(|| Failure(format!("bad workload {workload}: threads_N with N from 1 to 64")))?;
+    let (files_per_writer, reads_total) = work(size);
+    let reads_per_reader = reads_total / threads;
+    let geometry = Geometry::with_size_bytes(crate::bench::device_bytes(size, workload));
+    let device = MemoryFlash::memory(geometry, DeviceOptions::default())?;
+    let clock = flintfs_core::ManualClock::new(1_700_000_000_000_000_000);
+    let device = Fs::format(device, &MkfsOptions::new([9; 16], 0), Box::new(clock.clone())).map_err(engine_error)?;
+    let (mut fs, _) = Fs::mount(device, FsOptions::default(), Box::new(clock.clone())).map_err(engine_error)?;
+
+    // The shared tree, and each writer's directory; then a remount, so
+    // the readers start cold.
+    let mut random = Pcg64Mcg::seed_from_u64(seed);
+    let tree = fs.mkdir(flintfs_core::ROOT_INO, b"tree", 0o755, 0, 0).map_err(engine_error)?.ino;
+    let mut directories = Vec::new();
+    for directory in 0..TREE_DIRECTORIES {
+        let ino = fs.mkdir(tree, format!("d{directory:02}").as_bytes(), 0o755, 0, 0).map_err(engine_error)?.ino;
+        directories.push(ino);
+    }
+    let files = tree_files(size);
+    for index in 0..files {
+        let parent = directories[index % TREE_DIRECTORIES];
+        let ino = fs.create(parent, format!("f{index:05}").as_bytes(), 0o644, 0, 0).map_err(engine_error)?.ino;
+        let mut noise = vec![0u8; APPEND_BYTES];
+        random.fill(&mut noise[..]);
+        fs.write(ino, 0, &noise).map_err(engine_error)?;
+        fs.forget(ino, 1).map_err(engine_error)?;
+    }
+    let mut writer_directories = Vec::new();
+    for writer in 0..threads {
+        let ino = fs.mkdir(flintfs_core::ROOT_INO, format!("w{writer:02}").as_bytes(), 0o755, 0, 0);
+        writer_directories.push(ino.map_err(engine_error)?.ino);
+    }
+    let device = fs.unmount().map_err(engine_error)?;
+    let (fs, _) = Fs::mount(device, FsOptions::default(), Box::new(clock.clone())).map_err(engine_error)?;
+    let shared = SharedFs::new(fs, Some(Box::new(pace)));
+
+    // Writers.
+    let log_pages_before = shared.run(|fs| Ok(fs.counters().log_pages_written)).map_err(engine_error)?;
+    let device_before = shared.run(|fs| Ok(fs.device().counters())).map_err(engine_error)?;
+    let started = Instant::now();
+    let written: Outcome<Vec<()>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = writer_directories
+            .iter()
+            .enumerate()
+            .map(|(writer, &directory)| {
+                let shared = &shared;
+                let mut random = Pcg64Mcg::seed_from_u64(seed ^ (writer as u64 + 1).wrapping_mul(0x9E37_79B9));
+                scope.spawn(move || -> Outcome {
+                    fine_timer_slack();
+                    for index in 0..files_per_writer {
+                        let name = format!("f{index:05}");
+                        let ino = shared
+                            .run(|fs| fs.create(directory, name.as_bytes(), 0o644, 0, 0))
+                            .map_err(engine_error)?
+                            .ino;
+                        let block = data(&mut random, APPEND_BYTES);
+                        shared.run(|fs| fs.write(ino, 0, &block)).map_err(engine_error)?;
+                        shared.fsync(ino, false).map_err(engine_error)?;
+                        shared.run(|fs| fs.forget(ino, 1)).map_err(engine_error)?;
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        handles.into_iter().map(|handle| handle.join().unwrap_or_else(|_| fail!("a writer panicked"))).collect()
+    });
+    written?;
+    let write_seconds = started.elapsed().as_secs_f64();
+    let log_pages = shared.run(|fs| Ok(fs.counters().log_pages_written)).map_err(engine_error)? - log_pages_before;
+    let device_after = shared.run(|fs| Ok(fs.device().counters())).map_err(engine_error)?;
+    let group = shared.group_commit_counters().map_err(engine_error)?;
+    let fsyncs = (threads * files_per_writer) as u64;
+
+    // Readers.
+    let started = Instant::now();
+    let read: Outcome<Vec<u64>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..threads)
+            .map(|reader| {
+                let shared = &shared;
+                let directories = &directories;
+                let mut random = Pcg64Mcg::seed_from_u64(seed ^ (reader as u64 + 101).wrapping_mul(0x85EB_CA6B));
+                scope.spawn(move || -> Outcome<u64> {
+                    fine_timer_slack();
+                    let mut bytes = 0u64;
+                    for _ in 0..reads_per_reader {
+                        let index = random.random_range(0..files);
+                        let parent = directories[index % TREE_DIRECTORIES];
+                        let name = format!("f{index:05}");
+                        let read = shared
+                            .run(|fs| {
+                                let ino = fs.lookup(parent, name.as_bytes())?.ino;
+                                let read = fs.read(ino, 0, APPEND_BYTES as u64);
+                                fs.forget(ino, 1)?;
+                                read
+                            })
+                            .map_err(engine_error)?;
+                        if read.len() != APPEND_BYTES {
+                            fail!("read {} bytes of {name}, not {APPEND_BYTES}", read.len());
+                        }
+                        bytes += read.len() as u64;
+                    }
+                    Ok(bytes)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|handle| handle.join().unwrap_or_else(|_| fail!("a reader panicked"))).collect()
+    });
+    read?;
+    let read_seconds = started.elapsed().as_secs_f64();
+    let reads = (threads * reads_per_reader) as u64;
+    let fs = shared.into_inner().map_err(engine_error)?;
+    let read_cache_hits = fs.counters().read_cache_hits;
+    fs.unmount().map_err(engine_error)?;
+
+    let ops = fsyncs + reads;
+    let pages = device_after.pages_programmed - device_before.pages_programmed;
+    Ok(json!({
+        "workload": workload,
+        "target": "flintfs",
+        "ops": ops,
+        "ops_per_s": ops as f64 / (write_seconds + read_seconds).max(1e-9),
+        "bytes_per_op": (device_after.data_bytes_programmed + device_after.oob_bytes_programmed
+            - device_before.data_bytes_programmed - device_before.oob_bytes_programmed) as f64 / fsyncs.max(1) as f64,
+        "pages_programmed": pages,
+        "erases": device_after.erases - device_before.erases,
+        "paced": true,
+        "threads": threads,
+        "fsyncs": fsyncs,
+        "fsyncs_per_s": fsyncs as f64 / write_seconds.max(1e-9),
+        "log_pages_programmed": log_pages,
+        "log_pages_per_fsync": log_pages as f64 / fsyncs.max(1) as f64,
+        "commits": group.commits,
+        "fsyncs_carried": group.fsyncs_carried,
+        "reads": reads,
+        "reads_per_s": reads as f64 / read_seconds.max(1e-9),
+        "read_cache_hits": read_cache_hits,
+        "tree_files": files,
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::Value;
+
+    use crate::bench::Size;
+
+    fn number(row: &Value, field: &str) -> f64 {
+        row[field].as_f64().unwrap_or_else(|| panic!("{} has no number {field}: {row}", row["workload"]))
+    }
+
+    /// Four writers share commits (paced, so commits are in flight while
+    /// others prepare), and every read returned a whole file.
+    #[test]
+    fn writers_share_commits_and_readers_read_the_tree() {
+        let row = match super::run("threads_4", Size::of(true), 7) {
+            Ok(row) => row,
+            Err(error) => panic!("threads_4 (seed 7): {}", error.0),
+        };
+        assert_eq!(number(&row, "fsyncs"), 600.0);
+        assert!(number(&row, "commits") < number(&row, "fsyncs"), "{row}");
+        assert!(number(&row, "log_pages_per_fsync") < 1.0, "{row}");
+        assert_eq!(number(&row, "reads"), 1600.0);
+        assert!(number(&row, "reads_per_s") > 0.0);
+    }
+
+    #[test]
+    fn a_bad_thread_count_is_refused() {
+        for name in ["threads_0", "threads_x", "threads_65"] {
+            assert!(super::run(name, Size::of(true), 7).is_err(), "{name}");
+        }
+    }
+}
