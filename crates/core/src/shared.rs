@@ -37,6 +37,11 @@ use flintfs_flash::FlashDevice;
 use crate::error::{Error, Result};
 use crate::fs::Fs;
 
+/// How long a waiting fsync sleeps before it looks again without being
+/// woken (only a thread that panicked holding the engine leaves it so: a
+/// leader's panicking pacer still ends its commit).
+const WAIT_RECHECK: std::time::Duration = std::time::Duration::from_millis(100);
+
 /// Waits out simulated device time, in nanoseconds. Called with the
 /// engine let go.
 pub type Pacer = Box<dyn Fn(u64) + Send + Sync>;
@@ -59,8 +64,10 @@ pub struct GroupCommitCounters {
 /// An fsync prepared while epoch `e` is open waits until `e` is durable.
 /// A leader takes the open epoch and commits every buffered record in the
 /// same lock hold, so its commit carries every fsync prepared in that
-/// epoch or an earlier one (an earlier commit that failed left its records
-/// buffered); when it finishes well, every epoch up to its own is durable.
+/// epoch or an earlier one: an earlier commit that failed left its records
+/// buffered, or programmed but not flushed (the log's `unflushed`), and
+/// this commit's batch or flush covers them. When it finishes well, every
+/// epoch up to its own is durable.
 #[derive(Clone, Debug, Default)]
 pub struct GroupCommit {
     /// The epoch fsyncs prepared now belong to: the next commit's.
@@ -104,6 +111,11 @@ impl GroupCommit {
         if succeeded {
             self.epoch_durable = self.epoch_durable.max(epoch + 1);
         }
+    }
+
+    /// The epoch of the commit in flight, if one is.
+    pub fn in_flight(&self) -> Option<u64> {
+        self.leading
     }
 
     /// An fsync found its epoch made durable by another's commit.
@@ -163,10 +175,14 @@ impl<D: FlashDevice> SharedFs<D> {
 
     /// fsync with group commit: returns once a commit that carries this
     /// file's blocks and state (and every operation before) is durable.
+    /// An fsync that owes no commit (everything before it was programmed
+    /// and flushed already) still waits for a commit in flight to end, so
+    /// no fsync returns while the commit that made it durable is running.
     pub fn fsync(&self, ino: u64, datasync: bool) -> Result<()> {
         if ino == crate::volume::ROOT_INO {
             // The root's fsync is a sync: a checkpoint, not a log commit.
-            return self.run(|fs| fs.fsync(ino, datasync));
+            self.run(|fs| fs.fsync(ino, datasync))?;
+            return self.wait_for_commit_in_flight();
         }
         let mut guard = self.lock()?;
         let inner = &mut *guard;
@@ -177,7 +193,7 @@ impl<D: FlashDevice> SharedFs<D> {
         drop(guard);
         self.pace(spent);
         owed?;
-        let Some(epoch) = epoch else { return Ok(()) };
+        let Some(epoch) = epoch else { return self.wait_for_commit_in_flight() };
         let mut guard = self.lock()?;
         loop {
             let inner = &mut *guard;
@@ -193,15 +209,38 @@ impl<D: FlashDevice> SharedFs<D> {
                 let result = inner.fs.fsync_commit();
                 let spent = inner.fs.device().now_ns().saturating_sub(before);
                 drop(guard);
-                self.pace(spent);
-                let mut guard = self.lock()?;
-                guard.group.finished(leading, result.is_ok());
-                drop(guard);
+                // A pacer that panics must still end the commit, or every
+                // waiter would wait for it for ever.
+                let paced = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.pace(spent)));
+                let succeeded = result.is_ok() && paced.is_ok();
+                let relocked = self.lock().map(|mut guard| guard.group.finished(leading, succeeded));
+                // Waiters wake either way: on a poisoned engine they find
+                // out when they take the lock again.
                 self.committed.notify_all();
+                if let Err(panic) = paced {
+                    std::panic::resume_unwind(panic);
+                }
+                relocked?;
                 return result;
             }
-            guard = self.committed.wait(guard).map_err(|_| poisoned())?;
+            guard = self.wait(guard)?;
         }
+    }
+
+    /// Returns once no commit that was in flight at the call is.
+    fn wait_for_commit_in_flight(&self) -> Result<()> {
+        let mut guard = self.lock()?;
+        let Some(in_flight) = guard.group.in_flight() else { return Ok(()) };
+        while guard.group.in_flight() == Some(in_flight) {
+            guard = self.wait(guard)?;
+        }
+        Ok(())
+    }
+
+    /// A bounded wait for a commit to end: a thread that panicked holding
+    /// the engine wakes no one, and the waiters must find the poison.
+    fn wait<'a>(&self, guard: MutexGuard<'a, Inner<D>>) -> Result<MutexGuard<'a, Inner<D>>> {
+        Ok(self.committed.wait_timeout(guard, WAIT_RECHECK).map_err(|_| poisoned())?.0)
     }
 
     /// What group commit did so far.

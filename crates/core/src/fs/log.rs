@@ -345,6 +345,12 @@ impl<D: FlashDevice> Fs<D> {
             self.log.carried.extend(carried);
             self.log_forget_file(ino);
         }
+        if self.options.fsync_mode == FsyncMode::Ordered && self.log.record_count > 0 {
+            // Strict ordering: the data is durable before its record is
+            // even issued. Here, in the same lock hold as the prepare, so
+            // no other thread's spill can program the record first.
+            self.volume.device.flush()?;
+        }
         Ok(self.log.record_count > 0 || self.log.unflushed)
     }
 
@@ -357,9 +363,10 @@ impl<D: FlashDevice> Fs<D> {
         if self.log.record_count == 0 && !self.log.unflushed {
             return Ok(());
         }
-        if self.options.fsync_mode == FsyncMode::Ordered && self.log.record_count > 0 {
-            // Strict ordering: the data is durable before its record is
-            // even issued.
+        if self.options.fsync_mode == FsyncMode::Ordered && self.log.record_count > 0 && self.volume.device.unflushed()
+        {
+            // Data programmed since the prepare's flush (another thread's
+            // operations) is durable before the record too.
             self.volume.device.flush()?;
         }
         if self.log_write_batch().is_err() || self.volume.undeclared_zones_taken > 0 {
