@@ -104,6 +104,17 @@ fn runs_by_default(workload: &str, target: &str) -> bool {
         _ => true,
     }
 }
+/// Whether `threads_N` runs on a target: in process on flintfs (paced,
+/// with group commit), and through std::fs threads in a mount of
+/// flintfs over FUSE or of a kernel peer. The other flintfs variants
+/// would say nothing new, and littlefs has no threads.
+fn threads_run_on(target: &str) -> bool {
+    !matches!(
+        target,
+        "flintfs-ordered" | "flintfs-zstd" | "flintfs-none" | "flintfs-nvm" | "flintfs-nvm-fuse" | "littlefs"
+    )
+}
+
 /// File counts the memory (`ram_N`) and recovery (`recover_N`) workloads
 /// run at.
 fn file_counts(quick: bool) -> &'static [usize] {
@@ -285,6 +296,11 @@ pub(crate) trait Files {
     fn fuse_requests(&mut self) -> Option<u64> {
         None
     }
+    /// The mounted directory, where the target is one (several threads
+    /// then work in it through std::fs).
+    fn root(&self) -> Option<PathBuf> {
+        None
+    }
 }
 
 /// A directory of a mounted file system, through std::fs.
@@ -334,6 +350,9 @@ impl DirectoryFiles {
 }
 
 impl Files for DirectoryFiles {
+    fn root(&self) -> Option<PathBuf> {
+        Some(self.root.clone())
+    }
     fn mkdir(&mut self, path: &str) -> Outcome {
         Ok(std::fs::create_dir(self.root.join(path))?)
     }
@@ -592,6 +611,12 @@ fn make_files(files: &mut dyn Files, workload: &str, prefix: &str) -> Outcome {
 fn run_workload(name: &str, files: &mut dyn Files, size: Size, seed: u64, phase: &mut Phase) -> Outcome<u64> {
     let mut random = Pcg64Mcg::seed_from_u64(seed);
     let file_path = |index: usize| format!("d{:03}/f{index:06}", index % CREATE_DIRECTORIES);
+    if name.starts_with("threads_") {
+        let Some(root) = files.root() else {
+            fail!("{name} runs in process on flintfs (paced, with group commit) or in a mounted directory")
+        };
+        return crate::bench_threads::run_in_directory(name, &root, files, size, seed, phase);
+    }
     match name {
         "create_fsync" | "delete" => {
             for directory in 0..CREATE_DIRECTORIES {
@@ -1647,7 +1672,9 @@ pub fn bench(arguments: BenchArguments) -> Outcome<ExitCode> {
     for workload in &workloads {
         for target in &targets {
             progress.set_message(format!("{workload} on {target}"));
-            if (workload.starts_with("protection_") || workload.starts_with("threads_")) && *target != "flintfs" {
+            if workload.starts_with("protection_") && *target != "flintfs"
+                || workload.starts_with("threads_") && !threads_run_on(target)
+            {
                 // Measured in process, where the device's time is the cost model's.
                 progress.inc(1);
                 continue;

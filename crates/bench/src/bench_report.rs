@@ -466,14 +466,16 @@ const SECTIONS: [Section; 6] = [
     },
     Section {
         title: "Threads: group commit and shared reads (issue 19)",
-        prose: "In process, N threads on one engine shared with group commit (`SharedFs`), the emulator paced: \
-         each engine call waits out its simulated device time, with the engine let go, as a real device keeps \
-         its caller waiting. N writers each create 4 KiB files in their own directory with an fsync after \
-         each (150 a writer quick, 1,000 full); fsyncs prepared while a commit is in flight share the next \
-         one (one log batch, one flush). Then, after a remount, N readers read random 4 KiB files of a shared \
-         tree of 2,048 (quick) or 4,096 (full) files, 1,600 or 16,000 reads in all split among them. The \
-         engine is one mutex: the threads' host-CPU work never overlaps, their device waits do. flintfs \
-         only: the peers' figures would be the host's own device, not this model's.",
+        prose: "flintfs in process: N threads on one engine shared with group commit (`SharedFs`), the \
+         emulator paced: each engine call waits out its simulated device time, with the engine let go, as a \
+         real device keeps its caller waiting. N writers each create 4 KiB files in their own directory with \
+         an fsync after each (150 a writer quick, 1,000 full); fsyncs prepared while a commit is in flight \
+         share the next one (one log batch, one flush). Then, after a remount, N readers read random 4 KiB \
+         files of a shared tree of 2,048 (quick) or 4,096 (full) files, 1,600 or 16,000 reads in all split \
+         among them. The engine is one mutex: the threads' host-CPU work never overlaps, their device waits \
+         do. flintfs-fuse and the kernel peers: the same work from N threads through std::fs in the mount, \
+         in real time on the mount's own device (the FUSE daemon's image file, the peers' loop device), with \
+         fsync(2); the FUSE daemon serves it through one mutex without group commit.",
         prefix: "threads_",
         columns: &[
             column("threads", "threads", 1.0, 0),

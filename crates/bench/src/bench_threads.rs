@@ -1,5 +1,7 @@
 //! `threads_N` (issue 19): N threads on one in-process engine, shared
-//! with group commit (`flintfs_core::SharedFs`), with the emulator paced.
+//! with group commit (`flintfs_core::SharedFs`), with the emulator paced;
+//! and the same work from N threads through std::fs in a mount (flintfs
+//! over FUSE, the kernel peers), in real time ([`run_in_directory`]).
 //!
 //! - **Writers:** N threads, each creating 4 KiB files in its own
 //!   directory with an fsync after each: how many log pages an fsync
@@ -30,7 +32,7 @@ use rand::{Rng, SeedableRng};
 use rand_pcg::Pcg64Mcg;
 use serde_json::{json, Value};
 
-use crate::bench::{data, Size, APPEND_BYTES};
+use crate::bench::{data, Files, Phase, Size, APPEND_BYTES};
 use crate::{fail, Failure, Outcome};
 
 /// Thread counts of the `threads_N` workloads.
@@ -95,12 +97,110 @@ fn fine_timer_slack() {
     }
 }
 
-pub fn run(workload: &str, size: Size, seed: u64) -> Outcome<Value> {
-    let threads: usize = workload
+fn thread_count(workload: &str) -> Outcome<usize> {
+    workload
         .strip_prefix("threads_")
         .and_then(|count| count.parse().ok())
         .filter(|count| (1..=64).contains(count))
-        .ok_or_else(|| Failure(format!("bad workload {workload}: threads_N with N from 1 to 64")))?;
+        .ok_or_else(|| Failure(format!("bad workload {workload}: threads_N with N from 1 to 64")))
+}
+
+/// The same work in a mounted directory (flintfs over FUSE, or a kernel
+/// peer on a loop device), through std::fs from N threads, in real time:
+/// no pacing, the mount's own device. Each writer's fsync is fsync(2).
+pub(crate) fn run_in_directory(
+    workload: &str,
+    root: &std::path::Path,
+    files: &mut dyn Files,
+    size: Size,
+    seed: u64,
+    phase: &mut Phase,
+) -> Outcome<u64> {
+    let threads = thread_count(workload)?;
+    let (files_per_writer, reads_total) = work(size);
+    let reads_per_reader = reads_total / threads;
+    let tree_count = tree_files(size);
+    let mut random = Pcg64Mcg::seed_from_u64(seed);
+    let path_of = |index: usize| root.join(format!("tree/d{:02}/f{index:05}", index % TREE_DIRECTORIES));
+    files.mkdir("tree")?;
+    for directory in 0..TREE_DIRECTORIES {
+        files.mkdir(&format!("tree/d{directory:02}"))?;
+    }
+    for index in 0..tree_count {
+        let mut noise = vec![0u8; APPEND_BYTES];
+        random.fill(&mut noise[..]);
+        std::fs::write(path_of(index), &noise)?;
+    }
+    for writer in 0..threads {
+        files.mkdir(&format!("w{writer:02}"))?;
+    }
+    files.sync_all()?;
+    phase.begin(files)?;
+    let started = Instant::now();
+    let written: Outcome<Vec<()>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..threads)
+            .map(|writer| {
+                let mut random = Pcg64Mcg::seed_from_u64(seed ^ (writer as u64 + 1).wrapping_mul(0x9E37_79B9));
+                scope.spawn(move || -> Outcome {
+                    use std::io::Write;
+                    for index in 0..files_per_writer {
+                        let path = root.join(format!("w{writer:02}/f{index:05}"));
+                        let mut file = std::fs::OpenOptions::new().write(true).create_new(true).open(path)?;
+                        file.write_all(&data(&mut random, APPEND_BYTES))?;
+                        file.sync_all()?;
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        handles.into_iter().map(|handle| handle.join().unwrap_or_else(|_| fail!("a writer panicked"))).collect()
+    });
+    written?;
+    let write_seconds = started.elapsed().as_secs_f64();
+    // Cold for the readers, as in process.
+    files.remount()?;
+    let started = Instant::now();
+    let read: Outcome<Vec<()>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..threads)
+            .map(|reader| {
+                let mut random = Pcg64Mcg::seed_from_u64(seed ^ (reader as u64 + 101).wrapping_mul(0x85EB_CA6B));
+                let path_of = &path_of;
+                scope.spawn(move || -> Outcome {
+                    for _ in 0..reads_per_reader {
+                        let path = path_of(random.random_range(0..tree_count));
+                        let read = std::fs::read(&path)?;
+                        if read.len() != APPEND_BYTES {
+                            fail!("read {} bytes of {}, not {APPEND_BYTES}", read.len(), path.display());
+                        }
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        handles.into_iter().map(|handle| handle.join().unwrap_or_else(|_| fail!("a reader panicked"))).collect()
+    });
+    read?;
+    let read_seconds = started.elapsed().as_secs_f64();
+    phase.end();
+    let fsyncs = (threads * files_per_writer) as u64;
+    let reads = (reads_per_reader * threads) as u64;
+    phase.seconds = write_seconds + read_seconds;
+    for (name, value) in [
+        ("paced", json!(false)),
+        ("threads", json!(threads)),
+        ("fsyncs", json!(fsyncs)),
+        ("fsyncs_per_s", json!(fsyncs as f64 / write_seconds.max(1e-9))),
+        ("reads", json!(reads)),
+        ("reads_per_s", json!(reads as f64 / read_seconds.max(1e-9))),
+        ("tree_files", json!(tree_count)),
+    ] {
+        phase.fields.push((name.to_string(), value));
+    }
+    Ok(fsyncs + reads)
+}
+
+pub fn run(workload: &str, size: Size, seed: u64) -> Outcome<Value> {
+    let threads = thread_count(workload)?;
     let (files_per_writer, reads_total) = work(size);
     let reads_per_reader = reads_total / threads;
     let geometry = Geometry::with_size_bytes(crate::bench::device_bytes(size, workload));
