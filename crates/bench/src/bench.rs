@@ -464,7 +464,7 @@ fn heap_live_bytes() -> usize {
     crate::HEAP_LIVE_BYTES.load(std::sync::atomic::Ordering::Relaxed)
 }
 
-fn engine_error(error: flintfs_core::Error) -> Failure {
+pub(crate) fn engine_error(error: flintfs_core::Error) -> Failure {
     Failure(error.to_string())
 }
 

@@ -32,7 +32,7 @@ use rand::{Rng, SeedableRng};
 use rand_pcg::Pcg64Mcg;
 use serde_json::{json, Value};
 
-use crate::bench::{data, Files, Phase, Size, APPEND_BYTES};
+use crate::bench::{data, engine_error, Files, Phase, Size, APPEND_BYTES};
 use crate::{fail, Failure, Outcome};
 
 /// Thread counts of the `threads_N` workloads.
@@ -43,10 +43,6 @@ const TREE_DIRECTORIES: usize = 16;
 /// The workloads' names.
 pub fn names() -> Vec<String> {
     THREAD_COUNTS.iter().map(|count| format!("threads_{count}")).collect()
-}
-
-fn engine_error(error: flintfs_core::Error) -> Failure {
-    Failure(error.to_string())
 }
 
 /// Files each writer creates (the same per thread at every N), and the
@@ -97,6 +93,50 @@ fn fine_timer_slack() {
     }
 }
 
+/// Runs `work` on `threads` threads at once, each given its number and
+/// its own generator (`seed` mixed with the number by `spread`, so
+/// writers and readers draw apart); the wall seconds they took together.
+fn on_threads(
+    threads: usize,
+    seed: u64,
+    spread: fn(u64, usize) -> u64,
+    work: impl Fn(usize, &mut Pcg64Mcg) -> Outcome + Sync,
+) -> Outcome<f64> {
+    let started = Instant::now();
+    let results: Vec<Outcome> = std::thread::scope(|scope| {
+        let work = &work;
+        let handles: Vec<_> = (0..threads)
+            .map(|thread| {
+                scope.spawn(move || {
+                    fine_timer_slack();
+                    work(thread, &mut Pcg64Mcg::seed_from_u64(spread(seed, thread)))
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|handle| handle.join().unwrap_or_else(|_| fail!("a thread of {threads} panicked")))
+            .collect()
+    });
+    results.into_iter().collect::<Outcome<Vec<()>>>()?;
+    Ok(started.elapsed().as_secs_f64())
+}
+
+fn writer_seed(seed: u64, writer: usize) -> u64 {
+    seed ^ (writer as u64 + 1).wrapping_mul(0x9E37_79B9)
+}
+
+fn reader_seed(seed: u64, reader: usize) -> u64 {
+    seed ^ (reader as u64 + 101).wrapping_mul(0x85EB_CA6B)
+}
+
+/// A tree file's 4 KiB: noise, a page each.
+fn noise(random: &mut Pcg64Mcg) -> Vec<u8> {
+    let mut bytes = vec![0u8; APPEND_BYTES];
+    random.fill(&mut bytes[..]);
+    bytes
+}
+
 fn thread_count(workload: &str) -> Outcome<usize> {
     workload
         .strip_prefix("threads_")
@@ -127,60 +167,35 @@ pub(crate) fn run_in_directory(
         files.mkdir(&format!("tree/d{directory:02}"))?;
     }
     for index in 0..tree_count {
-        let mut noise = vec![0u8; APPEND_BYTES];
-        random.fill(&mut noise[..]);
-        std::fs::write(path_of(index), &noise)?;
+        std::fs::write(path_of(index), noise(&mut random))?;
     }
     for writer in 0..threads {
         files.mkdir(&format!("w{writer:02}"))?;
     }
     files.sync_all()?;
     phase.begin(files)?;
-    let started = Instant::now();
-    let written: Outcome<Vec<()>> = std::thread::scope(|scope| {
-        let handles: Vec<_> = (0..threads)
-            .map(|writer| {
-                let mut random = Pcg64Mcg::seed_from_u64(seed ^ (writer as u64 + 1).wrapping_mul(0x9E37_79B9));
-                scope.spawn(move || -> Outcome {
-                    use std::io::Write;
-                    for index in 0..files_per_writer {
-                        let path = root.join(format!("w{writer:02}/f{index:05}"));
-                        let mut file = std::fs::OpenOptions::new().write(true).create_new(true).open(path)?;
-                        file.write_all(&data(&mut random, APPEND_BYTES))?;
-                        file.sync_all()?;
-                    }
-                    Ok(())
-                })
-            })
-            .collect();
-        handles.into_iter().map(|handle| handle.join().unwrap_or_else(|_| fail!("a writer panicked"))).collect()
-    });
-    written?;
-    let write_seconds = started.elapsed().as_secs_f64();
+    let write_seconds = on_threads(threads, seed, writer_seed, |writer, random| {
+        use std::io::Write;
+        for index in 0..files_per_writer {
+            let path = root.join(format!("w{writer:02}/f{index:05}"));
+            let mut file = std::fs::OpenOptions::new().write(true).create_new(true).open(path)?;
+            file.write_all(&data(random, APPEND_BYTES))?;
+            file.sync_all()?;
+        }
+        Ok(())
+    })?;
     // Cold for the readers, as in process.
     files.remount()?;
-    let started = Instant::now();
-    let read: Outcome<Vec<()>> = std::thread::scope(|scope| {
-        let handles: Vec<_> = (0..threads)
-            .map(|reader| {
-                let mut random = Pcg64Mcg::seed_from_u64(seed ^ (reader as u64 + 101).wrapping_mul(0x85EB_CA6B));
-                let path_of = &path_of;
-                scope.spawn(move || -> Outcome {
-                    for _ in 0..reads_per_reader {
-                        let path = path_of(random.random_range(0..tree_count));
-                        let read = std::fs::read(&path)?;
-                        if read.len() != APPEND_BYTES {
-                            fail!("read {} bytes of {}, not {APPEND_BYTES}", read.len(), path.display());
-                        }
-                    }
-                    Ok(())
-                })
-            })
-            .collect();
-        handles.into_iter().map(|handle| handle.join().unwrap_or_else(|_| fail!("a reader panicked"))).collect()
-    });
-    read?;
-    let read_seconds = started.elapsed().as_secs_f64();
+    let read_seconds = on_threads(threads, seed, reader_seed, |_, random| {
+        for _ in 0..reads_per_reader {
+            let path = path_of(random.random_range(0..tree_count));
+            let read = std::fs::read(&path)?;
+            if read.len() != APPEND_BYTES {
+                fail!("read {} bytes of {}, not {APPEND_BYTES}", read.len(), path.display());
+            }
+        }
+        Ok(())
+    })?;
     phase.end();
     let fsyncs = (threads * files_per_writer) as u64;
     let reads = (reads_per_reader * threads) as u64;
@@ -197,6 +212,13 @@ pub(crate) fn run_in_directory(
         phase.fields.push((name.to_string(), value));
     }
     Ok(fsyncs + reads)
+}
+
+/// A clean unmount and a mount, the engine shared and paced.
+fn remount(fs: Fs<MemoryFlash>, clock: &flintfs_core::ManualClock) -> Outcome<SharedFs<MemoryFlash>> {
+    let device = fs.unmount().map_err(engine_error)?;
+    let (fs, _) = Fs::mount(device, FsOptions::default(), Box::new(clock.clone())).map_err(engine_error)?;
+    Ok(SharedFs::new(fs, Some(Box::new(pace))))
 }
 
 pub fn run(workload: &str, size: Size, seed: u64) -> Outcome<Value> {
@@ -222,9 +244,7 @@ pub fn run(workload: &str, size: Size, seed: u64) -> Outcome<Value> {
     for index in 0..files {
         let parent = directories[index % TREE_DIRECTORIES];
         let ino = fs.create(parent, format!("f{index:05}").as_bytes(), 0o644, 0, 0).map_err(engine_error)?.ino;
-        let mut noise = vec![0u8; APPEND_BYTES];
-        random.fill(&mut noise[..]);
-        fs.write(ino, 0, &noise).map_err(engine_error)?;
+        fs.write(ino, 0, &noise(&mut random)).map_err(engine_error)?;
         fs.forget(ino, 1).map_err(engine_error)?;
     }
     let mut writer_directories = Vec::new();
@@ -232,91 +252,55 @@ pub fn run(workload: &str, size: Size, seed: u64) -> Outcome<Value> {
         let ino = fs.mkdir(flintfs_core::ROOT_INO, format!("w{writer:02}").as_bytes(), 0o755, 0, 0);
         writer_directories.push(ino.map_err(engine_error)?.ino);
     }
-    let device = fs.unmount().map_err(engine_error)?;
-    let (fs, _) = Fs::mount(device, FsOptions::default(), Box::new(clock.clone())).map_err(engine_error)?;
-    let shared = SharedFs::new(fs, Some(Box::new(pace)));
+    let shared = remount(fs, &clock)?;
 
     // Writers.
-    let log_pages_before = shared.run(|fs| Ok(fs.counters().log_pages_written)).map_err(engine_error)?;
-    let checkpoints_before = shared.run(|fs| Ok(fs.counters().checkpoints)).map_err(engine_error)?;
-    let device_before = shared.run(|fs| Ok(fs.device().counters())).map_err(engine_error)?;
-    let started = Instant::now();
-    let written: Outcome<Vec<()>> = std::thread::scope(|scope| {
-        let handles: Vec<_> = writer_directories
-            .iter()
-            .enumerate()
-            .map(|(writer, &directory)| {
-                let shared = &shared;
-                let mut random = Pcg64Mcg::seed_from_u64(seed ^ (writer as u64 + 1).wrapping_mul(0x9E37_79B9));
-                scope.spawn(move || -> Outcome {
-                    fine_timer_slack();
-                    for index in 0..files_per_writer {
-                        let name = format!("f{index:05}");
-                        let ino = shared
-                            .run(|fs| fs.create(directory, name.as_bytes(), 0o644, 0, 0))
-                            .map_err(engine_error)?
-                            .ino;
-                        let block = data(&mut random, APPEND_BYTES);
-                        shared.run(|fs| fs.write(ino, 0, &block)).map_err(engine_error)?;
-                        shared.fsync(ino, false).map_err(engine_error)?;
-                        shared.run(|fs| fs.forget(ino, 1)).map_err(engine_error)?;
-                    }
-                    Ok(())
-                })
-            })
-            .collect();
-        handles.into_iter().map(|handle| handle.join().unwrap_or_else(|_| fail!("a writer panicked"))).collect()
-    });
-    written?;
-    let write_seconds = started.elapsed().as_secs_f64();
-    let log_pages = shared.run(|fs| Ok(fs.counters().log_pages_written)).map_err(engine_error)? - log_pages_before;
-    let checkpoints = shared.run(|fs| Ok(fs.counters().checkpoints)).map_err(engine_error)? - checkpoints_before;
-    let device_after = shared.run(|fs| Ok(fs.device().counters())).map_err(engine_error)?;
+    let counters = |shared: &SharedFs<MemoryFlash>| {
+        shared.run(|fs| Ok((fs.counters().clone(), fs.device().counters()))).map_err(engine_error)
+    };
+    let (engine_before, device_before) = counters(&shared)?;
+    let write_seconds = on_threads(threads, seed, writer_seed, |writer, random| {
+        let directory = writer_directories[writer];
+        for index in 0..files_per_writer {
+            let name = format!("f{index:05}");
+            let ino = shared.run(|fs| fs.create(directory, name.as_bytes(), 0o644, 0, 0)).map_err(engine_error)?.ino;
+            let block = data(random, APPEND_BYTES);
+            shared.run(|fs| fs.write(ino, 0, &block)).map_err(engine_error)?;
+            shared.fsync(ino, false).map_err(engine_error)?;
+            shared.run(|fs| fs.forget(ino, 1)).map_err(engine_error)?;
+        }
+        Ok(())
+    })?;
+    let (engine_after, device_after) = counters(&shared)?;
+    let log_pages = engine_after.log_pages_written - engine_before.log_pages_written;
+    let checkpoints = engine_after.checkpoints - engine_before.checkpoints;
     let group = shared.group_commit_counters().map_err(engine_error)?;
     let fsyncs = (threads * files_per_writer) as u64;
 
     // A remount, so the readers start cold whatever the writers left in
     // the caches.
-    let device = shared.into_inner().map_err(engine_error)?.unmount().map_err(engine_error)?;
-    let (fs, _) = Fs::mount(device, FsOptions::default(), Box::new(clock.clone())).map_err(engine_error)?;
-    let shared = SharedFs::new(fs, Some(Box::new(pace)));
+    let shared = remount(shared.into_inner().map_err(engine_error)?, &clock)?;
 
     // Readers.
-    let started = Instant::now();
-    let read: Outcome<Vec<u64>> = std::thread::scope(|scope| {
-        let handles: Vec<_> = (0..threads)
-            .map(|reader| {
-                let shared = &shared;
-                let directories = &directories;
-                let mut random = Pcg64Mcg::seed_from_u64(seed ^ (reader as u64 + 101).wrapping_mul(0x85EB_CA6B));
-                scope.spawn(move || -> Outcome<u64> {
-                    fine_timer_slack();
-                    let mut bytes = 0u64;
-                    for _ in 0..reads_per_reader {
-                        let index = random.random_range(0..files);
-                        let parent = directories[index % TREE_DIRECTORIES];
-                        let name = format!("f{index:05}");
-                        let read = shared
-                            .run(|fs| {
-                                let ino = fs.lookup(parent, name.as_bytes())?.ino;
-                                let read = fs.read(ino, 0, APPEND_BYTES as u64);
-                                fs.forget(ino, 1)?;
-                                read
-                            })
-                            .map_err(engine_error)?;
-                        if read.len() != APPEND_BYTES {
-                            fail!("read {} bytes of {name}, not {APPEND_BYTES}", read.len());
-                        }
-                        bytes += read.len() as u64;
-                    }
-                    Ok(bytes)
+    let read_seconds = on_threads(threads, seed, reader_seed, |_, random| {
+        for _ in 0..reads_per_reader {
+            let index = random.random_range(0..files);
+            let parent = directories[index % TREE_DIRECTORIES];
+            let name = format!("f{index:05}");
+            let read = shared
+                .run(|fs| {
+                    let ino = fs.lookup(parent, name.as_bytes())?.ino;
+                    let read = fs.read(ino, 0, APPEND_BYTES as u64);
+                    fs.forget(ino, 1)?;
+                    read
                 })
-            })
-            .collect();
-        handles.into_iter().map(|handle| handle.join().unwrap_or_else(|_| fail!("a reader panicked"))).collect()
-    });
-    read?;
-    let read_seconds = started.elapsed().as_secs_f64();
+                .map_err(engine_error)?;
+            if read.len() != APPEND_BYTES {
+                fail!("read {} bytes of {name}, not {APPEND_BYTES}", read.len());
+            }
+        }
+        Ok(())
+    })?;
     let reads = (threads * reads_per_reader) as u64;
     let fs = shared.into_inner().map_err(engine_error)?;
     let read_cache_hits = fs.counters().read_cache_hits;

@@ -164,10 +164,7 @@ impl<D: FlashDevice> SharedFs<D> {
     /// engine let go.
     pub fn run<R>(&self, call: impl FnOnce(&mut Fs<D>) -> Result<R>) -> Result<R> {
         let mut guard = self.lock()?;
-        let inner = &mut *guard;
-        let before = inner.fs.device().now_ns();
-        let result = call(&mut inner.fs);
-        let spent = inner.fs.device().now_ns().saturating_sub(before);
+        let (result, spent) = timed(&mut guard.fs, call);
         drop(guard);
         self.pace(spent);
         result
@@ -186,9 +183,7 @@ impl<D: FlashDevice> SharedFs<D> {
         }
         let mut guard = self.lock()?;
         let inner = &mut *guard;
-        let before = inner.fs.device().now_ns();
-        let owed = inner.fs.fsync_prepare(ino);
-        let spent = inner.fs.device().now_ns().saturating_sub(before);
+        let (owed, spent) = timed(&mut inner.fs, |fs| fs.fsync_prepare(ino));
         let epoch = matches!(owed, Ok(true)).then(|| inner.group.prepared());
         drop(guard);
         self.pace(spent);
@@ -205,9 +200,7 @@ impl<D: FlashDevice> SharedFs<D> {
                 // Everything buffered so far, this fsync's included, goes
                 // in one batch; fsyncs prepared from now on wait for the
                 // next commit.
-                let before = inner.fs.device().now_ns();
-                let result = inner.fs.fsync_commit();
-                let spent = inner.fs.device().now_ns().saturating_sub(before);
+                let (result, spent) = timed(&mut inner.fs, Fs::fsync_commit);
                 drop(guard);
                 // A pacer that panics must still end the commit, or every
                 // waiter would wait for it for ever.
@@ -252,6 +245,13 @@ impl<D: FlashDevice> SharedFs<D> {
     pub fn into_inner(self) -> Result<Fs<D>> {
         Ok(self.inner.into_inner().map_err(|_| poisoned())?.fs)
     }
+}
+
+/// `call` on the engine, and the device time it cost.
+fn timed<D: FlashDevice, R>(fs: &mut Fs<D>, call: impl FnOnce(&mut Fs<D>) -> R) -> (R, u64) {
+    let before = fs.device().now_ns();
+    let result = call(fs);
+    (result, fs.device().now_ns().saturating_sub(before))
 }
 
 fn poisoned() -> Error {
