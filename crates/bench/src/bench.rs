@@ -1070,7 +1070,7 @@ fn slab_bytes() -> Outcome<u64> {
 }
 
 /// One row of results.
-fn row(workload: &str, target: &str, ops: u64, seconds: f64, programmed: Option<(u64, u64, u64)>) -> Value {
+pub(crate) fn row(workload: &str, target: &str, ops: u64, seconds: f64, programmed: Option<(u64, u64, u64)>) -> Value {
     let (bytes, pages, erases) = programmed.unwrap_or((0, 0, 0));
     json!({
         "workload": workload,
@@ -1540,6 +1540,11 @@ fn run_one(arguments: &BenchArguments, target: &str) -> Outcome<ExitCode> {
         "flintfs-zstd" | "flintfs-none" | "flintfs-nvm" => {
             run_engine(&arguments.workload, target, FsyncMode::WpCheck, size, arguments.seed)
         }
+        "flintfs-fuse" if arguments.workload == "fuse_transport" => {
+            let row = crate::bench_transport::run(arguments.quick, &directory);
+            let _ = std::fs::remove_dir_all(&directory);
+            row
+        }
         "flintfs-fuse" | "flintfs-nvm-fuse" => run_fuse(&arguments.workload, target, size, arguments.seed, &directory),
         "flintfs-block" => run_kernel(&arguments.workload, target, size, arguments.seed, &directory),
         "littlefs" => {
@@ -1624,6 +1629,7 @@ pub fn bench(arguments: BenchArguments) -> Outcome<ExitCode> {
     known.extend(file_counts(arguments.quick).iter().map(|count| format!("recover_{count}")));
     known.extend(crate::bench_protection::LEVELS.iter().map(|level| level.0.to_string()));
     known.extend(crate::bench_threads::names());
+    known.push("fuse_transport".to_string());
     let workloads: Vec<&str> = if arguments.workload == "all" {
         known.iter().map(String::as_str).collect()
     } else if arguments.workload == "protection" {
@@ -1674,6 +1680,7 @@ pub fn bench(arguments: BenchArguments) -> Outcome<ExitCode> {
             progress.set_message(format!("{workload} on {target}"));
             if workload.starts_with("protection_") && *target != "flintfs"
                 || workload.starts_with("threads_") && !threads_run_on(target)
+                || *workload == "fuse_transport" && *target != "flintfs-fuse"
             {
                 // Measured in process, where the device's time is the cost model's.
                 progress.inc(1);

@@ -524,8 +524,9 @@ const SECTIONS: [Section; 6] = [
 fn floor_section(rows: &[Value]) -> String {
     let chosen: Vec<&Value> =
         rows.iter().filter(|row| row["target"] == "flintfs-fuse" && row["fuse_floor_us"].is_number()).collect();
+    let transport = transport_paragraph(rows);
     if chosen.is_empty() {
-        return String::new();
+        return transport.map(|paragraph| format!("\n## The FUSE request floor\n\n{paragraph}")).unwrap_or_default();
     }
     let mut text = String::from(
         "\n## The FUSE request floor\n\nEvery FUSE request is a round trip through the kernel and the daemon. \
@@ -549,7 +550,29 @@ fn floor_section(rows: &[Value]) -> String {
             cell(row, "of_fuse_floor", 2),
         ));
     }
+    if let Some(paragraph) = transport {
+        text.push('\n');
+        text.push_str(&paragraph);
+    }
     text
+}
+
+/// The `fuse_transport` probe's two floors, when it ran.
+fn transport_paragraph(rows: &[Value]) -> Option<String> {
+    let row = rows.iter().find(|row| row["workload"] == "fuse_transport")?;
+    let device = row["devfuse_floor_us"].as_f64()?;
+    let ring = match row["uring_floor_us"].as_f64() {
+        Some(ring) => format!("{ring:.1} µs over io_uring ({:.2}x lower)", device / ring.max(1e-9)),
+        None => "io_uring unavailable on this kernel".to_string(),
+    };
+    Some(format!(
+        "The transport (`fuse_transport`): a probe file system that does no work (every lookup ENOENT), \
+         timed on both FUSE transports in the same run: {device:.1} µs per round trip on /dev/fuse \
+         ({} reader threads, as flintfs-fuse is served through fuser), {ring} (one queue per CPU, each \
+         served by a thread pinned to it). flintfs-fuse still uses /dev/fuse: fuser has no io_uring \
+         transport.\n",
+        row["devfuse_workers"]
+    ))
 }
 
 fn staged_sections(rows: &[Value]) -> String {

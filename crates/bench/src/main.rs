@@ -14,6 +14,7 @@ mod bench_protection;
 mod bench_report;
 mod bench_staged;
 mod bench_threads;
+mod bench_transport;
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::process::ExitCode;

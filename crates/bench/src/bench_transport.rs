@@ -1,0 +1,463 @@
+//! # `fuse_transport`: the FUSE request floor, by transport
+//!
+//! Every request a FUSE mount sends costs a round trip between the caller
+//! and the daemon. On this machine that round trip, not the engine, bounds
+//! the metadata workloads over FUSE (see the report's FUSE floor table).
+//! Linux 6.14 added a second transport, FUSE over io_uring: the daemon
+//! registers ring entries per CPU, the kernel hands a request to the queue
+//! of the CPU that made it, and a daemon thread pinned to that CPU answers
+//! it. The caller and the daemon then meet on one CPU instead of waking
+//! each other across two; in a virtual machine a cross-CPU wakeup is an
+//! interprocessor interrupt and an exit from the halted CPU.
+//!
+//! fuser (the crate flintfs-fuse is built on) speaks only `/dev/fuse`, so
+//! this probe measures the two transports with a file system of its own
+//! that does nothing: every LOOKUP is answered ENOENT, the root's GETATTR
+//! with a directory. One client thread then stats missing names, one
+//! LOOKUP round trip each, as the report's floor does. Both transports are
+//! measured in the same run, alternately, on the same kernel:
+//! - `/dev/fuse`: [`DEVICE_WORKERS`] threads reading and answering
+//!   `/dev/fuse`, as fuser's session does for flintfs;
+//! - `io_uring`: one queue per CPU, [`RING_DEPTH`] entries each, each
+//!   queue served by a thread pinned to its CPU (the kernel's module
+//!   parameter `fuse.enable_uring` is switched on for the run and restored).
+//!
+//! The probe needs root (it mounts with mount(2)) and a kernel with the
+//! io_uring transport; without one the row says so and carries the
+//! `/dev/fuse` figure alone.
+
+use std::ffi::CString;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use io_uring::{opcode, squeue, types, IoUring};
+use serde_json::{json, Value};
+
+use crate::{fail, Failure, Outcome};
+
+/// Threads answering `/dev/fuse` (fuser's session runs flintfs-fuse's
+/// requests on this many).
+pub const DEVICE_WORKERS: usize = 2;
+/// Ring entries registered per CPU queue: requests one CPU can have in
+/// flight before the next waits for an entry.
+pub const RING_DEPTH: usize = 4;
+/// Lookups one measurement makes (quick, full).
+const LOOKUPS: [u64; 2] = [10_000, 40_000];
+/// Alternating measurements of each transport; the row keeps the median.
+const ROUNDS: usize = 3;
+
+/// The largest write the probe offers, and so the payload each ring entry
+/// must hold (the kernel refuses an entry smaller than the connection's
+/// largest request).
+const MAX_WRITE_BYTES: u32 = 128 << 10;
+const PAGE_BYTES: usize = 4096;
+const PAYLOAD_BYTES: usize = MAX_WRITE_BYTES as usize + PAGE_BYTES;
+/// A `/dev/fuse` read takes a whole request: header, arguments and payload.
+const DEVICE_BUFFER_BYTES: usize = PAYLOAD_BYTES + PAGE_BYTES;
+
+// The FUSE ABI (include/uapi/linux/fuse.h), what the probe uses of it.
+const FUSE_KERNEL_VERSION: u32 = 7;
+const FUSE_LOOKUP: u32 = 1;
+const FUSE_FORGET: u32 = 2;
+const FUSE_GETATTR: u32 = 3;
+const FUSE_INIT: u32 = 26;
+const FUSE_INTERRUPT: u32 = 36;
+const FUSE_DESTROY: u32 = 38;
+const FUSE_BATCH_FORGET: u32 = 42;
+const FUSE_INIT_EXT: u64 = 1 << 30;
+const FUSE_OVER_IO_URING: u64 = 1 << 41;
+const FUSE_IO_URING_CMD_REGISTER: u32 = 1;
+const FUSE_IO_URING_CMD_COMMIT_AND_FETCH: u32 = 2;
+const IN_HEADER_BYTES: usize = 40;
+const OUT_HEADER_BYTES: usize = 16;
+const INIT_OUT_BYTES: usize = 64;
+const ATTR_OUT_BYTES: usize = 104;
+/// `struct fuse_uring_req_header`: in/out header, op arguments, entry.
+const RING_HEADER_BYTES: usize = 288;
+const RING_OP_IN_OFFSET: usize = 128;
+const RING_ENTRY_OFFSET: usize = 256;
+const _: () = assert!(RING_ENTRY_OFFSET + 32 == RING_HEADER_BYTES);
+const _: () = assert!(IN_HEADER_BYTES <= RING_OP_IN_OFFSET && OUT_HEADER_BYTES <= IN_HEADER_BYTES);
+const _: () = assert!(DEVICE_BUFFER_BYTES >= 8192, "the kernel's smallest /dev/fuse read");
+
+const ENABLE_URING: &str = "/sys/module/fuse/parameters/enable_uring";
+
+fn u32_at(bytes: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes(bytes[at..at + 4].try_into().expect("four bytes"))
+}
+
+fn u64_at(bytes: &[u8], at: usize) -> u64 {
+    u64::from_le_bytes(bytes[at..at + 8].try_into().expect("eight bytes"))
+}
+
+/// A request's header: (opcode, unique, nodeid).
+fn header_of(bytes: &[u8]) -> (u32, u64, u64) {
+    (u32_at(bytes, 4), u64_at(bytes, 8), u64_at(bytes, 16))
+}
+
+/// The root directory's attributes, valid for an hour.
+fn root_attributes() -> [u8; ATTR_OUT_BYTES] {
+    let mut out = [0u8; ATTR_OUT_BYTES];
+    out[0..8].copy_from_slice(&3600u64.to_le_bytes()); // attr_valid
+    let attr = 16;
+    out[attr..attr + 8].copy_from_slice(&1u64.to_le_bytes()); // ino
+    out[attr + 60..attr + 64].copy_from_slice(&(libc::S_IFDIR | 0o755).to_le_bytes()); // mode
+    out[attr + 64..attr + 68].copy_from_slice(&2u32.to_le_bytes()); // nlink
+    out[attr + 80..attr + 84].copy_from_slice(&4096u32.to_le_bytes()); // blksize
+    out
+}
+
+/// The probe's whole file system: the error and reply payload for a
+/// request, or `None` for one that takes no reply.
+fn answer(opcode: u32, nodeid: u64) -> Option<(i32, Vec<u8>)> {
+    match opcode {
+        FUSE_FORGET | FUSE_BATCH_FORGET | FUSE_INTERRUPT => None,
+        FUSE_LOOKUP => Some((-libc::ENOENT, Vec::new())),
+        FUSE_GETATTR if nodeid == 1 => Some((0, root_attributes().to_vec())),
+        FUSE_GETATTR => Some((-libc::ENOENT, Vec::new())),
+        FUSE_DESTROY => Some((0, Vec::new())),
+        _ => Some((-libc::ENOSYS, Vec::new())),
+    }
+}
+
+fn out_header(error: i32, unique: u64, payload_bytes: usize) -> [u8; OUT_HEADER_BYTES] {
+    let mut out = [0u8; OUT_HEADER_BYTES];
+    out[0..4].copy_from_slice(&((OUT_HEADER_BYTES + payload_bytes) as u32).to_le_bytes());
+    out[4..8].copy_from_slice(&error.to_le_bytes());
+    out[8..16].copy_from_slice(&unique.to_le_bytes());
+    out
+}
+
+fn write_reply(device: i32, error: i32, unique: u64, payload: &[u8]) -> std::io::Result<()> {
+    let header = out_header(error, unique, payload.len());
+    let parts = [
+        libc::iovec { iov_base: header.as_ptr() as *mut libc::c_void, iov_len: header.len() },
+        libc::iovec { iov_base: payload.as_ptr() as *mut libc::c_void, iov_len: payload.len() },
+    ];
+    // SAFETY: two iovecs over live buffers.
+    let written = unsafe { libc::writev(device, parts.as_ptr(), 2) };
+    if written < 0 {
+        Err(std::io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+/// Reads one request from `/dev/fuse` into `buffer`; `None` once the
+/// connection is gone.
+fn read_request(device: i32, buffer: &mut [u8]) -> Option<usize> {
+    loop {
+        // SAFETY: the buffer is live and as long as said.
+        let read = unsafe { libc::read(device, buffer.as_mut_ptr() as *mut libc::c_void, buffer.len()) };
+        if read >= IN_HEADER_BYTES as isize {
+            return Some(read as usize);
+        }
+        let error = std::io::Error::last_os_error().raw_os_error();
+        if read < 0 && matches!(error, Some(libc::EINTR) | Some(libc::ENOENT) | Some(libc::EAGAIN)) {
+            continue; // an interrupted read, or a request that was interrupted away
+        }
+        return None;
+    }
+}
+
+/// Serves `/dev/fuse` until the connection ends.
+fn serve_device(device: i32) {
+    let mut buffer = vec![0u8; DEVICE_BUFFER_BYTES];
+    while let Some(length) = read_request(device, &mut buffer) {
+        let (opcode, unique, nodeid) = header_of(&buffer[..length]);
+        if let Some((error, payload)) = answer(opcode, nodeid) {
+            if write_reply(device, error, unique, &payload).is_err() && opcode != FUSE_INTERRUPT {
+                return;
+            }
+        }
+    }
+}
+
+/// A mounted probe: its device and mountpoint; unmounted when dropped.
+struct Mount {
+    device: Arc<OwnedFd>,
+    mountpoint: PathBuf,
+    mounted: bool,
+}
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        if self.mounted {
+            let path = CString::new(self.mountpoint.as_os_str().as_encoded_bytes()).expect("no NUL");
+            // SAFETY: a NUL-terminated path. A lazy unmount: the servers
+            // see the connection end and return.
+            unsafe { libc::umount2(path.as_ptr(), libc::MNT_DETACH) };
+        }
+    }
+}
+
+/// Mounts the probe at `mountpoint` and answers its INIT, offering the
+/// io_uring transport when `uring` is set. Returns whether the kernel took
+/// it.
+fn mount(mountpoint: &Path, uring: bool) -> Outcome<(Mount, bool)> {
+    let path = CString::new("/dev/fuse")?;
+    // SAFETY: a NUL-terminated path.
+    let raw = unsafe { libc::open(path.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
+    if raw < 0 {
+        fail!("open /dev/fuse: {}", std::io::Error::last_os_error());
+    }
+    // SAFETY: a descriptor just opened and owned by nothing else.
+    let device = Arc::new(unsafe { OwnedFd::from_raw_fd(raw) });
+    let target = CString::new(mountpoint.as_os_str().as_encoded_bytes())?;
+    let options = CString::new(format!("fd={raw},rootmode=40000,user_id=0,group_id=0,default_permissions"))?;
+    let source = CString::new("flintfs-probe")?;
+    let kind = CString::new("fuse.flintfs-probe")?;
+    // SAFETY: NUL-terminated strings that outlive the call.
+    let mounted = unsafe {
+        libc::mount(
+            source.as_ptr(),
+            target.as_ptr(),
+            kind.as_ptr(),
+            libc::MS_NOSUID | libc::MS_NODEV,
+            options.as_ptr() as *const libc::c_void,
+        )
+    };
+    if mounted != 0 {
+        fail!("mount the FUSE probe at {}: {}", mountpoint.display(), std::io::Error::last_os_error());
+    }
+    let mount = Mount { device: device.clone(), mountpoint: mountpoint.to_path_buf(), mounted: true };
+    let mut buffer = vec![0u8; DEVICE_BUFFER_BYTES];
+    let Some(length) = read_request(raw, &mut buffer) else { fail!("the FUSE probe's connection ended before INIT") };
+    let (opcode, unique, _) = header_of(&buffer[..length]);
+    if opcode != FUSE_INIT || length < IN_HEADER_BYTES + 24 {
+        fail!("the FUSE probe's first request was {opcode}, not INIT");
+    }
+    let arguments = &buffer[IN_HEADER_BYTES..length];
+    let (major, minor) = (u32_at(arguments, 0), u32_at(arguments, 4));
+    let offered = u64::from(u32_at(arguments, 12)) | (u64::from(u32_at(arguments, 16)) << 32);
+    if major != FUSE_KERNEL_VERSION || minor < 42 {
+        fail!("the kernel speaks FUSE {major}.{minor}; the probe needs 7.42 or later");
+    }
+    let takes_uring = uring && offered & FUSE_OVER_IO_URING != 0;
+    let wanted = FUSE_INIT_EXT | if takes_uring { FUSE_OVER_IO_URING } else { 0 };
+    let mut init = [0u8; INIT_OUT_BYTES];
+    init[0..4].copy_from_slice(&FUSE_KERNEL_VERSION.to_le_bytes());
+    init[4..8].copy_from_slice(&minor.min(44).to_le_bytes());
+    init[8..12].copy_from_slice(&arguments[8..12]); // max_readahead, as offered
+    init[12..16].copy_from_slice(&((wanted & offered) as u32).to_le_bytes());
+    init[16..18].copy_from_slice(&16u16.to_le_bytes()); // max_background
+    init[18..20].copy_from_slice(&12u16.to_le_bytes()); // congestion_threshold
+    init[20..24].copy_from_slice(&MAX_WRITE_BYTES.to_le_bytes());
+    init[24..28].copy_from_slice(&1u32.to_le_bytes()); // time_gran
+    init[32..36].copy_from_slice((((wanted & offered) >> 32) as u32).to_le_bytes().as_slice());
+    write_reply(raw, 0, unique, &init)?;
+    Ok((mount, takes_uring))
+}
+
+/// One ring entry's buffers: the header the kernel fills and the payload.
+struct Entry {
+    header: Box<[u8; RING_HEADER_BYTES]>,
+    payload: Vec<u8>,
+    parts: Box<[libc::iovec; 2]>,
+}
+
+/// The command area of a ring SQE (`struct fuse_uring_cmd_req`).
+fn command(commit_id: u64, queue: u16) -> [u8; 80] {
+    let mut area = [0u8; 80];
+    area[8..16].copy_from_slice(&commit_id.to_le_bytes());
+    area[16..18].copy_from_slice(&queue.to_le_bytes());
+    area
+}
+
+/// A FUSE ring command. io-uring's builder leaves the SQE's `len` at 0,
+/// and REGISTER takes its iovec count there: it is set through the
+/// entry's bytes (`len` is the u32 at byte 24 of every SQE).
+fn ring_command(
+    device: i32,
+    operation: u32,
+    area: [u8; 80],
+    parts: Option<&[libc::iovec; 2]>,
+    tag: u64,
+) -> squeue::Entry128 {
+    let mut builder = opcode::UringCmd80::new(types::Fd(device), operation).cmd(area);
+    if let Some(parts) = parts {
+        builder = builder.addr(Some(parts.as_ptr() as u64));
+    }
+    let entry = builder.build().user_data(tag);
+    if parts.is_none() {
+        return entry;
+    }
+    // SAFETY: Entry128 is a 128-byte repr(C) SQE; byte 24 is `len`.
+    let mut bytes: [u8; 128] = unsafe { std::mem::transmute(entry) };
+    bytes[24..28].copy_from_slice(&2u32.to_le_bytes());
+    // SAFETY: the same bytes, one field changed.
+    unsafe { std::mem::transmute(bytes) }
+}
+
+/// Serves queue `queue` on a thread pinned to its CPU until the connection
+/// ends. `registered` is set once its entries are in; `served` counts the
+/// lookups it answered.
+fn serve_queue(device: i32, queue: u16, registered: Arc<AtomicBool>, served: Arc<AtomicU64>) -> Outcome {
+    // SAFETY: a zeroed CPU set with one bit set, for this thread.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(usize::from(queue), &mut set);
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+    }
+    let mut ring: IoUring<squeue::Entry128> =
+        IoUring::builder().setup_single_issuer().setup_coop_taskrun().build(16)?;
+    let mut entries: Vec<Entry> = (0..RING_DEPTH)
+        .map(|_| {
+            let mut header = Box::new([0u8; RING_HEADER_BYTES]);
+            let mut payload = vec![0u8; PAYLOAD_BYTES];
+            let parts = Box::new([
+                libc::iovec { iov_base: header.as_mut_ptr() as *mut libc::c_void, iov_len: RING_HEADER_BYTES },
+                libc::iovec { iov_base: payload.as_mut_ptr() as *mut libc::c_void, iov_len: PAYLOAD_BYTES },
+            ]);
+            Entry { header, payload, parts }
+        })
+        .collect();
+    for (index, entry) in entries.iter().enumerate() {
+        let sqe = ring_command(device, FUSE_IO_URING_CMD_REGISTER, command(0, queue), Some(&entry.parts), index as u64);
+        // SAFETY: the entry's buffers live until the ring is dropped, below.
+        unsafe { ring.submission().push(&sqe) }.map_err(|_| Failure("the ring is full".into()))?;
+    }
+    ring.submit()?;
+    // The kernel takes a REGISTER inline: a refusal is already a
+    // completion, and a taken entry completes only with a request.
+    let mut completed: Vec<(u64, i32)> = ring.completion().map(|cqe| (cqe.user_data(), cqe.result())).collect();
+    if let Some((_, refused)) = completed.iter().find(|(_, result)| *result < 0) {
+        fail!("the kernel refused a FUSE ring entry: {}", std::io::Error::from_raw_os_error(-refused));
+    }
+    registered.store(true, Ordering::Release);
+    loop {
+        for (tag, result) in completed.drain(..) {
+            if result < 0 {
+                // The connection ended.
+                if matches!(-result, libc::ENOTCONN | libc::ECANCELED) {
+                    return Ok(());
+                }
+                fail!("a FUSE ring command failed: {}", std::io::Error::from_raw_os_error(-result));
+            }
+            let entry = &mut entries[tag as usize];
+            let (opcode, unique, nodeid) = header_of(&entry.header[..IN_HEADER_BYTES]);
+            let commit_id = u64_at(&entry.header[..], RING_ENTRY_OFFSET + 8);
+            let (error, payload) = answer(opcode, nodeid).unwrap_or((-libc::ENOSYS, Vec::new()));
+            entry.payload[..payload.len()].copy_from_slice(&payload);
+            entry.header[..OUT_HEADER_BYTES].copy_from_slice(&out_header(error, unique, payload.len()));
+            entry.header[RING_ENTRY_OFFSET + 16..RING_ENTRY_OFFSET + 20]
+                .copy_from_slice(&(payload.len() as u32).to_le_bytes());
+            if opcode == FUSE_LOOKUP {
+                served.fetch_add(1, Ordering::Relaxed);
+            }
+            let sqe = ring_command(device, FUSE_IO_URING_CMD_COMMIT_AND_FETCH, command(commit_id, queue), None, tag);
+            // SAFETY: as above.
+            unsafe { ring.submission().push(&sqe) }.map_err(|_| Failure("the ring is full".into()))?;
+        }
+        ring.submit_and_wait(1)?;
+        completed.extend(ring.completion().map(|cqe| (cqe.user_data(), cqe.result())));
+    }
+}
+
+/// Microseconds per LOOKUP round trip: `lookups` stats of missing names.
+fn floor_us(mountpoint: &Path, lookups: u64) -> Outcome<f64> {
+    let started = Instant::now();
+    for index in 0..lookups {
+        if std::fs::symlink_metadata(mountpoint.join(format!(".floor-{index}"))).is_ok() {
+            fail!("the FUSE probe found a name it never made");
+        }
+    }
+    Ok(started.elapsed().as_secs_f64() * 1e6 / lookups as f64)
+}
+
+/// One measurement: mount, serve, time the lookups, unmount.
+fn measure(mountpoint: &Path, uring: bool, lookups: u64) -> Outcome<Option<f64>> {
+    let (mount, took) = mount(mountpoint, uring)?;
+    if uring && !took {
+        return Ok(None);
+    }
+    let mut servers = Vec::new();
+    // /dev/fuse still carries FORGETs and INTERRUPTs on a ring connection.
+    let device_workers = if uring { 1 } else { DEVICE_WORKERS };
+    for _ in 0..device_workers {
+        let keep = mount.device.clone();
+        servers.push(std::thread::spawn(move || {
+            serve_device(keep.as_raw_fd());
+            Ok(())
+        }));
+    }
+    let served = Arc::new(AtomicU64::new(0));
+    let mut ready = true;
+    if uring {
+        // The kernel's queues are one per possible CPU; it routes a request
+        // to its caller's CPU's queue, and waits for every queue to have an
+        // entry before it routes any.
+        let cpus = std::thread::available_parallelism().map(usize::from).unwrap_or(1);
+        let mut flags = Vec::new();
+        for queue in 0..cpus {
+            let registered = Arc::new(AtomicBool::new(false));
+            flags.push(registered.clone());
+            let keep = mount.device.clone();
+            let served = served.clone();
+            servers.push(std::thread::spawn(move || serve_queue(keep.as_raw_fd(), queue as u16, registered, served)));
+        }
+        while !flags.iter().all(|flag| flag.load(Ordering::Acquire)) {
+            if servers.iter().any(|server| server.is_finished()) {
+                ready = false;
+                break;
+            }
+            std::thread::yield_now();
+        }
+    }
+    let floor = if ready { floor_us(mountpoint, lookups) } else { Ok(0.0) };
+    drop(mount);
+    for server in servers {
+        match server.join() {
+            Ok(Ok(())) => {}
+            Ok(Err(failure)) => return Err(failure),
+            Err(_) => fail!("a FUSE probe server panicked"),
+        }
+    }
+    let floor = floor?;
+    // Every lookup must have crossed the ring, or the figure is
+    // /dev/fuse's under another name.
+    if uring && served.load(Ordering::Relaxed) < lookups {
+        fail!("the io_uring probe answered {} of {lookups} lookups on its ring", served.load(Ordering::Relaxed));
+    }
+    Ok(Some(floor))
+}
+
+fn median(values: &mut [f64]) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values[values.len() / 2]
+}
+
+/// Runs the probe in `directory` and returns its row.
+pub fn run(quick: bool, directory: &Path) -> Outcome<Value> {
+    let lookups = LOOKUPS[usize::from(!quick)];
+    let mountpoint = directory.join("transport");
+    std::fs::create_dir_all(&mountpoint)?;
+    let was = std::fs::read_to_string(ENABLE_URING).ok();
+    let switched = was.as_deref().map(str::trim) == Some("N") && std::fs::write(ENABLE_URING, "Y").is_ok();
+    let result = (|| {
+        let mut device = Vec::new();
+        let mut ring = Vec::new();
+        for _ in 0..ROUNDS {
+            device.push(measure(&mountpoint, false, lookups)?.expect("the device transport always runs"));
+            if let Some(us) = measure(&mountpoint, true, lookups)? {
+                ring.push(us);
+            }
+        }
+        Ok::<_, Failure>((median(&mut device), (!ring.is_empty()).then(|| median(&mut ring))))
+    })();
+    if switched {
+        let _ = std::fs::write(ENABLE_URING, "N");
+    }
+    let (device_us, ring_us) = result?;
+    let best = ring_us.unwrap_or(device_us).min(device_us);
+    let mut value = crate::bench::row("fuse_transport", "fuse-probe", lookups, best * lookups as f64 / 1e6, None);
+    value["devfuse_floor_us"] = json!(device_us);
+    value["devfuse_workers"] = json!(DEVICE_WORKERS);
+    value["uring_floor_us"] = json!(ring_us);
+    value["uring_queue_depth"] = json!(RING_DEPTH);
+    value["uring_available"] = json!(ring_us.is_some());
+    Ok(value)
+}
