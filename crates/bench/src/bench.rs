@@ -54,10 +54,11 @@ pub const WORKLOADS: [&str; 15] = [
     "space_usr_share",
 ];
 /// Targets, in the order rows are printed.
-pub const TARGETS: [&str; 14] = [
+pub const TARGETS: [&str; 15] = [
     "flintfs",
     "flintfs-ordered",
     "flintfs-fuse",
+    "flintfs-uring",
     "flintfs-nvm",
     "flintfs-nvm-fuse",
     "flintfs-block",
@@ -72,7 +73,7 @@ pub const TARGETS: [&str; 14] = [
 ];
 /// How many of [`TARGETS`] are flintfs (run without being asked for); the
 /// rest are peers.
-const FLINTFS_TARGETS: usize = 8;
+const FLINTFS_TARGETS: usize = 9;
 /// NVM beside the flash for the `flintfs-nvm` targets (FSMAC's metadata
 /// accelerator): a small NVDIMM's worth, whose ring holds the log of tens of
 /// thousands of metadata fsyncs between write-homes.
@@ -1220,8 +1221,23 @@ fn resident_of(pid: u32) -> Option<u64> {
 }
 
 /// The workload on a FUSE mount of an image.
+/// The fuse module's switch for its io_uring transport.
+pub(crate) const ENABLE_URING: &str = "/sys/module/fuse/parameters/enable_uring";
+
+/// A FUSE run; `flintfs-uring` mounts with `-o io_uring` (which turns the
+/// kernel's switch on), and the switch is put back as it was after.
 fn run_fuse(workload: &str, target: &str, size: Size, seed: u64, directory: &Path) -> Outcome<Value> {
+    let switch_was = std::fs::read_to_string(ENABLE_URING).ok();
+    let result = run_fuse_mounted(workload, target, size, seed, directory);
+    if let Some(was) = switch_was {
+        let _ = std::fs::write(ENABLE_URING, was.trim());
+    }
+    result
+}
+
+fn run_fuse_mounted(workload: &str, target: &str, size: Size, seed: u64, directory: &Path) -> Outcome<Value> {
     let Some(flintfs) = flintfs_binary() else { fail!("{}", NO_FLINTFS_BINARY) };
+    let transport: &[&str] = if target == "flintfs-uring" { &["-o", "io_uring"] } else { &["-o", "noio_uring"] };
     let image = directory.join("bench.img");
     let mountpoint = directory.join("mnt");
     std::fs::create_dir_all(&mountpoint)?;
@@ -1236,7 +1252,7 @@ fn run_fuse(workload: &str, target: &str, size: Size, seed: u64, directory: &Pat
     }
     let lifetime = Command::new(&flintfs).arg("stat").arg(&image).arg("--json").output()?;
     let before: Value = serde_json::from_slice(&lifetime.stdout)?;
-    let status = Command::new(&flintfs).arg("mount").arg(&image).arg(&mountpoint).status()?;
+    let status = Command::new(&flintfs).arg("mount").arg(&image).arg(&mountpoint).args(transport).status()?;
     if !status.success() {
         fail!("mount for the FUSE run failed");
     }
@@ -1268,7 +1284,7 @@ fn run_fuse(workload: &str, target: &str, size: Size, seed: u64, directory: &Pat
             }
             let output = Command::new(&flintfs).arg("stat").arg(&image).arg("--json").output()?;
             *at_mount.borrow_mut() = counters_of(&serde_json::from_slice(&output.stdout)?)?;
-            if !Command::new(&flintfs).arg("mount").arg(&image).arg(&mountpoint).status()?.success() {
+            if !Command::new(&flintfs).arg("mount").arg(&image).arg(&mountpoint).args(transport).status()?.success() {
                 fail!("mount for a remount failed");
             }
             let output = Command::new(&flintfs).arg("stat").arg(&mountpoint).arg("--json").output()?;
@@ -1303,9 +1319,14 @@ fn run_fuse(workload: &str, target: &str, size: Size, seed: u64, directory: &Pat
     let floor = fuse_request_floor(&mountpoint, &live_requests);
     let live = stat(&mountpoint)?;
     let rss = live["pid"].as_u64().and_then(|pid| rss_of(pid as u32));
+    // The floor's lookups alone cross the ring on an io_uring mount.
+    let ring_requests = live["fuse_ring_requests"].as_u64().unwrap_or(0);
     let status = Command::new("umount").arg(&mountpoint).status()?;
     if !status.success() {
         fail!("umount after the FUSE run failed");
+    }
+    if target == "flintfs-uring" && ring_requests == 0 {
+        fail!("-o io_uring, but every request went by /dev/fuse (the kernel refused the ring)");
     }
     let ops = ops?;
     // From the measured phase's start to after the unmount (its
@@ -1339,6 +1360,7 @@ fn run_fuse(workload: &str, target: &str, size: Size, seed: u64, directory: &Pat
         value["nvm_persists_per_op"] = json!(since("nvm_persists") as f64 / ops.max(1) as f64);
     }
     value["mount_pages_read"] = json!(remounted_pages.unwrap_or(number(&live, "mount_pages_read")));
+    value["fuse_transport"] = json!(if ring_requests > 0 { "io_uring" } else { "/dev/fuse" });
     value["peak_rss_bytes"] = json!(rss);
     if let (Some(end), Some(start)) = (requests_at_end, phase.fuse_requests_at_start) {
         let per_op = end.saturating_sub(start) as f64 / ops.max(1) as f64;
@@ -1545,7 +1567,9 @@ fn run_one(arguments: &BenchArguments, target: &str) -> Outcome<ExitCode> {
             let _ = std::fs::remove_dir_all(&directory);
             row
         }
-        "flintfs-fuse" | "flintfs-nvm-fuse" => run_fuse(&arguments.workload, target, size, arguments.seed, &directory),
+        "flintfs-fuse" | "flintfs-uring" | "flintfs-nvm-fuse" => {
+            run_fuse(&arguments.workload, target, size, arguments.seed, &directory)
+        }
         "flintfs-block" => run_kernel(&arguments.workload, target, size, arguments.seed, &directory),
         "littlefs" => {
             // The quick device is also the near-full workloads' (see device_bytes).
@@ -1598,8 +1622,15 @@ fn unavailable(target: &str) -> Option<String> {
     let root = unsafe { libc::geteuid() } == 0;
     match target {
         "flintfs" | "flintfs-ordered" | "flintfs-zstd" | "flintfs-none" | "flintfs-nvm" | "littlefs" => None,
-        "flintfs-fuse" | "flintfs-nvm-fuse" if !Path::new("/dev/fuse").exists() => Some("no /dev/fuse".to_string()),
-        "flintfs-fuse" | "flintfs-nvm-fuse" => flintfs_binary().is_none().then(|| NO_FLINTFS_BINARY.to_string()),
+        "flintfs-fuse" | "flintfs-uring" | "flintfs-nvm-fuse" if !Path::new("/dev/fuse").exists() => {
+            Some("no /dev/fuse".to_string())
+        }
+        "flintfs-uring" if !Path::new(ENABLE_URING).exists() => {
+            Some("no FUSE over io_uring in this kernel".to_string())
+        }
+        "flintfs-fuse" | "flintfs-uring" | "flintfs-nvm-fuse" => {
+            flintfs_binary().is_none().then(|| NO_FLINTFS_BINARY.to_string())
+        }
         "flintfs-block" if !root => Some("the block backend on a loop device needs root".to_string()),
         "flintfs-block" if !Path::new("/dev/fuse").exists() => Some("no /dev/fuse".to_string()),
         "flintfs-block" => flintfs_binary().is_none().then(|| NO_FLINTFS_BINARY.to_string()),

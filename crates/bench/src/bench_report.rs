@@ -522,8 +522,7 @@ const SECTIONS: [Section; 6] = [
 
 /// The FUSE request floor beside each flintfs-fuse row that measured it.
 fn floor_section(rows: &[Value]) -> String {
-    let chosen: Vec<&Value> =
-        rows.iter().filter(|row| row["target"] == "flintfs-fuse" && row["fuse_floor_us"].is_number()).collect();
+    let chosen: Vec<&Value> = rows.iter().filter(|row| row["fuse_floor_us"].is_number()).collect();
     let transport = transport_paragraph(rows);
     if chosen.is_empty() {
         return transport.map(|paragraph| format!("\n## The FUSE request floor\n\n{paragraph}")).unwrap_or_default();
@@ -535,14 +534,16 @@ fn floor_section(rows: &[Value]) -> String {
          counts the requests the workload's measured part made; their count per operation times the floor is \
          the least time an operation can take over FUSE, whatever the engine does, and its inverse the most \
          operations a second. `of floor` is flintfs-fuse's ops/s over that bound.\n\n\
-         | workload | requests/op | floor µs/request | floor ops/s | ops/s | of floor | ext4 ops/s |\n\
-         |---|---:|---:|---:|---:|---:|---:|\n",
+         | workload | target | transport | requests/op | floor µs/request | floor ops/s | ops/s | of floor | ext4 ops/s |\n\
+         |---|---|---|---:|---:|---:|---:|---:|---:|\n",
     );
     for row in chosen {
         let workload = row["workload"].as_str().unwrap_or("?");
         let ext4 = value(rows, workload, "ext4", "ops_per_s").map_or("-".into(), |ops| format!("{ops:.0}"));
         text.push_str(&format!(
-            "| {workload} | {} | {} | {} | {} | {} | {ext4} |\n",
+            "| {workload} | {} | {} | {} | {} | {} | {} | {} | {ext4} |\n",
+            row["target"].as_str().unwrap_or("?"),
+            row["fuse_transport"].as_str().unwrap_or("/dev/fuse"),
             cell(row, "fuse_requests_per_op", 2),
             cell(row, "fuse_floor_us", 1),
             cell(row, "fuse_floor_ops_per_s", 0),

@@ -27,13 +27,14 @@
 //! `/dev/fuse` figure alone.
 
 use std::ffi::CString;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use io_uring::{opcode, squeue, types, IoUring};
+use flintfs_fuse::ring::{self, Request};
+use fuser::Errno;
 use serde_json::{json, Value};
 
 use crate::{fail, Failure, Outcome};
@@ -69,18 +70,11 @@ const FUSE_DESTROY: u32 = 38;
 const FUSE_BATCH_FORGET: u32 = 42;
 const FUSE_INIT_EXT: u64 = 1 << 30;
 const FUSE_OVER_IO_URING: u64 = 1 << 41;
-const FUSE_IO_URING_CMD_REGISTER: u32 = 1;
-const FUSE_IO_URING_CMD_COMMIT_AND_FETCH: u32 = 2;
 const IN_HEADER_BYTES: usize = 40;
 const OUT_HEADER_BYTES: usize = 16;
 const INIT_OUT_BYTES: usize = 64;
 const ATTR_OUT_BYTES: usize = 104;
-/// `struct fuse_uring_req_header`: in/out header, op arguments, entry.
-const RING_HEADER_BYTES: usize = 288;
-const RING_OP_IN_OFFSET: usize = 128;
-const RING_ENTRY_OFFSET: usize = 256;
-const _: () = assert!(RING_ENTRY_OFFSET + 32 == RING_HEADER_BYTES);
-const _: () = assert!(IN_HEADER_BYTES <= RING_OP_IN_OFFSET && OUT_HEADER_BYTES <= IN_HEADER_BYTES);
+const _: () = assert!(OUT_HEADER_BYTES <= IN_HEADER_BYTES);
 const _: () = assert!(DEVICE_BUFFER_BYTES >= 8192, "the kernel's smallest /dev/fuse read");
 
 const ENABLE_URING: &str = "/sys/module/fuse/parameters/enable_uring";
@@ -252,111 +246,6 @@ fn mount(mountpoint: &Path, uring: bool) -> Outcome<(Mount, bool)> {
     Ok((mount, takes_uring))
 }
 
-/// One ring entry's buffers: the header the kernel fills and the payload.
-struct Entry {
-    header: Box<[u8; RING_HEADER_BYTES]>,
-    payload: Vec<u8>,
-    parts: Box<[libc::iovec; 2]>,
-}
-
-/// The command area of a ring SQE (`struct fuse_uring_cmd_req`).
-fn command(commit_id: u64, queue: u16) -> [u8; 80] {
-    let mut area = [0u8; 80];
-    area[8..16].copy_from_slice(&commit_id.to_le_bytes());
-    area[16..18].copy_from_slice(&queue.to_le_bytes());
-    area
-}
-
-/// A FUSE ring command. io-uring's builder leaves the SQE's `len` at 0,
-/// and REGISTER takes its iovec count there: it is set through the
-/// entry's bytes (`len` is the u32 at byte 24 of every SQE).
-fn ring_command(
-    device: i32,
-    operation: u32,
-    area: [u8; 80],
-    parts: Option<&[libc::iovec; 2]>,
-    tag: u64,
-) -> squeue::Entry128 {
-    let mut builder = opcode::UringCmd80::new(types::Fd(device), operation).cmd(area);
-    if let Some(parts) = parts {
-        builder = builder.addr(Some(parts.as_ptr() as u64));
-    }
-    let entry = builder.build().user_data(tag);
-    if parts.is_none() {
-        return entry;
-    }
-    // SAFETY: Entry128 is a 128-byte repr(C) SQE; byte 24 is `len`.
-    let mut bytes: [u8; 128] = unsafe { std::mem::transmute(entry) };
-    bytes[24..28].copy_from_slice(&2u32.to_le_bytes());
-    // SAFETY: the same bytes, one field changed.
-    unsafe { std::mem::transmute(bytes) }
-}
-
-/// Serves queue `queue` on a thread pinned to its CPU until the connection
-/// ends. `registered` is set once its entries are in; `served` counts the
-/// lookups it answered.
-fn serve_queue(device: i32, queue: u16, registered: Arc<AtomicBool>, served: Arc<AtomicU64>) -> Outcome {
-    // SAFETY: a zeroed CPU set with one bit set, for this thread.
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(usize::from(queue), &mut set);
-        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
-    }
-    let mut ring: IoUring<squeue::Entry128> =
-        IoUring::builder().setup_single_issuer().setup_coop_taskrun().build(16)?;
-    let mut entries: Vec<Entry> = (0..RING_DEPTH)
-        .map(|_| {
-            let mut header = Box::new([0u8; RING_HEADER_BYTES]);
-            let mut payload = vec![0u8; PAYLOAD_BYTES];
-            let parts = Box::new([
-                libc::iovec { iov_base: header.as_mut_ptr() as *mut libc::c_void, iov_len: RING_HEADER_BYTES },
-                libc::iovec { iov_base: payload.as_mut_ptr() as *mut libc::c_void, iov_len: PAYLOAD_BYTES },
-            ]);
-            Entry { header, payload, parts }
-        })
-        .collect();
-    for (index, entry) in entries.iter().enumerate() {
-        let sqe = ring_command(device, FUSE_IO_URING_CMD_REGISTER, command(0, queue), Some(&entry.parts), index as u64);
-        // SAFETY: the entry's buffers live until the ring is dropped, below.
-        unsafe { ring.submission().push(&sqe) }.map_err(|_| Failure("the ring is full".into()))?;
-    }
-    ring.submit()?;
-    // The kernel takes a REGISTER inline: a refusal is already a
-    // completion, and a taken entry completes only with a request.
-    let mut completed: Vec<(u64, i32)> = ring.completion().map(|cqe| (cqe.user_data(), cqe.result())).collect();
-    if let Some((_, refused)) = completed.iter().find(|(_, result)| *result < 0) {
-        fail!("the kernel refused a FUSE ring entry: {}", std::io::Error::from_raw_os_error(-refused));
-    }
-    registered.store(true, Ordering::Release);
-    loop {
-        for (tag, result) in completed.drain(..) {
-            if result < 0 {
-                // The connection ended.
-                if matches!(-result, libc::ENOTCONN | libc::ECANCELED) {
-                    return Ok(());
-                }
-                fail!("a FUSE ring command failed: {}", std::io::Error::from_raw_os_error(-result));
-            }
-            let entry = &mut entries[tag as usize];
-            let (opcode, unique, nodeid) = header_of(&entry.header[..IN_HEADER_BYTES]);
-            let commit_id = u64_at(&entry.header[..], RING_ENTRY_OFFSET + 8);
-            let (error, payload) = answer(opcode, nodeid).unwrap_or((-libc::ENOSYS, Vec::new()));
-            entry.payload[..payload.len()].copy_from_slice(&payload);
-            entry.header[..OUT_HEADER_BYTES].copy_from_slice(&out_header(error, unique, payload.len()));
-            entry.header[RING_ENTRY_OFFSET + 16..RING_ENTRY_OFFSET + 20]
-                .copy_from_slice(&(payload.len() as u32).to_le_bytes());
-            if opcode == FUSE_LOOKUP {
-                served.fetch_add(1, Ordering::Relaxed);
-            }
-            let sqe = ring_command(device, FUSE_IO_URING_CMD_COMMIT_AND_FETCH, command(commit_id, queue), None, tag);
-            // SAFETY: as above.
-            unsafe { ring.submission().push(&sqe) }.map_err(|_| Failure("the ring is full".into()))?;
-        }
-        ring.submit_and_wait(1)?;
-        completed.extend(ring.completion().map(|cqe| (cqe.user_data(), cqe.result())));
-    }
-}
-
 /// Microseconds per LOOKUP round trip: `lookups` stats of missing names.
 fn floor_us(mountpoint: &Path, lookups: u64) -> Outcome<f64> {
     let started = Instant::now();
@@ -379,42 +268,38 @@ fn measure(mountpoint: &Path, uring: bool, lookups: u64) -> Outcome<Option<f64>>
     let device_workers = if uring { 1 } else { DEVICE_WORKERS };
     for _ in 0..device_workers {
         let keep = mount.device.clone();
-        servers.push(std::thread::spawn(move || {
-            serve_device(keep.as_raw_fd());
-            Ok(())
-        }));
+        servers.push(std::thread::spawn(move || serve_device(keep.as_raw_fd())));
     }
     let served = Arc::new(AtomicU64::new(0));
-    let mut ready = true;
+    let mut queues = None;
     if uring {
-        // The kernel's queues are one per possible CPU; it routes a request
-        // to its caller's CPU's queue, and waits for every queue to have an
-        // entry before it routes any.
-        let cpus = std::thread::available_parallelism().map(usize::from).unwrap_or(1);
-        let mut flags = Vec::new();
-        for queue in 0..cpus {
-            let registered = Arc::new(AtomicBool::new(false));
-            flags.push(registered.clone());
-            let keep = mount.device.clone();
-            let served = served.clone();
-            servers.push(std::thread::spawn(move || serve_queue(keep.as_raw_fd(), queue as u16, registered, served)));
-        }
-        while !flags.iter().all(|flag| flag.load(Ordering::Acquire)) {
-            if servers.iter().any(|server| server.is_finished()) {
-                ready = false;
-                break;
+        // The same queues the mount runs (flintfs_fuse::ring), answering
+        // as the probe does, and counting the lookups that crossed them.
+        let counted = served.clone();
+        let answer = move |request: &Request, out: &mut [u8]| {
+            if request.opcode == ring::LOOKUP {
+                counted.fetch_add(1, Ordering::Relaxed);
             }
-            std::thread::yield_now();
-        }
+            match answer(request.opcode, request.nodeid) {
+                Some((0, payload)) => {
+                    out[..payload.len()].copy_from_slice(&payload);
+                    Ok(payload.len())
+                }
+                Some((error, _)) => Err(Errno::from_i32(-error)),
+                None => Err(Errno::ENOSYS),
+            }
+        };
+        queues = Some(ring::spawn_queues(mount.device.as_fd(), RING_DEPTH, PAYLOAD_BYTES, answer)?);
     }
-    let floor = if ready { floor_us(mountpoint, lookups) } else { Ok(0.0) };
+    let floor = floor_us(mountpoint, lookups);
     drop(mount);
     for server in servers {
-        match server.join() {
-            Ok(Ok(())) => {}
-            Ok(Err(failure)) => return Err(failure),
-            Err(_) => fail!("a FUSE probe server panicked"),
+        if server.join().is_err() {
+            fail!("a FUSE probe server panicked");
         }
+    }
+    if let Some(queues) = queues {
+        queues.join();
     }
     let floor = floor?;
     // Every lookup must have crossed the ring, or the figure is

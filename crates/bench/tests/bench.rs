@@ -58,11 +58,19 @@ fn a_row_per_target_with_the_fields_tools_read() {
         serde_json::from_str(ok(&["create_fsync", "--quick", "--json"]).trim()).expect("JSON rows");
     let rows = rows.as_array().expect("an array of rows");
     let targets: Vec<&str> = rows.iter().filter_map(|row| row["target"].as_str()).collect();
-    assert_eq!(
-        targets,
-        ["flintfs", "flintfs-ordered", "flintfs-fuse", "flintfs-nvm", "flintfs-nvm-fuse", "flintfs-block"],
-        "{rows:?}"
-    );
+    // FUSE over io_uring runs where the kernel has it (Linux 6.14 and later).
+    let uring = Path::new("/sys/module/fuse/parameters/enable_uring").exists();
+    let mut expected = vec!["flintfs", "flintfs-ordered", "flintfs-fuse"];
+    expected.extend(uring.then_some("flintfs-uring"));
+    expected.extend(["flintfs-nvm", "flintfs-nvm-fuse", "flintfs-block"]);
+    assert_eq!(targets, expected, "{rows:?}");
+    // Each FUSE row says which transport carried it, and it is the one its
+    // target names.
+    for (target, transport) in [("flintfs-fuse", "/dev/fuse"), ("flintfs-uring", "io_uring")] {
+        if let Some(row) = rows.iter().find(|row| row["target"] == target) {
+            assert_eq!(row["fuse_transport"], transport, "{row}");
+        }
+    }
     // The NVM targets say what NVM took, and their fsyncs no log page.
     for row in rows.iter().filter(|row| row["target"].as_str().is_some_and(|target| target.contains("nvm"))) {
         assert!(row["nvm_bytes_per_op"].as_f64().is_some_and(|bytes| bytes > 0.0), "{row}");

@@ -80,6 +80,11 @@ struct MountOptions {
     kernel_flags: Vec<String>,
     /// `writeback_cache` turns the kernel's writeback cache on.
     writeback_cache: bool,
+    /// FUSE's io_uring transport (flintfs_fuse::ring): by default, used
+    /// when the kernel offers it (the fuse module's `enable_uring` on);
+    /// `io_uring` turns that switch on first, `noio_uring` stays on
+    /// /dev/fuse.
+    io_uring: Option<bool>,
 }
 
 /// Options of fstab and mount(8) that mean something to them (or to
@@ -93,6 +98,22 @@ pub fn is_mount_program_option(name: &str) -> bool {
         || name == "comment"
 }
 
+/// The fuse module offers io_uring only with its `enable_uring` parameter
+/// on (off by default in Linux 6.18). `-o io_uring` asks for it, so root
+/// turns it on, and says so; for anyone else the mount says it is off
+/// and serves `/dev/fuse`.
+fn enable_uring() {
+    const PARAMETER: &str = "/sys/module/fuse/parameters/enable_uring";
+    match std::fs::read_to_string(PARAMETER) {
+        Ok(value) if value.trim() == "N" => match std::fs::write(PARAMETER, "Y") {
+            Ok(()) => tracing::info!("-o io_uring: turned on {PARAMETER}"),
+            Err(error) => tracing::warn!("-o io_uring: {PARAMETER} stays off ({error})"),
+        },
+        Ok(_) => {}
+        Err(error) => tracing::warn!("-o io_uring: this kernel has no {PARAMETER} ({error})"),
+    }
+}
+
 fn parse_options(options: &[String]) -> Outcome<MountOptions> {
     // SAFETY: geteuid has no preconditions.
     let root = unsafe { libc::geteuid() } == 0;
@@ -103,6 +124,7 @@ fn parse_options(options: &[String]) -> Outcome<MountOptions> {
         allow_other: root,
         kernel_flags: Vec::new(),
         writeback_cache: false,
+        io_uring: None,
     };
     for option in options.iter().filter(|option| !option.is_empty()) {
         let (name, value) = match option.split_once('=') {
@@ -171,9 +193,13 @@ fn parse_options(options: &[String]) -> Outcome<MountOptions> {
             // flintfs_fuse's account of ENOSPC under it).
             "writeback_cache" if value.is_none() => parsed.writeback_cache = true,
             "nowriteback_cache" if value.is_none() => parsed.writeback_cache = false,
+            // FUSE over io_uring (Linux 6.14+): a request is answered on
+            // its caller's CPU.
+            "io_uring" if value.is_none() => parsed.io_uring = Some(true),
+            "noio_uring" if value.is_none() => parsed.io_uring = Some(false),
             _ => fail!(
                 "unknown mount option {option:?} (known: node_cache=SIZE, data_buffer=SIZE, read_cache=SIZE, \
-                 checkpoint_interval=SECONDS, scrub_rate=PAGES, compress=none|lz4|zstd[:LEVEL], faults=PRESET|FILE, fault_seed=N, fsync=wp-check|ordered|unchecked, nobarrier, writeback_cache, allow_other, private, noallow_other, \
+                 checkpoint_interval=SECONDS, scrub_rate=PAGES, compress=none|lz4|zstd[:LEVEL], faults=PRESET|FILE, fault_seed=N, fsync=wp-check|ordered|unchecked, nobarrier, writeback_cache, io_uring, allow_other, private, noallow_other, \
                  and the kernel's {})",
                 flintfs_fuse::KERNEL_FLAGS.join(", ")
             ),
@@ -356,7 +382,11 @@ fn run_daemon(arguments: MountArguments) -> Outcome<ExitCode> {
     let (fs, report) = mount_fs(device, options.fs)?;
     let shared = Shared::new(fs);
     let (filesystem, unmounted) = FlintFuse::new(shared.clone());
-    let filesystem = filesystem.with_writeback_cache(options.writeback_cache);
+    let filesystem =
+        filesystem.with_writeback_cache(options.writeback_cache).with_io_uring(options.io_uring != Some(false));
+    if options.io_uring == Some(true) {
+        enable_uring();
+    }
 
     let directory = runtime_directory()?;
     let socket = socket_path(&directory, &canonical);
@@ -554,6 +584,7 @@ fn serve_control(
                         value["pid"] = std::process::id().into();
                         // Round trips: FORGETs are one-way, and batched.
                         value["fuse_requests"] = shared.round_trips().into();
+                        value["fuse_ring_requests"] = shared.ring_requests().into();
                         value.to_string()
                     }
                     None => "error the file system is stopping".to_string(),

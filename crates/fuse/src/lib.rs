@@ -4,10 +4,19 @@
 //! errnos. It holds no file system logic: every decision is the core's.
 //!
 //! ## Threads
-//! The session runs [`WORKER_THREADS`] workers. The core is one state
+//! The session runs [`WORKER_THREADS`] workers (and, over io_uring, one
+//! thread per CPU serves that CPU's queue). The core is one state
 //! machine behind one mutex, so requests are serialised inside the core;
 //! the workers let the kernel keep a request queued while another one is
 //! being answered, and let a slow fsync not stall replies being written.
+//!
+//! ## Transports
+//! Requests come on `/dev/fuse`, read by fuser's session, or over io_uring
+//! ([`ring`]), where the kernel offers it and the mount asks for it: one
+//! queue per CPU, answered on the CPU that made the request. Both
+//! transports call the same methods here (the `*_as`, `*_with` and
+//! `*_into` helpers, and `call`), so a request is answered alike whichever
+//! way it came.
 //!
 //! ## Kernel caching, and why
 //! - **Attribute and entry timeouts** of [`ATTRIBUTE_TTL`] (an hour, as
@@ -51,6 +60,8 @@
 //!   for nothing else: see FUSE_HANDLE_KILLPRIV_V2 in `init`), and a write
 //!   that returned is in the engine, as `docs/SEMANTICS.md` states.
 
+pub mod ring;
+
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
@@ -59,7 +70,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use flintfs_core::{
-    Attributes, Clock, Error, Fs, RenameFlags as CoreRenameFlags, SetAttributes, SetIdOnWrite, XattrFlags,
+    Attributes, Clock, DirectoryEntry, Error, Fs, RenameFlags as CoreRenameFlags, SetAttributes, SetIdOnWrite,
+    XattrFlags,
 };
 use flintfs_flash::FlashDevice;
 use flintfs_format::FileType as CoreFileType;
@@ -105,11 +117,18 @@ pub struct Shared<D: FlashDevice> {
     /// Of those, FORGETs: messages the kernel sends without waiting for an
     /// answer (and batches), so they cost no round trip.
     forgets: AtomicU64,
+    /// Of those, the ones answered over io_uring ([`ring`]).
+    ring_requests: AtomicU64,
 }
 
 impl<D: FlashDevice> Shared<D> {
     pub fn new(fs: Fs<D>) -> Arc<Shared<D>> {
-        Arc::new(Shared { fs: Mutex::new(Some(fs)), requests: AtomicU64::new(0), forgets: AtomicU64::new(0) })
+        Arc::new(Shared {
+            fs: Mutex::new(Some(fs)),
+            requests: AtomicU64::new(0),
+            forgets: AtomicU64::new(0),
+            ring_requests: AtomicU64::new(0),
+        })
     }
 
     fn lock(&self) -> MutexGuard<'_, Option<Fs<D>>> {
@@ -142,6 +161,11 @@ impl<D: FlashDevice> Shared<D> {
         self.requests().saturating_sub(self.forgets.load(Ordering::Relaxed))
     }
 
+    /// Requests answered over io_uring: 0 on a mount served on `/dev/fuse`.
+    pub fn ring_requests(&self) -> u64 {
+        self.ring_requests.load(Ordering::Relaxed)
+    }
+
     /// Takes the engine away: every later request gets EIO.
     pub fn take(&self) -> Option<Fs<D>> {
         self.lock().take()
@@ -162,6 +186,10 @@ pub struct FlintFuse<D: FlashDevice> {
     no_opendir: bool,
     /// Whether to ask the kernel for its writeback cache.
     writeback_cache: bool,
+    /// Whether to offer the io_uring transport, and whether the kernel
+    /// took it at INIT.
+    io_uring: bool,
+    io_uring_taken: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl<D: FlashDevice + 'static> FlintFuse<D> {
@@ -177,9 +205,33 @@ impl<D: FlashDevice + 'static> FlintFuse<D> {
                 no_open: false,
                 no_opendir: false,
                 writeback_cache: false,
+                io_uring: false,
+                io_uring_taken: Arc::new(std::sync::atomic::AtomicBool::new(false)),
             },
             unmounted,
         )
+    }
+
+    /// Whether to serve requests over io_uring when the kernel offers it
+    /// ([`ring`]); `/dev/fuse` otherwise.
+    pub fn with_io_uring(mut self, on: bool) -> FlintFuse<D> {
+        self.io_uring = on;
+        self
+    }
+
+    /// Another handle on the same engine, for the io_uring queues (the
+    /// session owns this one).
+    fn handler(&self) -> FlintFuse<D> {
+        FlintFuse {
+            shared: self.shared.clone(),
+            clock: self.clock,
+            unmounted: self.unmounted.clone(),
+            no_open: self.no_open,
+            no_opendir: self.no_opendir,
+            writeback_cache: self.writeback_cache,
+            io_uring: self.io_uring,
+            io_uring_taken: self.io_uring_taken.clone(),
+        }
     }
 
     /// Whether to ask for the kernel's writeback cache (not the default;
@@ -196,6 +248,200 @@ impl<D: FlashDevice + 'static> FlintFuse<D> {
             Some(Ok(value)) => Ok(value),
             Some(Err(error)) => Err(errno_of(&error)),
         }
+    }
+}
+
+/// What a getxattr or listxattr answers: the size the caller asked for,
+/// or the bytes.
+pub(crate) enum XattrAnswer {
+    Size(u32),
+    Bytes(Vec<u8>),
+}
+
+/// A size-0 call asks for the size; bytes that do not fit are ERANGE.
+fn xattr_answer(size: u32, result: Result<Vec<u8>, Errno>) -> Result<XattrAnswer, Errno> {
+    let bytes = result?;
+    if size == 0 {
+        Ok(XattrAnswer::Size(bytes.len() as u32))
+    } else if bytes.len() <= size as usize {
+        Ok(XattrAnswer::Bytes(bytes))
+    } else {
+        Err(Errno::ERANGE)
+    }
+}
+
+/// What each request does, apart from how it arrived and how it is
+/// answered: the fuser session's methods below and the io_uring transport
+/// (`ring`) both call these, so the two cannot drift apart.
+impl<D: FlashDevice + Send + 'static> FlintFuse<D> {
+    /// With FUSE_HANDLE_KILLPRIV_V2 the kernel leaves clearing the set-ID
+    /// bits on chown and truncate to the file system, and says when with
+    /// FATTR_KILL_SUIDGID, which fuser does not pass on. Its rule is
+    /// followed here instead: a change of owner or group of anything but a
+    /// directory clears them, and so does a change of size by a caller
+    /// other than root (root standing for CAP_FSETID).
+    pub(crate) fn setattr_as(&self, caller_uid: u32, ino: u64, changes: &SetAttributes) -> Result<Attributes, Errno> {
+        let drop_set_id = changes.uid.is_some() || changes.gid.is_some() || (changes.size.is_some() && caller_uid != 0);
+        self.call(|fs| {
+            let attributes = fs.setattr(ino, changes)?;
+            if drop_set_id && attributes.file_type != CoreFileType::Directory {
+                return fs.drop_set_id(ino);
+            }
+            Ok(attributes)
+        })
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn mknod_as(
+        &self,
+        parent: u64,
+        name: &[u8],
+        mode: u32,
+        umask: u32,
+        rdev: u32,
+        uid: u32,
+        gid: u32,
+    ) -> Result<Attributes, Errno> {
+        let mode = mode & !(umask & 0o7777);
+        self.call(|fs| fs.mknod(parent, name, mode, rdev, uid, gid))
+    }
+
+    /// mkdir (`directory`) or create: the mode less the umask.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn make_as(
+        &self,
+        directory: bool,
+        parent: u64,
+        name: &[u8],
+        mode: u32,
+        umask: u32,
+        uid: u32,
+        gid: u32,
+    ) -> Result<Attributes, Errno> {
+        let permissions = mode & !umask & 0o7777;
+        if directory {
+            self.call(|fs| fs.mkdir(parent, name, permissions, uid, gid))
+        } else {
+            self.call(|fs| fs.create(parent, name, permissions, uid, gid))
+        }
+    }
+
+    /// `flags` are rename(2)'s RENAME_* bits; others are EINVAL.
+    pub(crate) fn rename_with(
+        &self,
+        parent: u64,
+        name: &[u8],
+        new_parent: u64,
+        new_name: &[u8],
+        flags: u32,
+    ) -> Result<(), Errno> {
+        let known = RenameFlags::RENAME_NOREPLACE | RenameFlags::RENAME_EXCHANGE;
+        let flags = RenameFlags::from_bits_retain(flags);
+        if !known.contains(flags) {
+            return Err(Errno::EINVAL);
+        }
+        let flags = CoreRenameFlags {
+            no_replace: flags.contains(RenameFlags::RENAME_NOREPLACE),
+            exchange: flags.contains(RenameFlags::RENAME_EXCHANGE),
+        };
+        self.call(|fs| fs.rename(parent, name, new_parent, new_name, flags))
+    }
+
+    /// The kernel flags a write whose writer lacks CAP_FSETID (with
+    /// FUSE_HANDLE_KILLPRIV_V2); an unflagged one keeps the bits.
+    pub(crate) fn write_flagged(&self, ino: u64, offset: u64, data: &[u8], kill_set_id: bool) -> Result<u32, Errno> {
+        let set_id = if kill_set_id { SetIdOnWrite::ClearBoth } else { SetIdOnWrite::Keep };
+        self.call(|fs| fs.write_with(ino, offset, data, set_id)).map(|written| written as u32)
+    }
+
+    pub(crate) fn setxattr_with(
+        &self,
+        ino: u64,
+        name: &[u8],
+        value: &[u8],
+        flags: i32,
+        position: u32,
+    ) -> Result<(), Errno> {
+        if position != 0 || flags & !(XATTR_CREATE | XATTR_REPLACE) != 0 {
+            return Err(Errno::EINVAL);
+        }
+        let flags = XattrFlags { create: flags & XATTR_CREATE != 0, replace: flags & XATTR_REPLACE != 0 };
+        self.call(|fs| fs.setxattr(ino, name, value, flags))
+    }
+
+    pub(crate) fn getxattr_sized(&self, ino: u64, name: &[u8], size: u32) -> Result<XattrAnswer, Errno> {
+        xattr_answer(size, self.call(|fs| fs.getxattr(ino, name)))
+    }
+
+    /// The names, each NUL-terminated, as listxattr(2) returns them.
+    pub(crate) fn listxattr_sized(&self, ino: u64, size: u32) -> Result<XattrAnswer, Errno> {
+        let listed = self.call(|fs| fs.listxattr(ino)).map(|names| {
+            names
+                .into_iter()
+                .flat_map(|mut name| {
+                    name.push(0);
+                    name
+                })
+                .collect()
+        });
+        xattr_answer(size, listed)
+    }
+
+    /// SEEK_DATA and SEEK_HOLE (the kernel answers the others itself).
+    pub(crate) fn lseek_with(&self, ino: u64, offset: i64, whence: i32) -> Result<i64, Errno> {
+        let data = match whence {
+            libc::SEEK_DATA => true,
+            libc::SEEK_HOLE => false,
+            _ => return Err(Errno::EINVAL),
+        };
+        let Ok(offset) = u64::try_from(offset) else { return Err(Errno::ENXIO) };
+        self.call(|fs| fs.seek_data_or_hole(ino, offset, data)).map(|found| i64::try_from(found).unwrap_or(i64::MAX))
+    }
+
+    pub(crate) fn fallocate_with(&self, ino: u64, offset: u64, length: u64, mode: i32) -> Result<(), Errno> {
+        let Ok(mode) = u32::try_from(mode) else { return Err(Errno::EINVAL) };
+        self.call(|fs| fs.fallocate(ino, offset, length, mode))
+    }
+
+    /// Lists entries from `offset` into `add`, which says when its reply
+    /// is full.
+    pub(crate) fn readdir_into(
+        &self,
+        ino: u64,
+        offset: u64,
+        mut add: impl FnMut(&DirectoryEntry) -> bool,
+    ) -> Result<(), Errno> {
+        for entry in self.call(|fs| fs.readdir(ino, offset, READDIR_BATCH_ENTRIES))? {
+            if add(&entry) {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    /// As [`Self::readdir_into`], with attributes. The core counted a
+    /// reference for each entry it listed; the kernel counts only those
+    /// that fit in the reply, so the others are given back.
+    pub(crate) fn readdirplus_into(
+        &self,
+        ino: u64,
+        offset: u64,
+        mut add: impl FnMut(&DirectoryEntry, &Attributes) -> bool,
+    ) -> Result<(), Errno> {
+        let entries = self.call(|fs| fs.readdir_plus(ino, offset, READDIR_BATCH_ENTRIES))?;
+        let mut unsent = Vec::new();
+        let mut full = false;
+        for (entry, attributes) in entries {
+            let counted = entry.name != b"." && entry.name != b"..";
+            full = full || add(&entry, &attributes);
+            if full && counted {
+                unsent.push(entry.ino);
+            }
+        }
+        if !unsent.is_empty() {
+            let _ = self.call(|fs| unsent.iter().try_for_each(|&ino| fs.forget(ino, 1)));
+        }
+        Ok(())
     }
 }
 
@@ -274,14 +520,19 @@ fn reply_empty(reply: ReplyEmpty, result: Result<(), Errno>) {
     }
 }
 
-/// An xattr reply: the size when asked for it, the bytes when they fit,
-/// ERANGE when they do not.
-fn reply_xattr(reply: ReplyXattr, size: u32, result: Result<Vec<u8>, Errno>) {
+fn reply_xattr(reply: ReplyXattr, result: Result<XattrAnswer, Errno>) {
     match result {
-        Ok(bytes) if size == 0 => reply.size(bytes.len() as u32),
-        Ok(bytes) if bytes.len() <= size as usize => reply.data(&bytes),
-        Ok(_) => reply.error(Errno::ERANGE),
+        Ok(XattrAnswer::Size(size)) => reply.size(size),
+        Ok(XattrAnswer::Bytes(bytes)) => reply.data(&bytes),
         Err(errno) => reply.error(errno),
+    }
+}
+
+/// Ends a directory listing: the entries added, or the error.
+fn reply_listing<R>(listed: Result<(), Errno>, reply: R, ok: fn(R), error: fn(R, Errno)) {
+    match listed {
+        Ok(()) => ok(reply),
+        Err(errno) => error(reply, errno),
     }
 }
 
@@ -300,6 +551,14 @@ impl<D: FlashDevice + Send + 'static> Filesystem for FlintFuse<D> {
         // the kernel's cache.
         if let Err(unsupported) = config.add_capabilities(InitFlags::FUSE_HANDLE_KILLPRIV_V2) {
             tracing::info!("the kernel lacks {unsupported:?}; it clears set-ID bits itself");
+        }
+        if self.io_uring {
+            match config.add_capabilities(InitFlags::FUSE_OVER_IO_URING) {
+                Ok(()) => self.io_uring_taken.store(true, Ordering::Relaxed),
+                Err(unsupported) => {
+                    tracing::info!("the kernel offers no {unsupported:?} (fuse.enable_uring off); /dev/fuse only")
+                }
+            }
         }
         if self.writeback_cache {
             if let Err(unsupported) = config.add_capabilities(InitFlags::FUSE_WRITEBACK_CACHE) {
@@ -342,12 +601,6 @@ impl<D: FlashDevice + Send + 'static> Filesystem for FlintFuse<D> {
         }
     }
 
-    /// With FUSE_HANDLE_KILLPRIV_V2 the kernel leaves clearing the set-ID
-    /// bits on chown and truncate to the file system, and says when with
-    /// FATTR_KILL_SUIDGID, which fuser does not pass on. Its rule is
-    /// followed here instead: a change of owner or group of anything but a
-    /// directory clears them, and so does a change of size by a caller
-    /// other than root (root standing for CAP_FSETID).
     fn setattr(
         &self,
         request: &Request,
@@ -381,15 +634,7 @@ impl<D: FlashDevice + Send + 'static> Filesystem for FlintFuse<D> {
             atime_ns: time(atime),
             mtime_ns: time(mtime),
         };
-        let drop_set_id = uid.is_some() || gid.is_some() || (size.is_some() && request.uid() != 0);
-        let result = self.call(|fs| {
-            let attributes = fs.setattr(ino.0, &changes)?;
-            if drop_set_id && attributes.file_type != CoreFileType::Directory {
-                return fs.drop_set_id(ino.0);
-            }
-            Ok(attributes)
-        });
-        match result {
+        match self.setattr_as(request.uid(), ino.0, &changes) {
             Ok(attributes) => reply.attr(&ATTRIBUTE_TTL, &attr_of(&attributes)),
             Err(errno) => reply.error(errno),
         }
@@ -412,19 +657,11 @@ impl<D: FlashDevice + Send + 'static> Filesystem for FlintFuse<D> {
         rdev: u32,
         reply: ReplyEntry,
     ) {
-        let mode = mode & !(umask & 0o7777);
-        reply_entry(
-            reply,
-            self.call(|fs| fs.mknod(parent.0, name.as_bytes(), mode, rdev, request.uid(), request.gid())),
-        );
+        reply_entry(reply, self.mknod_as(parent.0, name.as_bytes(), mode, umask, rdev, request.uid(), request.gid()));
     }
 
     fn mkdir(&self, request: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, reply: ReplyEntry) {
-        let permissions = mode & !umask & 0o7777;
-        reply_entry(
-            reply,
-            self.call(|fs| fs.mkdir(parent.0, name.as_bytes(), permissions, request.uid(), request.gid())),
-        );
+        reply_entry(reply, self.make_as(true, parent.0, name.as_bytes(), mode, umask, request.uid(), request.gid()));
     }
 
     fn unlink(&self, _request: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
@@ -450,17 +687,9 @@ impl<D: FlashDevice + Send + 'static> Filesystem for FlintFuse<D> {
         flags: RenameFlags,
         reply: ReplyEmpty,
     ) {
-        let known = RenameFlags::RENAME_NOREPLACE | RenameFlags::RENAME_EXCHANGE;
-        if !known.contains(flags) {
-            return reply.error(Errno::EINVAL);
-        }
-        let flags = CoreRenameFlags {
-            no_replace: flags.contains(RenameFlags::RENAME_NOREPLACE),
-            exchange: flags.contains(RenameFlags::RENAME_EXCHANGE),
-        };
         reply_empty(
             reply,
-            self.call(|fs| fs.rename(parent.0, name.as_bytes(), new_parent.0, new_name.as_bytes(), flags)),
+            self.rename_with(parent.0, name.as_bytes(), new_parent.0, new_name.as_bytes(), flags.bits()),
         );
     }
 
@@ -518,15 +747,9 @@ impl<D: FlashDevice + Send + 'static> Filesystem for FlintFuse<D> {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
-        // The kernel flags a write whose writer lacks CAP_FSETID (with
-        // FUSE_HANDLE_KILLPRIV_V2); an unflagged one keeps the bits.
-        let set_id = if write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID) {
-            SetIdOnWrite::ClearBoth
-        } else {
-            SetIdOnWrite::Keep
-        };
-        match self.call(|fs| fs.write_with(ino.0, offset, data, set_id)) {
-            Ok(written) => reply.written(written as u32),
+        let kill_set_id = write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID);
+        match self.write_flagged(ino.0, offset, data, kill_set_id) {
+            Ok(written) => reply.written(written),
             Err(errno) => reply.error(errno),
         }
     }
@@ -544,22 +767,10 @@ impl<D: FlashDevice + Send + 'static> Filesystem for FlintFuse<D> {
     }
 
     fn readdir(&self, _request: &Request, ino: INodeNo, _handle: FileHandle, offset: u64, mut reply: ReplyDirectory) {
-        match self.call(|fs| fs.readdir(ino.0, offset, READDIR_BATCH_ENTRIES)) {
-            Ok(entries) => {
-                for entry in entries {
-                    if reply.add(
-                        INodeNo(entry.ino),
-                        entry.offset,
-                        kind_of(entry.file_type),
-                        OsStr::from_bytes(&entry.name),
-                    ) {
-                        break;
-                    }
-                }
-                reply.ok();
-            }
-            Err(errno) => reply.error(errno),
-        }
+        let listed = self.readdir_into(ino.0, offset, |entry| {
+            reply.add(INodeNo(entry.ino), entry.offset, kind_of(entry.file_type), OsStr::from_bytes(&entry.name))
+        });
+        reply_listing(listed, reply, ReplyDirectory::ok, ReplyDirectory::error);
     }
 
     fn readdirplus(
@@ -570,35 +781,17 @@ impl<D: FlashDevice + Send + 'static> Filesystem for FlintFuse<D> {
         offset: u64,
         mut reply: ReplyDirectoryPlus,
     ) {
-        match self.call(|fs| fs.readdir_plus(ino.0, offset, READDIR_BATCH_ENTRIES)) {
-            Ok(entries) => {
-                // The core counted a reference for each entry it listed; the
-                // kernel counts only those that fit in the reply, so give
-                // back the others.
-                let mut unsent = Vec::new();
-                let mut full = false;
-                for (entry, attributes) in entries {
-                    let counted = entry.name != b"." && entry.name != b"..";
-                    full = full
-                        || reply.add(
-                            INodeNo(entry.ino),
-                            entry.offset,
-                            OsStr::from_bytes(&entry.name),
-                            &ATTRIBUTE_TTL,
-                            &attr_of(&attributes),
-                            Generation(attributes.generation),
-                        );
-                    if full && counted {
-                        unsent.push(entry.ino);
-                    }
-                }
-                reply.ok();
-                if !unsent.is_empty() {
-                    let _ = self.call(|fs| unsent.iter().try_for_each(|&ino| fs.forget(ino, 1)));
-                }
-            }
-            Err(errno) => reply.error(errno),
-        }
+        let listed = self.readdirplus_into(ino.0, offset, |entry, attributes| {
+            reply.add(
+                INodeNo(entry.ino),
+                entry.offset,
+                OsStr::from_bytes(&entry.name),
+                &ATTRIBUTE_TTL,
+                &attr_of(attributes),
+                Generation(attributes.generation),
+            )
+        });
+        reply_listing(listed, reply, ReplyDirectoryPlus::ok, ReplyDirectoryPlus::error);
     }
 
     fn fsyncdir(&self, _request: &Request, ino: INodeNo, _handle: FileHandle, datasync: bool, reply: ReplyEmpty) {
@@ -631,25 +824,15 @@ impl<D: FlashDevice + Send + 'static> Filesystem for FlintFuse<D> {
         position: u32,
         reply: ReplyEmpty,
     ) {
-        if position != 0 || flags & !(XATTR_CREATE | XATTR_REPLACE) != 0 {
-            return reply.error(Errno::EINVAL);
-        }
-        let flags = XattrFlags { create: flags & XATTR_CREATE != 0, replace: flags & XATTR_REPLACE != 0 };
-        reply_empty(reply, self.call(|fs| fs.setxattr(ino.0, name.as_bytes(), value, flags)));
+        reply_empty(reply, self.setxattr_with(ino.0, name.as_bytes(), value, flags, position));
     }
 
     fn getxattr(&self, _request: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
-        reply_xattr(reply, size, self.call(|fs| fs.getxattr(ino.0, name.as_bytes())));
+        reply_xattr(reply, self.getxattr_sized(ino.0, name.as_bytes(), size));
     }
 
     fn listxattr(&self, _request: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
-        let listed = self.call(|fs| fs.listxattr(ino.0)).map(|names| {
-            names.into_iter().flat_map(|mut name| {
-                name.push(0);
-                name
-            })
-        });
-        reply_xattr(reply, size, listed.map(Iterator::collect));
+        reply_xattr(reply, self.listxattr_sized(ino.0, size));
     }
 
     fn removexattr(&self, _request: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
@@ -672,8 +855,7 @@ impl<D: FlashDevice + Send + 'static> Filesystem for FlintFuse<D> {
         _flags: i32,
         reply: ReplyCreate,
     ) {
-        let permissions = mode & !umask & 0o7777;
-        match self.call(|fs| fs.create(parent.0, name.as_bytes(), permissions, request.uid(), request.gid())) {
+        match self.make_as(false, parent.0, name.as_bytes(), mode, umask, request.uid(), request.gid()) {
             Ok(attributes) => reply.created(
                 &ATTRIBUTE_TTL,
                 &attr_of(&attributes),
@@ -694,15 +876,8 @@ impl<D: FlashDevice + Send + 'static> Filesystem for FlintFuse<D> {
         whence: i32,
         reply: ReplyLseek,
     ) {
-        // The kernel answers SEEK_SET, SEEK_CUR and SEEK_END itself.
-        let data = match whence {
-            libc::SEEK_DATA => true,
-            libc::SEEK_HOLE => false,
-            _ => return reply.error(Errno::EINVAL),
-        };
-        let Ok(offset) = u64::try_from(offset) else { return reply.error(Errno::ENXIO) };
-        match self.call(|fs| fs.seek_data_or_hole(ino.0, offset, data)) {
-            Ok(found) => reply.offset(i64::try_from(found).unwrap_or(i64::MAX)),
+        match self.lseek_with(ino.0, offset, whence) {
+            Ok(found) => reply.offset(found),
             Err(errno) => reply.error(errno),
         }
     }
@@ -717,8 +892,7 @@ impl<D: FlashDevice + Send + 'static> Filesystem for FlintFuse<D> {
         mode: i32,
         reply: ReplyEmpty,
     ) {
-        let Ok(mode) = u32::try_from(mode) else { return reply.error(Errno::EINVAL) };
-        reply_empty(reply, self.call(|fs| fs.fallocate(ino.0, offset, length, mode)));
+        reply_empty(reply, self.fallocate_with(ino.0, offset, length, mode));
     }
 }
 
@@ -777,6 +951,11 @@ pub use fuser::BackgroundSession;
 
 /// Mounts `filesystem` at `mountpoint` and serves it on worker threads
 /// until it is unmounted.
+///
+/// With the io_uring transport asked for and taken at INIT, the ring's
+/// queues are registered before the session starts serving: until they
+/// are, the kernel holds new requests. If they cannot be, the kernel is
+/// back on `/dev/fuse` and the mount carries on there.
 pub fn spawn<D: FlashDevice + Send + 'static>(
     filesystem: FlintFuse<D>,
     mountpoint: &Path,
@@ -784,5 +963,14 @@ pub fn spawn<D: FlashDevice + Send + 'static>(
     allow_other: bool,
     kernel_flags: &[String],
 ) -> std::io::Result<BackgroundSession> {
-    fuser::Session::new(filesystem, mountpoint, &config(fs_name, allow_other, kernel_flags))?.spawn()
+    let handler = filesystem.handler();
+    let session = fuser::Session::new(filesystem, mountpoint, &config(fs_name, allow_other, kernel_flags))?;
+    if handler.io_uring_taken.load(Ordering::Relaxed) {
+        use std::os::fd::AsFd;
+        match ring::start(handler, session.as_fd()) {
+            Ok(ring) => tracing::info!("serving over io_uring: {} queues of {}", ring.queues(), ring::RING_DEPTH),
+            Err(error) => tracing::warn!("io_uring refused ({error}); serving /dev/fuse"),
+        }
+    }
+    session.spawn()
 }
