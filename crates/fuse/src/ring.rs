@@ -46,6 +46,9 @@ const ATTR_BYTES: usize = 88;
 const ENTRY_OUT_BYTES: usize = 40 + ATTR_BYTES;
 const _: () = assert!(ENTRY_OFFSET + 32 == HEADER_BYTES && IN_HEADER_BYTES <= OP_IN_OFFSET);
 const _: () = assert!(PAYLOAD_BYTES >= 8192, "the kernel's smallest request buffer");
+/// Requests whose payload is at most this are copied aside before they are
+/// answered; larger ones (write data) are answered aside.
+const SMALL_PAYLOAD_BYTES: usize = 4096;
 
 const FUSE_IO_URING_CMD_REGISTER: u32 = 1;
 const FUSE_IO_URING_CMD_COMMIT_AND_FETCH: u32 = 2;
@@ -574,16 +577,26 @@ impl Queue {
                 let unique = u64_at(header, 8);
                 let commit_id = u64_at(header, ENTRY_OFFSET + 8);
                 let payload_bytes = (u32_at(header, ENTRY_OFFSET + 16) as usize).min(entry.payload.len());
-                self.scratch[..payload_bytes].copy_from_slice(&entry.payload[..payload_bytes]);
-                let request = Request {
-                    opcode: u32_at(header, 4),
-                    nodeid: u64_at(header, 16),
-                    uid: u32_at(header, 24),
-                    gid: u32_at(header, 28),
-                    arguments: &header[OP_IN_OFFSET..ENTRY_OFFSET],
-                    payload: &self.scratch[..payload_bytes],
+                let (opcode, nodeid, uid, gid) =
+                    (u32_at(header, 4), u64_at(header, 16), u32_at(header, 24), u32_at(header, 28));
+                let arguments = &header[OP_IN_OFFSET..ENTRY_OFFSET];
+                // The reply goes in the payload buffer the request came in:
+                // the smaller of the two is copied aside. A large request
+                // (a write's data) gets a small reply, written aside and
+                // copied back; a small one (names) is read from a copy.
+                let answered = if payload_bytes > SMALL_PAYLOAD_BYTES {
+                    let request =
+                        Request { opcode, nodeid, uid, gid, arguments, payload: &entry.payload[..payload_bytes] };
+                    answer(&request, &mut self.scratch).inspect(|&length| {
+                        entry.payload[..length].copy_from_slice(&self.scratch[..length]);
+                    })
+                } else {
+                    self.scratch[..payload_bytes].copy_from_slice(&entry.payload[..payload_bytes]);
+                    let request =
+                        Request { opcode, nodeid, uid, gid, arguments, payload: &self.scratch[..payload_bytes] };
+                    answer(&request, &mut entry.payload)
                 };
-                let (error, length) = match answer(&request, &mut entry.payload) {
+                let (error, length) = match answered {
                     Ok(length) => (0, length),
                     Err(errno) => (-errno.code(), 0),
                 };
