@@ -178,27 +178,31 @@ fn judge(rows: &[Value]) -> Vec<Judged> {
     // fsync (or, where the FUSE request floor forbids that, within 1.5x of
     // the floor), 1.2x ext4 where fsync dominates; in-process, ext4's at
     // least everywhere.
-    for workload in ISSUE_19_ORDINARY {
-        judged.push(Judged {
-            what: format!("{workload} ops/s, flintfs-fuse / ext4 (issue 19)"),
-            ratio: ratio(rows, workload, "ops_per_s", "flintfs-fuse", "ext4"),
-            bound: 0.5,
-            at_most: false,
-        });
-        judged.push(Judged {
-            what: format!("{workload} ops/s, flintfs-fuse / its FUSE request floor (issue 19; 1/1.5)"),
-            ratio: value(rows, workload, "flintfs-fuse", "of_fuse_floor"),
-            bound: 1.0 / 1.5,
-            at_most: false,
-        });
-    }
-    for workload in ["create_fsync", "append_fsync10", "varmail"] {
-        judged.push(Judged {
-            what: format!("{workload} ops/s, flintfs-fuse / ext4 (issue 19)"),
-            ratio: ratio(rows, workload, "ops_per_s", "flintfs-fuse", "ext4"),
-            bound: 1.2,
-            at_most: false,
-        });
+    // Both FUSE transports: /dev/fuse (flintfs-fuse) and io_uring
+    // (flintfs-uring, where the kernel has it).
+    for target in ["flintfs-fuse", "flintfs-uring"] {
+        for workload in ISSUE_19_ORDINARY {
+            judged.push(Judged {
+                what: format!("{workload} ops/s, {target} / ext4 (issue 19)"),
+                ratio: ratio(rows, workload, "ops_per_s", target, "ext4"),
+                bound: 0.5,
+                at_most: false,
+            });
+            judged.push(Judged {
+                what: format!("{workload} ops/s, {target} / its FUSE request floor (issue 19; 1/1.5)"),
+                ratio: value(rows, workload, target, "of_fuse_floor"),
+                bound: 1.0 / 1.5,
+                at_most: false,
+            });
+        }
+        for workload in ["create_fsync", "append_fsync10", "varmail"] {
+            judged.push(Judged {
+                what: format!("{workload} ops/s, {target} / ext4 (issue 19)"),
+                ratio: ratio(rows, workload, "ops_per_s", target, "ext4"),
+                bound: 1.2,
+                at_most: false,
+            });
+        }
     }
     for workload in ISSUE_19_ORDINARY.iter().chain(&["create_fsync", "append_fsync10", "varmail"]) {
         judged.push(Judged {
