@@ -119,7 +119,17 @@ pub struct Shared<D: FlashDevice> {
     forgets: AtomicU64,
     /// Of those, the ones answered over io_uring ([`ring`]).
     ring_requests: AtomicU64,
+    /// FORGETs not yet given to the engine, and how many. A FORGET takes
+    /// no answer, so the thread that reads it need not contend for the
+    /// engine with the one answering the caller's next request (on
+    /// another CPU: a lock handed across CPUs is a wakeup there too). The
+    /// next request's thread applies them first, under the engine's lock.
+    forgets_pending: Mutex<Vec<(u64, u64)>>,
+    forgets_pending_count: std::sync::atomic::AtomicUsize,
 }
+
+/// FORGETs held back at most; past this the reading thread applies them.
+pub const FORGETS_PENDING_MAX: usize = 1024;
 
 impl<D: FlashDevice> Shared<D> {
     pub fn new(fs: Fs<D>) -> Arc<Shared<D>> {
@@ -128,6 +138,8 @@ impl<D: FlashDevice> Shared<D> {
             requests: AtomicU64::new(0),
             forgets: AtomicU64::new(0),
             ring_requests: AtomicU64::new(0),
+            forgets_pending: Mutex::new(Vec::new()),
+            forgets_pending_count: std::sync::atomic::AtomicUsize::new(0),
         })
     }
 
@@ -146,7 +158,40 @@ impl<D: FlashDevice> Shared<D> {
 
     /// Runs `work` on the engine; `None` once it has been taken away.
     pub fn with<R>(&self, work: impl FnOnce(&mut Fs<D>) -> R) -> Option<R> {
-        self.lock().as_mut().map(work)
+        let mut guard = self.lock();
+        let fs = guard.as_mut()?;
+        self.apply_forgets(fs);
+        Some(work(fs))
+    }
+
+    /// Holds a FORGET back for the next request (see `forgets_pending`).
+    fn forget_later(&self, ino: u64, count: u64) {
+        let full = {
+            let mut pending = self.forgets_pending.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            pending.push((ino, count));
+            self.forgets_pending_count.store(pending.len(), Ordering::Release);
+            pending.len() >= FORGETS_PENDING_MAX
+        };
+        if full {
+            self.with(|_| ());
+        }
+    }
+
+    /// Gives the engine the FORGETs held back. Lock order: the engine's,
+    /// then the pending list's (never the other way round).
+    fn apply_forgets(&self, fs: &mut Fs<D>) {
+        if self.forgets_pending_count.load(Ordering::Acquire) == 0 {
+            return;
+        }
+        let pending = {
+            let mut pending = self.forgets_pending.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            self.forgets_pending_count.store(0, Ordering::Release);
+            std::mem::take(&mut *pending)
+        };
+        for (ino, count) in pending {
+            // As an answered FORGET's: the kernel has let go either way.
+            let _ = fs.forget(ino, count);
+        }
     }
 
     /// Requests seen so far (the daemon runs idle work when this stands
@@ -167,8 +212,14 @@ impl<D: FlashDevice> Shared<D> {
     }
 
     /// Takes the engine away: every later request gets EIO.
+    /// FORGETs held back are given to the engine first, so an unmount's
+    /// checkpoint frees what the kernel let go of.
     pub fn take(&self) -> Option<Fs<D>> {
-        self.lock().take()
+        let mut guard = self.lock();
+        if let Some(fs) = guard.as_mut() {
+            self.apply_forgets(fs);
+        }
+        guard.take()
     }
 }
 
@@ -591,7 +642,8 @@ impl<D: FlashDevice + Send + 'static> Filesystem for FlintFuse<D> {
 
     fn forget(&self, _request: &Request, ino: INodeNo, count: u64) {
         self.shared.forgets.fetch_add(1, Ordering::Relaxed);
-        let _ = self.call(|fs| fs.forget(ino.0, count));
+        self.shared.requests.fetch_add(1, Ordering::Relaxed);
+        self.shared.forget_later(ino.0, count);
     }
 
     fn getattr(&self, _request: &Request, ino: INodeNo, _handle: Option<FileHandle>, reply: ReplyAttr) {
@@ -973,4 +1025,68 @@ pub fn spawn<D: FlashDevice + Send + 'static>(
         }
     }
     session.spawn()
+}
+
+#[cfg(test)]
+mod tests {
+    use flintfs_core::{FsOptions, ManualClock, MkfsOptions, ROOT_INO};
+    use flintfs_flash::{DeviceOptions, FaultConfig, Geometry, MemoryFlash};
+
+    use super::*;
+
+    fn shared() -> Arc<Shared<MemoryFlash>> {
+        let geometry = Geometry {
+            page_size_bytes: 4096,
+            oob_size_bytes: 128,
+            block_pages: 16,
+            zone_blocks: 4,
+            zone_count: 64,
+            open_zones_max: 8,
+            nvm_size_bytes: 0,
+        };
+        let clock = ManualClock::new(1_700_000_000_000_000_000);
+        let options = DeviceOptions { faults: FaultConfig::none(1), ..DeviceOptions::default() };
+        let flash = MemoryFlash::memory(geometry, options).unwrap();
+        let flash = Fs::format(flash, &MkfsOptions::new([7; 16], 0), Box::new(clock.clone())).unwrap();
+        let (fs, _) = Fs::mount(flash, FsOptions::default(), Box::new(clock)).unwrap();
+        Shared::new(fs)
+    }
+
+    /// An unlinked file the kernel still held: made, unlinked, its inode.
+    fn orphan(shared: &Shared<MemoryFlash>) -> u64 {
+        let ino = shared.with(|fs| fs.create(ROOT_INO, b"held", 0o644, 0, 0)).unwrap().unwrap().ino;
+        shared.with(|fs| fs.unlink(ROOT_INO, b"held")).unwrap().unwrap();
+        assert!(shared.with(|fs| fs.getattr(ino)).unwrap().is_ok(), "an orphan the kernel holds is still there");
+        ino
+    }
+
+    #[test]
+    fn a_forget_held_back_reaches_the_engine_before_the_next_request() {
+        let shared = shared();
+        let ino = orphan(&shared);
+        shared.forget_later(ino, 1);
+        assert_eq!(shared.forgets_pending_count.load(Ordering::Acquire), 1);
+        // The next request's thread applies it first: the orphan is gone.
+        assert!(shared.with(|fs| fs.getattr(ino)).unwrap().is_err(), "the held-back FORGET was not applied");
+        assert_eq!(shared.forgets_pending_count.load(Ordering::Acquire), 0);
+    }
+
+    #[test]
+    fn an_unmount_applies_the_forgets_held_back() {
+        let shared = shared();
+        let ino = orphan(&shared);
+        shared.forget_later(ino, 1);
+        let mut fs = shared.take().expect("the engine");
+        assert!(fs.getattr(ino).is_err(), "take() left a FORGET unapplied");
+    }
+
+    #[test]
+    fn held_back_forgets_are_bounded() {
+        let shared = shared();
+        for ino in 0..FORGETS_PENDING_MAX as u64 + 10 {
+            // Inodes the engine does not know: a FORGET of one is a no-op.
+            shared.forget_later(1_000_000 + ino, 1);
+            assert!(shared.forgets_pending_count.load(Ordering::Acquire) < FORGETS_PENDING_MAX);
+        }
+    }
 }
