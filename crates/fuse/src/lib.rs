@@ -1035,15 +1035,7 @@ mod tests {
     use super::*;
 
     fn shared() -> Arc<Shared<MemoryFlash>> {
-        let geometry = Geometry {
-            page_size_bytes: 4096,
-            oob_size_bytes: 128,
-            block_pages: 16,
-            zone_blocks: 4,
-            zone_count: 64,
-            open_zones_max: 8,
-            nvm_size_bytes: 0,
-        };
+        let geometry = Geometry::with_size_bytes(256 << 20);
         let clock = ManualClock::new(1_700_000_000_000_000_000);
         let options = DeviceOptions { faults: FaultConfig::none(1), ..DeviceOptions::default() };
         let flash = MemoryFlash::memory(geometry, options).unwrap();
