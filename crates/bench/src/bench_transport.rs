@@ -55,9 +55,8 @@ const ROUNDS: usize = 3;
 /// largest request).
 const MAX_WRITE_BYTES: u32 = 128 << 10;
 const PAGE_BYTES: usize = 4096;
-const PAYLOAD_BYTES: usize = MAX_WRITE_BYTES as usize + PAGE_BYTES;
 /// A `/dev/fuse` read takes a whole request: header, arguments and payload.
-const DEVICE_BUFFER_BYTES: usize = PAYLOAD_BYTES + PAGE_BYTES;
+const DEVICE_BUFFER_BYTES: usize = MAX_WRITE_BYTES as usize + 2 * PAGE_BYTES;
 
 // The FUSE ABI (include/uapi/linux/fuse.h), what the probe uses of it.
 const FUSE_KERNEL_VERSION: u32 = 7;
@@ -246,6 +245,15 @@ fn mount(mountpoint: &Path, uring: bool) -> Outcome<(Mount, bool)> {
     Ok((mount, takes_uring))
 }
 
+/// Bytes each ring entry holds: at least the kernel's largest request on
+/// the probe's connection, its max_write or (the probe asks for no
+/// max_pages) 32 pages of this machine's page size.
+fn ring_payload_bytes() -> usize {
+    // SAFETY: sysconf has no preconditions.
+    let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(PAGE_BYTES).max(PAGE_BYTES);
+    (MAX_WRITE_BYTES as usize).max(32 * page) + page
+}
+
 /// Microseconds per LOOKUP round trip: `lookups` stats of missing names.
 fn floor_us(mountpoint: &Path, lookups: u64) -> Outcome<f64> {
     let started = Instant::now();
@@ -272,6 +280,7 @@ fn measure(mountpoint: &Path, uring: bool, lookups: u64) -> Outcome<Option<f64>>
     }
     let served = Arc::new(AtomicU64::new(0));
     let mut queues = None;
+    let mut refused = false;
     if uring {
         // The same queues the mount runs (flintfs_fuse::ring), answering
         // as the probe does, and counting the lookups that crossed them.
@@ -289,9 +298,19 @@ fn measure(mountpoint: &Path, uring: bool, lookups: u64) -> Outcome<Option<f64>>
                 None => Err(Errno::ENOSYS),
             }
         };
-        queues = Some(ring::spawn_queues(mount.device.as_fd(), RING_DEPTH, PAYLOAD_BYTES, answer)?);
+        match ring::spawn_queues(mount.device.as_fd(), RING_DEPTH, ring_payload_bytes(), answer) {
+            Ok(started) => queues = Some(started),
+            Err(error) => {
+                // Refused by the kernel (then it is on /dev/fuse), or not
+                // brought up here (then it is told to refuse): either way
+                // the ring is not measured.
+                eprintln!("fuse_transport: no io_uring ({error})");
+                let _ = ring::refuse(mount.device.as_fd());
+                refused = true;
+            }
+        }
     }
-    let floor = floor_us(mountpoint, lookups);
+    let floor = if refused { Ok(0.0) } else { floor_us(mountpoint, lookups) };
     drop(mount);
     for server in servers {
         if server.join().is_err() {
@@ -300,6 +319,9 @@ fn measure(mountpoint: &Path, uring: bool, lookups: u64) -> Outcome<Option<f64>>
     }
     if let Some(queues) = queues {
         queues.join();
+    }
+    if refused {
+        return Ok(None);
     }
     let floor = floor?;
     // Every lookup must have crossed the ring, or the figure is

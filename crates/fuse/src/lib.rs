@@ -603,7 +603,13 @@ impl<D: FlashDevice + Send + 'static> Filesystem for FlintFuse<D> {
         if let Err(unsupported) = config.add_capabilities(InitFlags::FUSE_HANDLE_KILLPRIV_V2) {
             tracing::info!("the kernel lacks {unsupported:?}; it clears set-ID bits itself");
         }
-        if self.io_uring {
+        // Offered only if the ring can be brought up: once offered, the
+        // kernel holds every request until the ring is ready or refused.
+        let ring_possible = self.io_uring
+            && ring::preflight()
+                .inspect_err(|error| tracing::warn!("io_uring unusable here ({error}); /dev/fuse only"))
+                .is_ok();
+        if ring_possible {
             match config.add_capabilities(InitFlags::FUSE_OVER_IO_URING) {
                 Ok(()) => self.io_uring_taken.store(true, Ordering::Relaxed),
                 Err(unsupported) => {
@@ -1021,7 +1027,17 @@ pub fn spawn<D: FlashDevice + Send + 'static>(
         use std::os::fd::AsFd;
         match ring::start(handler, session.as_fd()) {
             Ok(ring) => tracing::info!("serving over io_uring: {} queues of {}", ring.queues(), ring::RING_DEPTH),
-            Err(error) => tracing::warn!("io_uring refused ({error}); serving /dev/fuse"),
+            Err(error) => {
+                tracing::warn!("io_uring did not come up ({error}); serving /dev/fuse");
+                // If the kernel did not refuse it itself, it is holding
+                // every request for the ring: have it refuse now, or give
+                // up the mount rather than leave it hanging.
+                if let Err(refused) = ring::refuse(session.as_fd()) {
+                    return Err(std::io::Error::other(format!(
+                        "io_uring did not come up ({error}) and could not be turned off ({refused})"
+                    )));
+                }
+            }
         }
     }
     session.spawn()

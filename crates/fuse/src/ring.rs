@@ -46,6 +46,7 @@ const ATTR_BYTES: usize = 88;
 const ENTRY_OUT_BYTES: usize = 40 + ATTR_BYTES;
 const _: () = assert!(ENTRY_OFFSET + 32 == HEADER_BYTES && IN_HEADER_BYTES <= OP_IN_OFFSET);
 const _: () = assert!(PAYLOAD_BYTES >= 8192, "the kernel's smallest request buffer");
+const _: () = assert!(std::mem::size_of::<squeue::Entry128>() == 128, "a 128-byte SQE (`len` at byte 24)");
 /// Requests whose payload is at most this are copied aside before they are
 /// answered; larger ones (write data) are answered aside.
 const SMALL_PAYLOAD_BYTES: usize = 4096;
@@ -498,21 +499,43 @@ pub struct Queue {
     queue: u16,
     /// The request's payload, copied: the answer is written over it.
     scratch: Vec<u8>,
+    /// Completions reaped at registration: requests the kernel handed over
+    /// as soon as the last queue made the ring ready.
+    early: Vec<(u64, i32)>,
+    /// Entries the kernel holds. The buffers must outlive every one, so
+    /// the queue ends only when none is left.
+    held: usize,
+}
+
+/// What ends a connection's entries: unmount (ENOTCONN), an abort
+/// (ECONNABORTED), the ring's own exit (ECANCELED).
+fn connection_ended(result: i32) -> bool {
+    matches!(-result, libc::ENOTCONN | libc::ECANCELED | libc::ENODEV | libc::ECONNABORTED)
 }
 
 impl Queue {
     /// Pins the calling thread to CPU `queue` and registers `depth`
     /// entries of `payload_bytes` on `device` (a `/dev/fuse` descriptor of
-    /// the connection). An error is the kernel's refusal.
-    pub fn register(device: OwnedFd, queue: u16, depth: usize, payload_bytes: usize) -> std::io::Result<Queue> {
+    /// the connection). Returns the queue with the entries the kernel
+    /// took, and its refusal of the others if it refused any (it then
+    /// turns the ring off for the connection); an error if it took none.
+    pub fn register(
+        device: OwnedFd,
+        queue: u16,
+        depth: usize,
+        payload_bytes: usize,
+    ) -> std::io::Result<(Queue, Option<std::io::Error>)> {
         // Pinned to its CPU, where its requests come from. A CPU outside
         // the thread's allowed set is refused; it then runs anywhere and
         // only the locality is lost.
-        // SAFETY: a zeroed CPU set with one bit set, for this thread.
-        unsafe {
-            let mut set: libc::cpu_set_t = std::mem::zeroed();
-            libc::CPU_SET(usize::from(queue), &mut set);
-            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+        if usize::from(queue) < libc::CPU_SETSIZE as usize {
+            // SAFETY: a zeroed CPU set with one bit set, in range, for
+            // this thread.
+            unsafe {
+                let mut set: libc::cpu_set_t = std::mem::zeroed();
+                libc::CPU_SET(usize::from(queue), &mut set);
+                libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+            }
         }
         let mut ring: IoUring<squeue::Entry128> =
             IoUring::builder().setup_single_issuer().setup_coop_taskrun().build((2 * depth) as u32)?;
@@ -531,48 +554,59 @@ impl Queue {
         for (index, entry) in entries.iter_mut().enumerate() {
             let sqe =
                 ring_command(raw, FUSE_IO_URING_CMD_REGISTER, command(0, queue), Some(&entry.parts), index as u64);
-            // SAFETY: the entry's buffers live as long as the ring: both
-            // are the queue's, and the ring's field is dropped first.
+            // SAFETY: the entry's buffers live as long as the kernel holds
+            // the entry: the queue keeps them until `held` is 0.
             unsafe { ring.submission().push(&sqe) }.map_err(|_| std::io::Error::other("the ring is full"))?;
         }
         ring.submit()?;
         // The kernel takes a REGISTER inline: a refusal is already a
-        // completion; a taken entry completes only with a request.
-        let refused = ring.completion().map(|cqe| cqe.result()).find(|result| *result < 0);
-        if let Some(refused) = refused {
-            return Err(std::io::Error::from_raw_os_error(-refused));
+        // completion. A taken entry completes with a request, which can
+        // come at once if this queue made the ring ready: those are kept
+        // for `serve`, not dropped.
+        let mut early = Vec::new();
+        let mut refusal = None;
+        let mut held = depth;
+        for cqe in ring.completion() {
+            if cqe.result() < 0 {
+                held -= 1;
+                refusal.get_or_insert(std::io::Error::from_raw_os_error(-cqe.result()));
+            } else {
+                early.push((cqe.user_data(), cqe.result()));
+            }
         }
-        Ok(Queue { ring, entries, device, queue, scratch: vec![0u8; payload_bytes] })
+        if held == 0 {
+            return Err(refusal.unwrap_or_else(|| std::io::Error::other("no ring entry taken")));
+        }
+        let queue = Queue { ring, entries, device, queue, scratch: vec![0u8; payload_bytes], early, held };
+        Ok((queue, refusal))
     }
 
-    /// Answers requests until the connection ends. `answer` writes a
-    /// reply into the payload buffer it is given and returns its length,
-    /// or returns an errno.
-    pub fn serve(
-        &mut self,
-        mut answer: impl FnMut(&Request, &mut [u8]) -> Result<usize, Errno>,
-    ) -> std::io::Result<()> {
+    /// Answers requests until the connection ends and the kernel holds no
+    /// entry of this queue. `answer` writes a reply into the payload
+    /// buffer it is given and returns its length, or returns an errno.
+    /// Nothing else ends it: a thread that left while the connection
+    /// lives would leave its CPU's requests waiting for ever.
+    pub fn serve(&mut self, mut answer: impl FnMut(&Request, &mut [u8]) -> Result<usize, Errno>) {
         let device = self.device.as_raw_fd();
+        let mut completed = std::mem::take(&mut self.early);
         loop {
-            match self.ring.submit_and_wait(1) {
-                Ok(_) => {}
-                Err(error) if matches!(error.raw_os_error(), Some(libc::EINTR | libc::EAGAIN | libc::EBUSY)) => {
-                    continue
-                }
-                Err(error) => return Err(error),
-            }
-            let completed: Vec<(u64, i32)> =
-                self.ring.completion().map(|cqe| (cqe.user_data(), cqe.result())).collect();
-            for (tag, result) in completed {
+            for (tag, result) in completed.drain(..) {
                 if result < 0 {
-                    // The connection ended: its entries are cancelled.
-                    if matches!(-result, libc::ENOTCONN | libc::ECANCELED | libc::ENODEV) {
-                        return Ok(());
+                    // This entry is the kernel's no more.
+                    self.held = self.held.saturating_sub(1);
+                    if !connection_ended(result) {
+                        let error = std::io::Error::from_raw_os_error(-result);
+                        tracing::warn!("io_uring queue {}: an entry failed ({error})", self.queue);
                     }
-                    return Err(std::io::Error::from_raw_os_error(-result));
+                    if self.held == 0 {
+                        return;
+                    }
+                    continue;
                 }
-                let entry =
-                    self.entries.get_mut(tag as usize).ok_or_else(|| std::io::Error::other("an unknown ring entry"))?;
+                let Some(entry) = self.entries.get_mut(tag as usize) else {
+                    tracing::warn!("io_uring queue {}: a completion for no entry ({tag})", self.queue);
+                    continue;
+                };
                 let header = &entry.header[..];
                 let unique = u64_at(header, 8);
                 let commit_id = u64_at(header, ENTRY_OFFSET + 8);
@@ -608,9 +642,24 @@ impl Queue {
                 entry.header[ENTRY_OFFSET + 16..ENTRY_OFFSET + 20].copy_from_slice(&(length as u32).to_le_bytes());
                 let area = command(commit_id, self.queue);
                 let sqe = ring_command(device, FUSE_IO_URING_CMD_COMMIT_AND_FETCH, area, None, tag);
-                // SAFETY: as at registration.
-                unsafe { self.ring.submission().push(&sqe) }.map_err(|_| std::io::Error::other("the ring is full"))?;
+                // SAFETY: as at registration. The submission queue has
+                // room: it holds twice the entries, and each entry has at
+                // most one command in it.
+                if unsafe { self.ring.submission().push(&sqe) }.is_err() {
+                    tracing::warn!("io_uring queue {}: no room to commit", self.queue);
+                }
             }
+            match self.ring.submit_and_wait(1) {
+                Ok(_) => {}
+                Err(error) if matches!(error.raw_os_error(), Some(libc::EINTR | libc::EAGAIN | libc::EBUSY)) => {}
+                Err(error) => {
+                    // Not expected of a live ring; waiting a little keeps a
+                    // persistent failure from spinning a CPU.
+                    tracing::warn!("io_uring queue {}: {error}", self.queue);
+                    std::thread::sleep(std::time::Duration::from_millis(10));
+                }
+            }
+            completed.extend(self.ring.completion().map(|cqe| (cqe.user_data(), cqe.result())));
         }
     }
 }
@@ -634,23 +683,54 @@ impl Ring {
     }
 }
 
-/// The kernel keeps a queue per possible CPU (not per online or allowed
-/// one) and routes nothing until every one has an entry.
+/// How many CPUs the kernel keeps a queue for: every possible one
+/// (`num_possible_cpus`), online or not; it routes nothing until each has
+/// an entry.
 pub fn possible_cpus() -> std::io::Result<usize> {
     let listed = std::fs::read_to_string("/sys/devices/system/cpu/possible")?;
-    let highest = listed
-        .trim()
-        .split(',')
-        .filter_map(|range| range.rsplit('-').next()?.parse::<usize>().ok())
-        .max()
-        .ok_or_else(|| std::io::Error::other(format!("unreadable possible CPUs {listed:?}")))?;
-    Ok(highest + 1)
+    let unreadable = || std::io::Error::other(format!("unreadable possible CPUs {listed:?}"));
+    let mut count = 0;
+    for range in listed.trim().split(',') {
+        let (first, last) = range.split_once('-').unwrap_or((range, range));
+        let (first, last): (usize, usize) =
+            (first.parse().map_err(|_| unreadable())?, last.parse().map_err(|_| unreadable())?);
+        count += last.checked_sub(first).ok_or_else(unreadable)? + 1;
+    }
+    Ok(count)
+}
+
+/// Whether this process can run the transport at all (the CPU list is
+/// readable, and io_uring with 128-byte entries is allowed): asked before
+/// the mount offers it at INIT, since once offered, the kernel holds every
+/// request until the ring is ready or refused.
+pub fn preflight() -> std::io::Result<()> {
+    possible_cpus()?;
+    IoUring::<squeue::Entry128>::builder().build(2).map(drop)
+}
+
+/// Makes the kernel give up the ring for this connection, after the daemon
+/// failed to bring it up: a REGISTER with no buffers, which it refuses,
+/// and a refused REGISTER turns the ring off and releases the requests it
+/// held. An error means even that failed.
+pub fn refuse(device: BorrowedFd) -> std::io::Result<()> {
+    let mut ring = IoUring::<squeue::Entry128>::builder().build(2)?;
+    let sqe = ring_command(device.as_raw_fd(), FUSE_IO_URING_CMD_REGISTER, command(0, 0), None, 0);
+    // SAFETY: the command names no buffer.
+    unsafe { ring.submission().push(&sqe) }.map_err(|_| std::io::Error::other("the ring is full"))?;
+    ring.submit_and_wait(1)?;
+    let result = ring.completion().next().map(|cqe| cqe.result());
+    match result {
+        Some(result) if result < 0 => Ok(()),
+        other => Err(std::io::Error::other(format!("the kernel took a REGISTER with no buffers ({other:?})"))),
+    }
 }
 
 /// Starts a thread per possible CPU, each registering its queue on
 /// `device` and then answering with `answer`; returns once every queue is
-/// registered. An error means the kernel refused a queue: it then keeps
-/// the connection on `/dev/fuse`.
+/// registered. An error means a queue did not come up: the kernel's
+/// refusal (it then keeps the connection on `/dev/fuse`), or the daemon's
+/// own failure (then see [`refuse`]). Queues that came up serve what they
+/// took either way.
 pub fn spawn_queues<A>(device: BorrowedFd, depth: usize, payload_bytes: usize, answer: A) -> std::io::Result<Ring>
 where
     A: Fn(&Request, &mut [u8]) -> Result<usize, Errno> + Send + Sync + 'static,
@@ -663,16 +743,18 @@ where
         let device = device.try_clone_to_owned()?;
         let (answer, ready) = (answer.clone(), sender.clone());
         threads.push(std::thread::Builder::new().name(format!("flintfs-ring-{queue}")).spawn(move || {
-            let mut registered = match Queue::register(device, queue as u16, depth, payload_bytes) {
-                Ok(registered) => registered,
-                Err(error) => {
-                    let _ = ready.send(Err(error));
-                    return;
-                }
+            let registered = Queue::register(device, queue as u16, depth, payload_bytes);
+            // Said, then let go: a queue that panics before it says drops
+            // its sender, and the wait below ends (Disconnected) rather
+            // than waiting for ever on the others' senders.
+            let (registered, said) = match registered {
+                Ok((registered, refusal)) => (Some(registered), refusal.map_or(Ok(()), Err)),
+                Err(error) => (None, Err(error)),
             };
-            let _ = ready.send(Ok(()));
-            if let Err(error) = registered.serve(|request, out| answer(request, out)) {
-                tracing::warn!("io_uring queue {queue} stopped: {error}");
+            let _ = ready.send(said);
+            drop(ready);
+            if let Some(mut registered) = registered {
+                registered.serve(|request, out| answer(request, out));
             }
         })?);
     }
