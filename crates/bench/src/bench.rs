@@ -1221,6 +1221,12 @@ fn resident_of(pid: u32) -> Option<u64> {
 }
 
 /// The workload on a FUSE mount of an image.
+/// Whether the kernel forbids io_uring to this process
+/// (`kernel.io_uring_disabled`: 1 allows only a group, 2 nobody).
+fn io_uring_forbidden() -> bool {
+    std::fs::read_to_string("/proc/sys/kernel/io_uring_disabled").is_ok_and(|value| value.trim() != "0")
+}
+
 /// The fuse module's switch for its io_uring transport.
 pub(crate) const ENABLE_URING: &str = "/sys/module/fuse/parameters/enable_uring";
 
@@ -1628,6 +1634,7 @@ fn unavailable(target: &str) -> Option<String> {
         "flintfs-uring" if !Path::new(ENABLE_URING).exists() => {
             Some("no FUSE over io_uring in this kernel".to_string())
         }
+        "flintfs-uring" if io_uring_forbidden() => Some("io_uring is disabled (kernel.io_uring_disabled)".to_string()),
         "flintfs-fuse" | "flintfs-uring" | "flintfs-nvm-fuse" => {
             flintfs_binary().is_none().then(|| NO_FLINTFS_BINARY.to_string())
         }

@@ -229,7 +229,9 @@ fn mount(mountpoint: &Path, uring: bool) -> Outcome<(Mount, bool)> {
     if major != FUSE_KERNEL_VERSION || minor < 42 {
         fail!("the kernel speaks FUSE {major}.{minor}; the probe needs 7.42 or later");
     }
-    let takes_uring = uring && offered & FUSE_OVER_IO_URING != 0;
+    // As the mount does: offered only if a ring can be made here (once
+    // offered, the kernel holds every request until the ring is ready).
+    let takes_uring = uring && offered & FUSE_OVER_IO_URING != 0 && ring::preflight().is_ok();
     let wanted = FUSE_INIT_EXT | if takes_uring { FUSE_OVER_IO_URING } else { 0 };
     let mut init = [0u8; INIT_OUT_BYTES];
     init[0..4].copy_from_slice(&FUSE_KERNEL_VERSION.to_le_bytes());
