@@ -33,7 +33,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use flintfs_fuse::ring::{self, Request};
+use flintfs_fuse::ring::{
+    self, out_header, u32_at, u64_at, Request, BATCH_FORGET, DESTROY, FORGET, GETATTR, INIT, INTERRUPT,
+    IN_HEADER_BYTES, LOOKUP,
+};
 use fuser::Errno;
 use serde_json::{json, Value};
 
@@ -58,33 +61,15 @@ const PAGE_BYTES: usize = 4096;
 /// A `/dev/fuse` read takes a whole request: header, arguments and payload.
 const DEVICE_BUFFER_BYTES: usize = MAX_WRITE_BYTES as usize + 2 * PAGE_BYTES;
 
-// The FUSE ABI (include/uapi/linux/fuse.h), what the probe uses of it.
+// The FUSE ABI (include/uapi/linux/fuse.h) beyond what `ring` names.
 const FUSE_KERNEL_VERSION: u32 = 7;
-const FUSE_LOOKUP: u32 = 1;
-const FUSE_FORGET: u32 = 2;
-const FUSE_GETATTR: u32 = 3;
-const FUSE_INIT: u32 = 26;
-const FUSE_INTERRUPT: u32 = 36;
-const FUSE_DESTROY: u32 = 38;
-const FUSE_BATCH_FORGET: u32 = 42;
 const FUSE_INIT_EXT: u64 = 1 << 30;
 const FUSE_OVER_IO_URING: u64 = 1 << 41;
-const IN_HEADER_BYTES: usize = 40;
-const OUT_HEADER_BYTES: usize = 16;
 const INIT_OUT_BYTES: usize = 64;
 const ATTR_OUT_BYTES: usize = 104;
-const _: () = assert!(OUT_HEADER_BYTES <= IN_HEADER_BYTES);
 const _: () = assert!(DEVICE_BUFFER_BYTES >= 8192, "the kernel's smallest /dev/fuse read");
 
 const ENABLE_URING: &str = "/sys/module/fuse/parameters/enable_uring";
-
-fn u32_at(bytes: &[u8], at: usize) -> u32 {
-    u32::from_le_bytes(bytes[at..at + 4].try_into().expect("four bytes"))
-}
-
-fn u64_at(bytes: &[u8], at: usize) -> u64 {
-    u64::from_le_bytes(bytes[at..at + 8].try_into().expect("eight bytes"))
-}
 
 /// A request's header: (opcode, unique, nodeid).
 fn header_of(bytes: &[u8]) -> (u32, u64, u64) {
@@ -107,21 +92,13 @@ fn root_attributes() -> [u8; ATTR_OUT_BYTES] {
 /// request, or `None` for one that takes no reply.
 fn answer(opcode: u32, nodeid: u64) -> Option<(i32, Vec<u8>)> {
     match opcode {
-        FUSE_FORGET | FUSE_BATCH_FORGET | FUSE_INTERRUPT => None,
-        FUSE_LOOKUP => Some((-libc::ENOENT, Vec::new())),
-        FUSE_GETATTR if nodeid == 1 => Some((0, root_attributes().to_vec())),
-        FUSE_GETATTR => Some((-libc::ENOENT, Vec::new())),
-        FUSE_DESTROY => Some((0, Vec::new())),
+        FORGET | BATCH_FORGET | INTERRUPT => None,
+        LOOKUP => Some((-libc::ENOENT, Vec::new())),
+        GETATTR if nodeid == 1 => Some((0, root_attributes().to_vec())),
+        GETATTR => Some((-libc::ENOENT, Vec::new())),
+        DESTROY => Some((0, Vec::new())),
         _ => Some((-libc::ENOSYS, Vec::new())),
     }
-}
-
-fn out_header(error: i32, unique: u64, payload_bytes: usize) -> [u8; OUT_HEADER_BYTES] {
-    let mut out = [0u8; OUT_HEADER_BYTES];
-    out[0..4].copy_from_slice(&((OUT_HEADER_BYTES + payload_bytes) as u32).to_le_bytes());
-    out[4..8].copy_from_slice(&error.to_le_bytes());
-    out[8..16].copy_from_slice(&unique.to_le_bytes());
-    out
 }
 
 fn write_reply(device: i32, error: i32, unique: u64, payload: &[u8]) -> std::io::Result<()> {
@@ -162,7 +139,7 @@ fn serve_device(device: i32) {
     while let Some(length) = read_request(device, &mut buffer) {
         let (opcode, unique, nodeid) = header_of(&buffer[..length]);
         if let Some((error, payload)) = answer(opcode, nodeid) {
-            if write_reply(device, error, unique, &payload).is_err() && opcode != FUSE_INTERRUPT {
+            if write_reply(device, error, unique, &payload).is_err() && opcode != INTERRUPT {
                 return;
             }
         }
@@ -220,7 +197,7 @@ fn mount(mountpoint: &Path, uring: bool) -> Outcome<(Mount, bool)> {
     let mut buffer = vec![0u8; DEVICE_BUFFER_BYTES];
     let Some(length) = read_request(raw, &mut buffer) else { fail!("the FUSE probe's connection ended before INIT") };
     let (opcode, unique, _) = header_of(&buffer[..length]);
-    if opcode != FUSE_INIT || length < IN_HEADER_BYTES + 24 {
+    if opcode != INIT || length < IN_HEADER_BYTES + 24 {
         fail!("the FUSE probe's first request was {opcode}, not INIT");
     }
     let arguments = &buffer[IN_HEADER_BYTES..length];
@@ -288,7 +265,7 @@ fn measure(mountpoint: &Path, uring: bool, lookups: u64) -> Outcome<Option<f64>>
         // as the probe does, and counting the lookups that crossed them.
         let counted = served.clone();
         let answer = move |request: &Request, out: &mut [u8]| {
-            if request.opcode == ring::LOOKUP {
+            if request.opcode == LOOKUP {
                 counted.fetch_add(1, Ordering::Relaxed);
             }
             match answer(request.opcode, request.nodeid) {

@@ -40,8 +40,9 @@ const PAYLOAD_BYTES: usize = MAX_WRITE_BYTES as usize;
 const HEADER_BYTES: usize = 288;
 const OP_IN_OFFSET: usize = 128;
 const ENTRY_OFFSET: usize = 256;
-const IN_HEADER_BYTES: usize = 40;
-const OUT_HEADER_BYTES: usize = 16;
+/// `struct fuse_in_header` and `struct fuse_out_header`.
+pub const IN_HEADER_BYTES: usize = 40;
+pub const OUT_HEADER_BYTES: usize = 16;
 const ATTR_BYTES: usize = 88;
 const ENTRY_OUT_BYTES: usize = 40 + ATTR_BYTES;
 const _: () = assert!(ENTRY_OFFSET + 32 == HEADER_BYTES && IN_HEADER_BYTES <= OP_IN_OFFSET);
@@ -54,39 +55,44 @@ const SMALL_PAYLOAD_BYTES: usize = 4096;
 const FUSE_IO_URING_CMD_REGISTER: u32 = 1;
 const FUSE_IO_URING_CMD_COMMIT_AND_FETCH: u32 = 2;
 
-// Operations (enum fuse_opcode).
+// Operations (enum fuse_opcode): the ring's, and the bench probe's.
 pub const LOOKUP: u32 = 1;
+pub const FORGET: u32 = 2;
 pub const GETATTR: u32 = 3;
-const SETATTR: u32 = 4;
-const READLINK: u32 = 5;
-const SYMLINK: u32 = 6;
-const MKNOD: u32 = 8;
-const MKDIR: u32 = 9;
-const UNLINK: u32 = 10;
-const RMDIR: u32 = 11;
-const RENAME: u32 = 12;
-const LINK: u32 = 13;
-const OPEN: u32 = 14;
-const READ: u32 = 15;
-const WRITE: u32 = 16;
-const STATFS: u32 = 17;
-const RELEASE: u32 = 18;
-const FSYNC: u32 = 20;
-const SETXATTR: u32 = 21;
-const GETXATTR: u32 = 22;
-const LISTXATTR: u32 = 23;
-const REMOVEXATTR: u32 = 24;
-const FLUSH: u32 = 25;
-const OPENDIR: u32 = 27;
-const READDIR: u32 = 28;
-const RELEASEDIR: u32 = 29;
-const FSYNCDIR: u32 = 30;
-const ACCESS: u32 = 34;
-const CREATE: u32 = 35;
-const FALLOCATE: u32 = 43;
-const READDIRPLUS: u32 = 44;
-const RENAME2: u32 = 45;
-const LSEEK: u32 = 46;
+pub const SETATTR: u32 = 4;
+pub const READLINK: u32 = 5;
+pub const SYMLINK: u32 = 6;
+pub const MKNOD: u32 = 8;
+pub const MKDIR: u32 = 9;
+pub const UNLINK: u32 = 10;
+pub const RMDIR: u32 = 11;
+pub const RENAME: u32 = 12;
+pub const LINK: u32 = 13;
+pub const OPEN: u32 = 14;
+pub const READ: u32 = 15;
+pub const WRITE: u32 = 16;
+pub const STATFS: u32 = 17;
+pub const RELEASE: u32 = 18;
+pub const FSYNC: u32 = 20;
+pub const SETXATTR: u32 = 21;
+pub const GETXATTR: u32 = 22;
+pub const LISTXATTR: u32 = 23;
+pub const REMOVEXATTR: u32 = 24;
+pub const FLUSH: u32 = 25;
+pub const INIT: u32 = 26;
+pub const OPENDIR: u32 = 27;
+pub const READDIR: u32 = 28;
+pub const RELEASEDIR: u32 = 29;
+pub const FSYNCDIR: u32 = 30;
+pub const ACCESS: u32 = 34;
+pub const INTERRUPT: u32 = 36;
+pub const DESTROY: u32 = 38;
+pub const CREATE: u32 = 35;
+pub const BATCH_FORGET: u32 = 42;
+pub const FALLOCATE: u32 = 43;
+pub const READDIRPLUS: u32 = 44;
+pub const RENAME2: u32 = 45;
+pub const LSEEK: u32 = 46;
 
 // fuse_setattr_in.valid.
 const FATTR_MODE: u32 = 1 << 0;
@@ -102,12 +108,23 @@ const FUSE_WRITE_KILL_SUIDGID: u32 = 1 << 2;
 /// fuse_open_out.open_flags.
 const FOPEN_KEEP_CACHE: u32 = 1 << 1;
 
-fn u32_at(bytes: &[u8], at: usize) -> u32 {
+/// The little-endian field at `at`; 0 past the end (a short header reads
+/// as zeros, never a panic).
+pub fn u32_at(bytes: &[u8], at: usize) -> u32 {
     bytes.get(at..at + 4).map_or(0, |field| u32::from_le_bytes(field.try_into().expect("four bytes")))
 }
 
-fn u64_at(bytes: &[u8], at: usize) -> u64 {
+pub fn u64_at(bytes: &[u8], at: usize) -> u64 {
     bytes.get(at..at + 8).map_or(0, |field| u64::from_le_bytes(field.try_into().expect("eight bytes")))
+}
+
+/// `struct fuse_out_header` for a reply of `payload_bytes` after it.
+pub fn out_header(error: i32, unique: u64, payload_bytes: usize) -> [u8; OUT_HEADER_BYTES] {
+    let mut out = [0u8; OUT_HEADER_BYTES];
+    out[0..4].copy_from_slice(&((OUT_HEADER_BYTES + payload_bytes) as u32).to_le_bytes());
+    out[4..8].copy_from_slice(&error.to_le_bytes());
+    out[8..16].copy_from_slice(&unique.to_le_bytes());
+    out
 }
 
 /// The NUL-terminated name at the start of `bytes`, and what follows it.
@@ -634,11 +651,7 @@ impl Queue {
                     Ok(length) => (0, length),
                     Err(errno) => (-errno.code(), 0),
                 };
-                let mut out = [0u8; OUT_HEADER_BYTES];
-                out[0..4].copy_from_slice(&((OUT_HEADER_BYTES + length) as u32).to_le_bytes());
-                out[4..8].copy_from_slice(&error.to_le_bytes());
-                out[8..16].copy_from_slice(&unique.to_le_bytes());
-                entry.header[..OUT_HEADER_BYTES].copy_from_slice(&out);
+                entry.header[..OUT_HEADER_BYTES].copy_from_slice(&out_header(error, unique, length));
                 entry.header[ENTRY_OFFSET + 16..ENTRY_OFFSET + 20].copy_from_slice(&(length as u32).to_le_bytes());
                 let area = command(commit_id, self.queue);
                 let sqe = ring_command(device, FUSE_IO_URING_CMD_COMMIT_AND_FETCH, area, None, tag);
