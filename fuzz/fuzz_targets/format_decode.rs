@@ -57,6 +57,16 @@ fuzz_target!(|bytes: &[u8]| {
         assert!(header.epoch_start(u64::from(length)) < header.log_bytes);
     }
     let _ = flintfs_format::decode_nvm_frame_header(data);
+    // NVM node slots: a header copy re-encodes to itself; a prefix or
+    // selection word is any 8 bytes.
+    if let Ok(Some(header)) = flintfs_format::NvmSlotHeader::decode(data, (length % 65_536) as usize) {
+        assert_eq!(flintfs_format::NvmSlotHeader::decode(&header.encode(), usize::MAX), Ok(Some(header)));
+    }
+    if data.len() >= 8 {
+        let word = u64::from_le_bytes(data[..8].try_into().unwrap());
+        let _ = flintfs_format::decode_nvm_slot_prefix(word);
+        assert_eq!(flintfs_format::NvmSlotWord::decode(word).encode(), word);
+    }
     // Compressed chunk payloads: any bytes, any claimed length up to a
     // block, give that many bytes or an error.
     let logical = (length % 65_536) as usize + 1;

@@ -128,8 +128,9 @@ pub fn crashtest(arguments: CrashtestArguments) -> Outcome<ExitCode> {
         );
         if options.nvm_size_bytes > 0 {
             println!(
-                "  in the uncut runs: {} write-homes of a full NVM log, {} dirty nodes parked in NVM",
-                summary.nvm_write_homes, summary.nodes_parked
+                "  in the uncut runs: {} write-homes of a full NVM log, {} dirty nodes kept in NVM, {} sent home \
+                 from a full NVM",
+                summary.nvm_write_homes, summary.nodes_parked, summary.nodes_sent_home
             );
         }
         let histogram: Vec<String> =

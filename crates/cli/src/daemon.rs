@@ -50,7 +50,9 @@ pub struct MountArguments {
     /// xattr overrides it), faults=PRESET|FILE (aging
     /// flash from the emulator: see mkfs --faults), fault_seed=N,
     /// fsync=wp-check|ordered|unchecked,
-    /// nobarrier, allow_other (the default for root), private or
+    /// nobarrier, nvm_keep (a clean unmount leaves the node pages kept in
+    /// NVM there, for the next mount; without it they go home to flash),
+    /// allow_other (the default for root), private or
     /// noallow_other (only the mounting user; mount(8) keeps `private` for
     /// itself, so fstab says noallow_other), the kernel's ro, rw, nosuid, suid, nodev, dev,
     /// noexec, exec, noatime, atime, sync, async, dirsync; fstab's
@@ -189,6 +191,10 @@ fn parse_options(options: &[String]) -> Outcome<MountOptions> {
             // For devices whose write buffer survives power loss: fsync
             // issues no flush.
             "nobarrier" if value.is_none() => parsed.fs.barrier = false,
+            // Leave the node pages kept in NVM there at unmount: the next
+            // mount reads them from NVM, and the image needs its NVM.
+            "nvm_keep" if value.is_none() => parsed.fs.nvm_keep = true,
+            "nonvm_keep" if value.is_none() => parsed.fs.nvm_keep = false,
             // The kernel's writeback cache (off by default: see
             // flintfs_fuse's account of ENOSPC under it).
             "writeback_cache" if value.is_none() => parsed.writeback_cache = true,
@@ -199,7 +205,7 @@ fn parse_options(options: &[String]) -> Outcome<MountOptions> {
             "noio_uring" if value.is_none() => parsed.io_uring = Some(false),
             _ => fail!(
                 "unknown mount option {option:?} (known: node_cache=SIZE, data_buffer=SIZE, read_cache=SIZE, \
-                 checkpoint_interval=SECONDS, scrub_rate=PAGES, compress=none|lz4|zstd[:LEVEL], faults=PRESET|FILE, fault_seed=N, fsync=wp-check|ordered|unchecked, nobarrier, writeback_cache, io_uring, allow_other, private, noallow_other, \
+                 checkpoint_interval=SECONDS, scrub_rate=PAGES, compress=none|lz4|zstd[:LEVEL], faults=PRESET|FILE, fault_seed=N, fsync=wp-check|ordered|unchecked, nobarrier, nvm_keep, writeback_cache, io_uring, allow_other, private, noallow_other, \
                  and the kernel's {})",
                 flintfs_fuse::KERNEL_FLAGS.join(", ")
             ),
@@ -581,6 +587,9 @@ fn serve_control(
                         }
                         value["pages_scrubbed_in_background"] = engine.pages_scrubbed_in_background.into();
                         value["scrub_passes_finished"] = engine.scrub_passes_finished.into();
+                        // Node write-backs and reads served by NVM's slots.
+                        value["nodes_parked"] = engine.nodes_parked.into();
+                        value["nodes_unparked"] = engine.nodes_unparked.into();
                         value["pid"] = std::process::id().into();
                         // Round trips: FORGETs are one-way, and batched.
                         value["fuse_requests"] = shared.round_trips().into();

@@ -139,6 +139,118 @@ fn after_a_clean_unmount_the_flash_alone_holds_everything() {
     assert_present(&mut fs, 105);
 }
 
+/// `nvm_keep`: a clean unmount leaves the node pages in NVM. The next
+/// mount and a walk of every file read no node page from flash (FSMAC's
+/// faster next mount); the flash alone is then not the file system, so a
+/// mount with the NVM wiped is refused by name, and nothing is lost.
+/// Unmounted again without `nvm_keep`, everything goes home and the flash
+/// alone holds it.
+#[test]
+fn nvm_keep_leaves_the_nodes_in_nvm_for_the_next_mount() {
+    let (flash, clock) = format(4 << 20);
+    let keep = FsOptions { nvm_keep: true, ..FsOptions::default() };
+    let mut fs = mount(flash, &clock, keep.clone());
+    create_and_fsync(&mut fs, 300, 0);
+    let directory = fs.mkdir(1, b"sub", 0o755, 0, 0).unwrap().ino;
+    let file = fs.create(directory, b"data", 0o644, 0, 0).unwrap().ino;
+    fs.write(file, 0, &text_block(3)).unwrap();
+    let flash = fs.unmount().unwrap();
+    let walk = |fs: &mut Fs<MemoryFlash>| {
+        assert_present(fs, 300);
+        for index in 0..300 {
+            let ino = fs.lookup(1, &name(index)).unwrap().ino;
+            assert_eq!(fs.getattr(ino).unwrap().size, 0);
+        }
+        let sub = fs.lookup(1, b"sub").unwrap().ino;
+        let data = fs.lookup(sub, b"data").unwrap().ino;
+        assert_eq!(fs.read(data, 0, 4096).unwrap(), text_block(3));
+    };
+    // Kept: the mount and the walk read no node page from flash.
+    let (mut fs, report) = Fs::mount(flash, keep.clone(), Box::new(clock.clone())).unwrap();
+    assert!(report.recovery.is_none());
+    walk(&mut fs);
+    assert_eq!(fs.counters().node_pages_read, 0, "every node came from NVM");
+    assert!(fs.counters().nodes_unparked > 300, "{} nodes read from NVM", fs.counters().nodes_unparked);
+    assert_clean(&mut fs);
+    let mut flash = fs.unmount().unwrap();
+    // Without its NVM the image is refused, and says why.
+    let size = flash.geometry().nvm_size_bytes;
+    let mut saved = vec![0u8; size as usize];
+    flash.nvm_read(0, &mut saved).unwrap();
+    flash.nvm_write(0, &vec![0u8; size as usize]).unwrap();
+    flash.nvm_persist(0, size).unwrap();
+    let refused = match Fs::mount(&mut flash, FsOptions::default(), Box::new(clock.clone())) {
+        Ok(_) => panic!("a kept image mounted without its NVM"),
+        Err(error) => error,
+    };
+    assert!(refused.message.contains("nvm_keep"), "{}", refused.message);
+    // The NVM back (a module moved with its flash): all there. An unmount
+    // without nvm_keep sends every node home, and the flash alone holds it.
+    flash.nvm_write(0, &saved).unwrap();
+    flash.nvm_persist(0, size).unwrap();
+    let mut fs = mount(flash, &clock, FsOptions::default());
+    walk(&mut fs);
+    let before_home = fs.device().counters().pages_programmed;
+    let mut flash = fs.unmount().unwrap();
+    assert!(flash.counters().pages_programmed > before_home, "the unmount wrote the nodes home");
+    flash.nvm_write(0, &vec![0u8; size as usize]).unwrap();
+    flash.nvm_persist(0, size).unwrap();
+    let mut fs = mount(flash, &clock, FsOptions::default());
+    walk(&mut fs);
+    assert!(fs.counters().node_pages_read > 0, "the nodes came from flash this time");
+    assert_clean(&mut fs);
+}
+
+/// Hostile slots: an image unmounted with `nvm_keep`, its slot area hit by
+/// noise or by single flipped bytes, mounts and reads or is refused with an
+/// error, never a panic, and never reads a damaged node as good.
+#[test]
+fn damaged_nvm_slots_give_errors_not_panics() {
+    let (flash, clock) = format(1 << 20);
+    let keep = FsOptions { nvm_keep: true, ..FsOptions::default() };
+    let mut fs = mount(flash, &clock, keep.clone());
+    create_and_fsync(&mut fs, 100, 0);
+    let mut flash = fs.unmount().unwrap();
+    let header = flintfs_format::NvmHeader::for_region([7; 16], 1 << 20);
+    let area = (header.log_offset + header.log_bytes).next_multiple_of(64);
+    let size = flash.geometry().nvm_size_bytes;
+    let mut pristine = vec![0u8; (size - area) as usize];
+    flash.nvm_read(area, &mut pristine).unwrap();
+    let mut outcomes = [0usize; 2];
+    for trial in 0..200u64 {
+        let mut damaged = pristine.clone();
+        if trial == 0 {
+            for (at, byte) in damaged.iter_mut().enumerate() {
+                *byte = (at as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) as u8;
+            }
+        } else {
+            // One byte of the first slots' prefixes, words, headers or data.
+            let at = (trial.wrapping_mul(0x9E37_79B9_7F4A_7C15) % (24 << 10)) as usize;
+            damaged[at] ^= 1 << (trial % 8);
+        }
+        flash.nvm_write(area, &damaged).unwrap();
+        flash.nvm_persist(area, damaged.len() as u64).unwrap();
+        match Fs::mount(&mut flash, keep.clone(), Box::new(clock.clone())) {
+            Ok((mut fs, _)) => {
+                outcomes[0] += 1;
+                for index in 0..100 {
+                    let _ = fs.lookup(1, &name(index));
+                }
+                let _ = fs.check();
+            }
+            Err(_) => outcomes[1] += 1,
+        }
+        flash.nvm_write(area, &pristine).unwrap();
+        flash.nvm_persist(area, pristine.len() as u64).unwrap();
+    }
+    eprintln!("mounted {}, refused {}", outcomes[0], outcomes[1]);
+    assert!(outcomes[1] > 0, "no damage was noticed");
+    // Undamaged, it is all there.
+    let mut fs = mount(flash, &clock, keep);
+    assert_present(&mut fs, 100);
+    assert_clean(&mut fs);
+}
+
 #[test]
 fn a_full_ring_writes_home_with_a_checkpoint_and_nothing_fails() {
     let (flash, clock) = format(flintfs_format::NVM_SIZE_BYTES_MIN);
@@ -237,11 +349,11 @@ fn a_symlink_with_a_long_target_renamed_before_a_checkpoint_recovers() {
     }
 }
 
-/// Dirty nodes the cache evicts are parked in NVM, not written to flash:
+/// Dirty nodes the cache evicts are kept in NVM, not written to flash:
 /// with a 16-page cache, 2,000 creates with fsync program no flash page
-/// until unmount writes everything home. A cut keeps every file (the log
-/// says what the parked nodes held), and a clean unmount leaves a tree
-/// fsck finds whole.
+/// until unmount writes everything home. A cut keeps every file (NVM's
+/// nodes as the last checkpoint committed them, and the log), and a clean
+/// unmount leaves a tree fsck finds whole.
 #[test]
 fn evicted_nodes_park_in_nvm_and_go_home_at_the_checkpoint() {
     let (flash, clock) = format(8 << 20);
@@ -249,9 +361,9 @@ fn evicted_nodes_park_in_nvm_and_go_home_at_the_checkpoint() {
     let before = fs.device().counters().pages_programmed;
     create_and_fsync(&mut fs, 2_000, 0);
     assert_eq!(fs.counters().checkpoints, 0);
-    assert_eq!(fs.device().counters().pages_programmed, before, "every eviction parked");
-    assert!(fs.counters().nodes_parked > 100, "{} parked", fs.counters().nodes_parked);
-    assert!(fs.counters().nodes_unparked > 100, "{} unparked", fs.counters().nodes_unparked);
+    assert_eq!(fs.device().counters().pages_programmed, before, "every eviction kept in NVM");
+    assert!(fs.counters().nodes_parked > 100, "{} kept", fs.counters().nodes_parked);
+    assert!(fs.counters().nodes_unparked > 100, "{} read back", fs.counters().nodes_unparked);
     assert_clean(&mut fs);
     let mut crashed = mount(cut(fs, 9), &clock, FsOptions::smallest(4096));
     assert_present(&mut crashed, 2_000);

@@ -134,6 +134,11 @@ pub struct TreeRoots {
     /// Inode numbers of files unlinked while open and directories removed
     /// while held, when the checkpoint was taken: mount frees them.
     pub orphans: Vec<u64>,
+    /// Node pages this checkpoint keeps in the NVM region's slots (FSMAC):
+    /// their copies there, not the ones on flash, are the file system's.
+    /// Zero when the flash alone is complete (a clean unmount without
+    /// `nvm_keep`, or no NVM).
+    pub nvm_nodes: u32,
 }
 
 impl Default for TreeRoots {
@@ -146,6 +151,7 @@ impl Default for TreeRoots {
             map_directory: Vec::new(),
             root: crate::Pointer::NULL,
             orphans: Vec::new(),
+            nvm_nodes: 0,
         }
     }
 }
@@ -174,7 +180,7 @@ impl Checkpoint {
             .u32(self.tree.map_directory.len() as u32)
             .u64(self.tree.version_next)
             .u32(self.tree.orphans.len() as u32)
-            .zeros(4)
+            .u32(self.tree.nvm_nodes)
             .u64(self.tree.root.0);
         for usage in &self.zones {
             writer
@@ -231,7 +237,7 @@ impl Checkpoint {
         let map_directory_count = reader.u32()? as usize;
         let version_next = reader.u64()?;
         let orphan_count = reader.u32()? as usize;
-        reader.zeros(4)?;
+        let nvm_nodes = reader.u32()?;
         let root = crate::Pointer(reader.u64()?);
         let expected =
             Checkpoint::encoded_bytes(zone_count, unindexed_count, head_count, map_directory_count, orphan_count)
@@ -276,7 +282,7 @@ impl Checkpoint {
         for _ in 0..orphan_count {
             orphans.push(reader.u64()?);
         }
-        let tree = TreeRoots { slot_count, free_slot_head, version_next, map_directory, root, orphans };
+        let tree = TreeRoots { slot_count, free_slot_head, version_next, map_directory, root, orphans, nvm_nodes };
         let checkpoint = Checkpoint { number, sequence_next, ino_next, zones, unindexed, heads, tree };
         checkpoint.validate().map_err(|reason| reader.error(reason))?;
         Ok(checkpoint)

@@ -201,6 +201,192 @@ fn mix64(value: u64) -> u64 {
     value ^ (value >> 31)
 }
 
+/// Sub-blocks a slot's node is split into: FSMAC's fine-grained
+/// versioning. Each sub-block has two copies; an update writes only the
+/// sub-blocks that changed, each into the copy the last committed version
+/// does not use.
+pub const NVM_SLOT_SUBBLOCKS: usize = 8;
+/// The bit of a selection that picks the slot header's copy (bits
+/// `0..NVM_SLOT_SUBBLOCKS` pick the sub-blocks').
+pub const NVM_SLOT_HEADER_BIT: u32 = NVM_SLOT_SUBBLOCKS as u32;
+/// Bits of one selection: the sub-blocks and the header.
+pub const NVM_SLOT_SELECTION_BITS: u32 = NVM_SLOT_HEADER_BIT + 1;
+/// Bits of the generation in a slot word: what is left of 64 after two
+/// selections. A checkpoint number at or past `2^46` is refused.
+pub const NVM_SLOT_GENERATION_BITS: u32 = 64 - 2 * NVM_SLOT_SELECTION_BITS;
+/// Largest generation a slot word holds.
+pub const NVM_SLOT_GENERATION_MAX: u64 = (1 << NVM_SLOT_GENERATION_BITS) - 1;
+/// Node bytes a slot of class 0 holds; class c holds `256 << c`, up to a
+/// page. Small classes keep a file inode's slot small.
+pub const NVM_SLOT_CLASS_0_BYTES: usize = 256;
+/// Classes a prefix may name (the page size bounds them further).
+pub const NVM_SLOT_CLASSES_MAX: usize = 16;
+/// "FSLT": the low 32 bits of a slot's prefix word.
+pub const NVM_SLOT_MAGIC: u32 = u32::from_le_bytes(*b"FSLT");
+/// Where a slot's selection word is, from the slot's start.
+pub const NVM_SLOT_WORD_OFFSET: u64 = 8;
+/// Where a slot's two header copies are, from the slot's start.
+pub const NVM_SLOT_HEADERS_OFFSET: u64 = 64;
+/// Bytes of one slot header copy (one NVM line).
+pub const NVM_SLOT_HEADER_BYTES: usize = 64;
+/// Where a slot's sub-block copies start, from the slot's start.
+pub const NVM_SLOT_DATA_OFFSET: u64 = NVM_SLOT_HEADERS_OFFSET + 2 * NVM_SLOT_HEADER_BYTES as u64;
+
+const _: () = assert!(NVM_SLOT_CLASS_0_BYTES.is_multiple_of(NVM_SLOT_SUBBLOCKS));
+const _: () = assert!(NVM_SLOT_GENERATION_BITS >= 40);
+const _: () = assert!(NVM_SLOT_DATA_OFFSET.is_multiple_of(64));
+
+/// Slot classes for pages of `page_size` bytes: class c holds `256 << c`
+/// bytes, and the largest holds a page.
+pub fn nvm_slot_classes(page_size: usize) -> usize {
+    assert!(page_size.is_power_of_two() && page_size >= NVM_SLOT_CLASS_0_BYTES, "page size {page_size}");
+    (page_size / NVM_SLOT_CLASS_0_BYTES).trailing_zeros() as usize + 1
+}
+
+/// Node bytes a slot of class `class` holds.
+pub fn nvm_slot_data_bytes(class: u8) -> usize {
+    NVM_SLOT_CLASS_0_BYTES << class
+}
+
+/// Bytes of one sub-block of a slot of class `class`.
+pub fn nvm_subblock_bytes(class: u8) -> usize {
+    nvm_slot_data_bytes(class) / NVM_SLOT_SUBBLOCKS
+}
+
+/// Bytes a slot of class `class` takes: prefix, word, two header copies,
+/// and two copies of each sub-block.
+pub fn nvm_slot_bytes(class: u8) -> u64 {
+    NVM_SLOT_DATA_OFFSET + 2 * nvm_slot_data_bytes(class) as u64
+}
+
+/// The prefix word that marks a slot of class `class`.
+pub fn nvm_slot_prefix(class: u8) -> u64 {
+    assert!((class as usize) < NVM_SLOT_CLASSES_MAX, "slot class {class}");
+    u64::from(NVM_SLOT_MAGIC) | u64::from(class) << 32
+}
+
+/// A prefix word's class, or `None` when the word marks no slot (the walk
+/// of the slots ends there).
+pub fn decode_nvm_slot_prefix(word: u64) -> Option<u8> {
+    let class = (word >> 32) as u8;
+    (word as u32 == NVM_SLOT_MAGIC && word >> 40 == 0 && (class as usize) < NVM_SLOT_CLASSES_MAX).then_some(class)
+}
+
+/// A slot's selection word: which copy of each sub-block (and of the
+/// header) the last committed version uses, which copy the version
+/// written for `generation` uses, and that generation. Any 64 bits decode.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct NvmSlotWord {
+    pub committed: u16,
+    pub pending: u16,
+    pub generation: u64,
+}
+
+impl NvmSlotWord {
+    const MASK: u64 = (1 << NVM_SLOT_SELECTION_BITS) - 1;
+
+    pub fn encode(self) -> u64 {
+        assert!(self.generation <= NVM_SLOT_GENERATION_MAX, "slot generation {}", self.generation);
+        assert!(u64::from(self.committed | self.pending) <= Self::MASK);
+        u64::from(self.committed)
+            | u64::from(self.pending) << NVM_SLOT_SELECTION_BITS
+            | self.generation << (2 * NVM_SLOT_SELECTION_BITS)
+    }
+
+    pub fn decode(word: u64) -> NvmSlotWord {
+        NvmSlotWord {
+            committed: (word & Self::MASK) as u16,
+            pending: ((word >> NVM_SLOT_SELECTION_BITS) & Self::MASK) as u16,
+            generation: word >> (2 * NVM_SLOT_SELECTION_BITS),
+        }
+    }
+
+    /// The selection in force when checkpoint `committed` is the newest on
+    /// flash: the pending one if its generation was committed, else the
+    /// committed one.
+    pub fn in_force(self, committed: u64) -> u16 {
+        if self.generation <= committed {
+            self.pending
+        } else {
+            self.committed
+        }
+    }
+}
+
+/// A node's kind in a slot header.
+pub const NVM_SLOT_KIND_EMPTY: u8 = 0;
+pub const NVM_SLOT_KIND_INDEX: u8 = 1;
+pub const NVM_SLOT_KIND_FILE: u8 = 2;
+pub const NVM_SLOT_KIND_SLOT: u8 = 3;
+pub const NVM_SLOT_KIND_MAP: u8 = 4;
+pub const NVM_SLOT_KIND_MAP_DIRECTORY: u8 = 5;
+
+/// A slot header: which node the slot holds, where its copy on flash is,
+/// and its encoded length and CRC. All zero is an empty slot.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NvmSlotHeader {
+    pub kind: u8,
+    pub level: u8,
+    pub first: u64,
+    pub second: u64,
+    pub used_bytes: u32,
+    pub home: crate::Pointer,
+    pub crc: u32,
+}
+
+impl NvmSlotHeader {
+    pub fn encode(&self) -> [u8; NVM_SLOT_HEADER_BYTES] {
+        assert!(self.kind != NVM_SLOT_KIND_EMPTY && self.kind <= NVM_SLOT_KIND_MAP_DIRECTORY);
+        let mut writer = Writer::with_capacity(NVM_SLOT_HEADER_BYTES);
+        writer
+            .u8(self.kind)
+            .u8(self.level)
+            .zeros(2)
+            .u32(self.used_bytes)
+            .u64(self.first)
+            .u64(self.second)
+            .u64(self.home.0)
+            .u32(self.crc)
+            .zeros(24);
+        let mut bytes = writer.finish();
+        let crc = crc32c::crc32c(&bytes);
+        bytes.extend_from_slice(&crc.to_le_bytes());
+        let encoded: [u8; NVM_SLOT_HEADER_BYTES] = bytes.try_into().expect("64 bytes");
+        debug_assert_eq!(NvmSlotHeader::decode(&encoded, usize::MAX), Ok(Some(*self)));
+        encoded
+    }
+
+    /// Reads a header copy: `None` for an empty slot (all zero). Total over
+    /// any bytes; `page_size` bounds the length it may give.
+    pub fn decode(bytes: &[u8], page_size: usize) -> Result<Option<NvmSlotHeader>, DecodeError> {
+        if bytes.len() >= NVM_SLOT_HEADER_BYTES && bytes[..NVM_SLOT_HEADER_BYTES].iter().all(|&byte| byte == 0) {
+            return Ok(None);
+        }
+        let mut reader = Reader::new("NVM slot header", bytes);
+        let kind = reader.u8()?;
+        let level = reader.u8()?;
+        reader.zeros(2)?;
+        let used_bytes = reader.u32()?;
+        let first = reader.u64()?;
+        let second = reader.u64()?;
+        let home = crate::Pointer(reader.u64()?);
+        let crc = reader.u32()?;
+        reader.zeros(24)?;
+        let covered = reader.position();
+        let stored = reader.u32()?;
+        if stored != crc32c::crc32c(&bytes[..covered]) {
+            return Err(reader.error("CRC mismatch"));
+        }
+        if kind == NVM_SLOT_KIND_EMPTY || kind > NVM_SLOT_KIND_MAP_DIRECTORY {
+            return Err(reader.error(format!("unknown node kind {kind}")));
+        }
+        if used_bytes == 0 || used_bytes as usize > page_size {
+            return Err(reader.error(format!("a node of {used_bytes} bytes")));
+        }
+        Ok(Some(NvmSlotHeader { kind, level, first, second, used_bytes, home, crc }))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -240,11 +426,52 @@ mod tests {
         assert!(header.epoch_start(u64::MAX) < header.log_bytes);
     }
 
+    #[test]
+    fn slot_words_prefixes_and_headers_round_trip() {
+        let word = NvmSlotWord { committed: 0b1_0000_0101, pending: 0b0_1000_0001, generation: 77 };
+        assert_eq!(NvmSlotWord::decode(word.encode()), word);
+        assert_eq!(word.in_force(77), word.pending);
+        assert_eq!(word.in_force(76), word.committed);
+        assert_eq!(NvmSlotWord::decode(0), NvmSlotWord::default());
+        for class in 0..NVM_SLOT_CLASSES_MAX as u8 {
+            assert_eq!(decode_nvm_slot_prefix(nvm_slot_prefix(class)), Some(class));
+        }
+        assert_eq!(decode_nvm_slot_prefix(0), None);
+        assert_eq!(decode_nvm_slot_prefix(nvm_slot_prefix(1) | 1 << 50), None);
+        assert_eq!(nvm_slot_classes(4096), 5);
+        assert_eq!(nvm_slot_bytes(4), 192 + 2 * 4096);
+        assert_eq!(nvm_slot_bytes(0), 192 + 2 * 256);
+        assert_eq!(nvm_subblock_bytes(0), 32);
+        let header = NvmSlotHeader {
+            kind: NVM_SLOT_KIND_INDEX,
+            level: 2,
+            first: 9,
+            second: 11,
+            used_bytes: 300,
+            home: crate::Pointer(1234),
+            crc: 5,
+        };
+        let bytes = header.encode();
+        assert_eq!(NvmSlotHeader::decode(&bytes, 4096), Ok(Some(header)));
+        assert_eq!(NvmSlotHeader::decode(&[0; 64], 4096), Ok(None));
+        assert!(NvmSlotHeader::decode(&bytes, 256).is_err(), "longer than a page");
+        let mut flipped = bytes;
+        flipped[9] ^= 1;
+        assert!(NvmSlotHeader::decode(&flipped, 4096).is_err());
+    }
+
     proptest::proptest! {
         #[test]
         fn decoding_any_bytes_never_panics(bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..128)) {
             let _ = NvmHeader::decode(&bytes, 1 << 20);
             let _ = decode_nvm_frame_header(&bytes);
+            let _ = NvmSlotHeader::decode(&bytes, 4096);
+            if bytes.len() >= 8 {
+                let word = u64::from_le_bytes(bytes[..8].try_into().unwrap());
+                let _ = decode_nvm_slot_prefix(word);
+                let decoded = NvmSlotWord::decode(word);
+                proptest::prop_assert_eq!(decoded.encode(), word);
+            }
         }
     }
 }

@@ -113,6 +113,8 @@ pub struct Summary {
     pub nvm_write_homes: u64,
     /// Dirty nodes the uncut runs parked in NVM.
     pub nodes_parked: u64,
+    /// Nodes the uncut runs sent home from a full NVM.
+    pub nodes_sent_home: u64,
 }
 
 impl Summary {
@@ -487,9 +489,13 @@ impl Prepared {
         // The workload's own device operations, before the snapshot below
         // reads (and, letting go of what it looked up, may write).
         let taken = subject.fs.as_ref().map(|fs| fs.device().mutating_operations() - start);
-        let (nvm_write_homes, nodes_parked) = subject.fs.as_ref().map_or((0, 0), |fs| {
+        let (nvm_write_homes, nodes_parked, nodes_sent_home) = subject.fs.as_ref().map_or((0, 0, 0), |fs| {
             let (now, earlier) = (fs.counters(), &subject.counters_earlier);
-            (now.nvm_log_full_checkpoints + earlier.nvm_log_full_checkpoints, now.nodes_parked + earlier.nodes_parked)
+            (
+                now.nvm_log_full_checkpoints + earlier.nvm_log_full_checkpoints,
+                now.nodes_parked + earlier.nodes_parked,
+                now.nodes_sent_home + earlier.nodes_sent_home,
+            )
         });
         if cut.is_none() && subject.snapshot()? != *oracle.states.last().expect("a state") {
             return Err("uncut, the engine's tree differs from the model's at the end".into());
@@ -500,7 +506,7 @@ impl Prepared {
         let mut flash = fs.into_device();
         let taken = taken.unwrap_or(flash.mutating_operations() - start);
         let Some(cut) = cut else {
-            return Ok(CutOutcome::Ran { device_operations: taken, nvm_write_homes, nodes_parked });
+            return Ok(CutOutcome::Ran { device_operations: taken, nvm_write_homes, nodes_parked, nodes_sent_home });
         };
         if !flash.is_powered_off() && cut < taken {
             return Err(format!(
@@ -543,7 +549,7 @@ impl Prepared {
 }
 
 enum CutOutcome {
-    Ran { device_operations: u64, nvm_write_homes: u64, nodes_parked: u64 },
+    Ran { device_operations: u64, nvm_write_homes: u64, nodes_parked: u64, nodes_sent_home: u64 },
     Recovered { pages_read: u64 },
 }
 
@@ -557,9 +563,10 @@ fn cut_workload(
 ) {
     let oracle = Oracle::new(&prepared.model, operations);
     let total = match prepared.run(&oracle.operations, None, seed, &oracle) {
-        Ok(CutOutcome::Ran { device_operations, nvm_write_homes, nodes_parked }) => {
+        Ok(CutOutcome::Ran { device_operations, nvm_write_homes, nodes_parked, nodes_sent_home }) => {
             summary.nvm_write_homes += nvm_write_homes;
             summary.nodes_parked += nodes_parked;
+            summary.nodes_sent_home += nodes_sent_home;
             device_operations
         }
         Ok(CutOutcome::Recovered { .. }) => unreachable!("no cut was asked for"),
@@ -815,7 +822,7 @@ pub fn summary_json(options: &CrashOptions, summary: &Summary) -> String {
         summary.recovery_pages_read.iter().map(|(bucket, count)| format!("\"{bucket}\":{count}")).collect();
     format!(
         "{{\"mode\":{},\"fsync\":{},\"nvm_size_bytes\":{},\"nvm_barrier\":{},\"seed\":{},\"workloads\":{},\"cuts\":{},\"violations\":{},\"failures\":[{}],\
-         \"recovery_pages_read\":{{{}}},\"device_operations_min\":{},\"device_operations_max\":{},\"nvm_write_homes\":{},\"nodes_parked\":{}}}",
+         \"recovery_pages_read\":{{{}}},\"device_operations_min\":{},\"device_operations_max\":{},\"nvm_write_homes\":{},\"nodes_parked\":{},\"nodes_sent_home\":{}}}",
         escape(&format!("{:?}", options.mode).to_lowercase()),
         escape(match options.fsync {
             FsyncMode::WpCheck => "wp-check",
@@ -833,7 +840,8 @@ pub fn summary_json(options: &CrashOptions, summary: &Summary) -> String {
         summary.device_operations_min,
         summary.device_operations_max,
         summary.nvm_write_homes,
-        summary.nodes_parked
+        summary.nodes_parked,
+        summary.nodes_sent_home
     )
 }
 

@@ -227,6 +227,7 @@ impl Subject {
                 self.counters_earlier.blocks_embedded += counters.blocks_embedded;
                 self.counters_earlier.nvm_log_full_checkpoints += counters.nvm_log_full_checkpoints;
                 self.counters_earlier.nodes_parked += counters.nodes_parked;
+                self.counters_earlier.nodes_sent_home += counters.nodes_sent_home;
                 self.counters_earlier.nvm_log_batches_written += counters.nvm_log_batches_written;
                 let flash = self.fs.take().expect("mounted").into_device();
                 let (fs, _) = Fs::mount(flash, self.options.clone(), Box::new(self.clock.clone())).map_err(code)?;

@@ -117,6 +117,7 @@ fn with_nvm_random_cuts_through_full_rings_recover_as_promised() {
     let summary = crashtest::run(&options, |_, _| {}).expect("crashtest runs");
     assert!(summary.nvm_write_homes >= 10, "the ring filled {} times", summary.nvm_write_homes);
     assert!(summary.nodes_parked >= 100, "{} nodes parked", summary.nodes_parked);
+    assert!(summary.nodes_sent_home >= 10, "{} nodes sent home from a full NVM", summary.nodes_sent_home);
     assert_no_violations(&options, &summary);
 }
 

@@ -72,9 +72,11 @@ impl<D: FlashDevice> Fs<D> {
     /// A node as the file system sees it now: from memory if it is there,
     /// else from `home`, without caching it.
     fn peek(&mut self, key: NodeKey, home: Pointer) -> std::result::Result<(Node, Pointer), String> {
-        self.unpark(key).map_err(|error| error.message)?;
         if let Some(cached) = self.nodes.peek(key).or_else(|| self.pending.get(&key)) {
             return Ok((cached.node.clone(), cached.home));
+        }
+        if let Some(cached) = self.load_kept(key).map_err(|error| error.message)? {
+            return Ok((cached.node, cached.home));
         }
         if home.is_null() {
             return Err(format!("{key:?} is nowhere: not in memory, and nothing points at it"));
@@ -138,7 +140,7 @@ impl<D: FlashDevice> Fs<D> {
         let unchanged = !self.changed
             && self.nodes.dirty_count() == 0
             && self.pending.is_empty()
-            && self.parked.as_ref().is_none_or(|parked| parked.is_empty());
+            && self.kept.as_ref().is_none_or(|kept| !kept.has_uncommitted());
         let recorded_root = self.volume.checkpoint.tree.root;
         if unchanged && recorded_root != slot_home(ROOT_SLOT) {
             walk.findings

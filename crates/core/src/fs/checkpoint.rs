@@ -16,26 +16,37 @@ impl<D: FlashDevice> Fs<D> {
     /// Makes everything durable with a checkpoint. Skipped when nothing
     /// changed since the last one.
     pub fn checkpoint(&mut self) -> Result<()> {
+        let kept_waiting =
+            self.kept.as_ref().is_some_and(|kept| kept.has_uncommitted() || (self.write_home_all && !kept.is_empty()));
         if !self.changed
             && self.dirty_blocks.is_empty()
             && self.pending.is_empty()
             && self.nodes.dirty_count() == 0
-            && self.parked.as_ref().is_none_or(|parked| parked.is_empty())
+            && !kept_waiting
         {
             return Ok(());
         }
         let allowed = std::mem::replace(&mut self.volume.reserve_allowed, true);
-        // Everything goes home to flash: nothing is parked in NVM meanwhile.
+        let result = if self.write_home_all { self.write_home() } else { self.checkpoint_now() };
+        self.volume.reserve_allowed = allowed;
+        result
+    }
+
+    /// Writes every node kept in NVM home to flash, then checkpoints: the
+    /// flash alone is then the file system. One checkpoint for all of
+    /// them, so that a directory page pointing at many of them is written
+    /// once, not once per batch.
+    fn write_home(&mut self) -> Result<()> {
         let paused = std::mem::replace(&mut self.parking_paused, true);
         let result = self.checkpoint_now();
         self.parking_paused = paused;
-        self.volume.reserve_allowed = allowed;
         result
     }
 
     fn checkpoint_now(&mut self) -> Result<()> {
         self.flush_data(None)?;
         self.drain()?;
+        let mut cold_sent = false;
         // Every dirty node goes through the same ordered write-back as an
         // eviction; write-backs dirty their parents, so until none is left.
         loop {
@@ -45,19 +56,60 @@ impl<D: FlashDevice> Fs<D> {
                 }
                 self.drain()?;
             }
-            // The nodes parked in NVM, a batch at a time, children first
-            // (writing one dirties what points at it, which comes later).
-            let keys = self
-                .parked
-                .as_ref()
-                .map(|parked| parked.first_keys(super::nvm::NVM_UNPARK_BATCH_NODES))
-                .unwrap_or_default();
-            if keys.is_empty() {
+            if self.parking_paused {
+                // A write-home: the nodes kept in NVM, a batch at a time,
+                // children first (writing one dirties what points at it,
+                // which comes later or is dirty in memory already).
+                let keys = self
+                    .kept
+                    .as_ref()
+                    .map(|kept| kept.first_keys(super::nvm::NVM_WRITE_HOME_BATCH_NODES))
+                    .unwrap_or_default();
+                if keys.is_empty() {
+                    break;
+                }
+                let mut taken = 0;
+                for key in keys {
+                    if let Some(cached) = self.take(key) {
+                        self.pending.insert(key, cached);
+                        taken += 1;
+                    }
+                }
+                if taken == 0 {
+                    // A node that does not read back stays in NVM (`take`):
+                    // say so rather than go round again.
+                    let left = self.kept.as_ref().map_or(0, |kept| kept.len());
+                    return Err(crate::error::Error::corrupt(format!(
+                        "{left} node pages kept in NVM could not be written home to flash"
+                    )));
+                }
+                continue;
+            }
+            // NVM past its high-water mark: its coldest nodes go home to
+            // flash, a bounded batch per checkpoint.
+            let over = self.kept.as_ref().is_some_and(|kept| kept.over_high_water());
+            if !over || cold_sent {
                 break;
             }
+            cold_sent = true;
+            let zone_pages = self.volume.device.geometry().zone_pages();
+            let keys = self
+                .kept
+                .as_ref()
+                .map(|kept| kept.coldest_keys(super::nvm::nvm_send_home_batch_nodes(zone_pages), None, |_| false))
+                .unwrap_or_default();
             for key in keys {
-                self.unpark(key)?;
+                if let Some(cached) = self.take(key) {
+                    self.to_flash.insert(key);
+                    self.pending.insert(key, cached);
+                    self.counters.nodes_sent_home += 1;
+                }
             }
+        }
+        // What NVM keeps for this checkpoint is durable before the record
+        // that commits it is programmed.
+        if let Some(kept) = self.kept.as_mut() {
+            kept.persist(&mut self.volume.device)?;
         }
         debug_assert_eq!(self.nodes.dirty_count(), 0, "a checkpoint leaves no dirty node");
         // The root's page, as the map has it now that everything is
@@ -80,8 +132,16 @@ impl<D: FlashDevice> Fs<D> {
                 .map(|(&ino, _)| ino)
                 .take(flintfs_format::orphans_max(self.page_size))
                 .collect(),
+            nvm_nodes: self.kept.as_ref().map_or(0, |kept| kept.len() as u32),
         };
         self.volume.write_checkpoint()?;
+        let number = self.volume.checkpoint.number;
+        if let Some(kept) = self.kept.as_mut() {
+            kept.committed(number);
+        }
+        // Every node sent to flash was written; what is left names nodes
+        // gone since.
+        self.to_flash.clear();
         self.log_truncated();
         self.counters.checkpoints += 1;
         self.mark_checkpointed();
@@ -106,10 +166,7 @@ impl<D: FlashDevice> Fs<D> {
         if self.dirty_blocks.range((ino, 0)..=(ino, u64::MAX)).next().is_some() {
             return true;
         }
-        let parked = |key: NodeKey| self.parked.as_ref().is_some_and(|parked| parked.contains(key));
-        let dirty = |key: NodeKey| {
-            self.pending.contains_key(&key) || self.nodes.dirty(key).is_some_and(|d| d.any()) || parked(key)
-        };
+        let dirty = |key: NodeKey| self.pending.contains_key(&key) || self.nodes.dirty(key).is_some_and(|d| d.any());
         if dirty(NodeKey::File(ino)) {
             return true;
         }
@@ -120,9 +177,7 @@ impl<D: FlashDevice> Fs<D> {
         }
         (0..flintfs_format::INDEX_HEIGHT_MAX).any(|level| {
             let range = NodeKey::Index { level, ino, number: 0 }..=NodeKey::Index { level, ino, number: u64::MAX };
-            self.nodes.any_key_in(range.clone(), |&key| dirty(key))
-                || self.pending.range(range.clone()).next().is_some()
-                || self.parked.as_ref().is_some_and(|parked| parked.any_in(range))
+            self.nodes.any_key_in(range.clone(), |&key| dirty(key)) || self.pending.range(range).next().is_some()
         })
     }
 }

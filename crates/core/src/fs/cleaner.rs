@@ -864,11 +864,12 @@ impl<D: FlashDevice> Fs<D> {
 
     /// Where a node's current copy is, from memory or what locates it.
     fn home_of(&mut self, key: NodeKey) -> Result<Pointer> {
-        if let Some(home) = self.parked.as_ref().and_then(|parked| parked.home_of(key)) {
-            return Ok(home);
-        }
         if let Some(cached) = self.nodes.peek(key).or_else(|| self.pending.get(&key)) {
             return Ok(cached.home);
+        }
+        // Kept in NVM: its flash copy is still its home.
+        if let Some(home) = self.kept.as_ref().and_then(|kept| kept.home_of(key)) {
+            return Ok(home);
         }
         // Whatever cannot be located (a locator, a free slot, a file gone)
         // locates nothing here.
@@ -878,6 +879,8 @@ impl<D: FlashDevice> Fs<D> {
     /// Marks a live node dirty: the next write-back moves it.
     fn keep(&mut self, key: NodeKey) -> Result<()> {
         self.ensure(key)?;
+        // To flash: kept in NVM instead, its home here would stay.
+        self.to_flash.insert(key);
         self.nodes.mark_dirty(key);
         self.changed = true;
         self.cleaner.nodes_moved += 1;

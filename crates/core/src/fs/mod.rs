@@ -167,6 +167,11 @@ pub struct FsOptions {
     /// committed frame whole (as [`FsyncMode::Unchecked`] does for the
     /// write-pointer check).
     pub nvm_barrier: bool,
+    /// Whether a clean unmount leaves the node pages kept in NVM there
+    /// (`-o nvm_keep`): the next mount reads them from NVM, and the image
+    /// then needs its NVM. Off by default: unmount writes every one home,
+    /// so the flash alone is the file system (FSMAC's "portable").
+    pub nvm_keep: bool,
 }
 
 impl Default for FsOptions {
@@ -182,6 +187,7 @@ impl Default for FsOptions {
             scrub_pages_per_second: SCRUB_PAGES_PER_SECOND_DEFAULT,
             compression: None,
             nvm_barrier: true,
+            nvm_keep: false,
         }
     }
 }
@@ -248,9 +254,13 @@ pub struct FsCounters {
     /// Checkpoints taken because the NVM log's ring filled (its
     /// write-homes).
     pub nvm_log_full_checkpoints: u64,
-    /// Dirty nodes parked in NVM on eviction, and brought back.
+    /// Node write-backs kept in NVM instead of programmed to flash, and
+    /// node reads served from NVM.
     pub nodes_parked: u64,
     pub nodes_unparked: u64,
+    /// Nodes kept in NVM sent home to flash because NVM was past its
+    /// high-water mark (the coldest first).
+    pub nodes_sent_home: u64,
     pub node_pages_read: u64,
     pub data_pages_written: u64,
     pub chunks_written: u64,
@@ -288,11 +298,16 @@ pub struct Fs<D: FlashDevice> {
     /// Dirty nodes pushed out of the cache during an operation, written
     /// back before it returns. Loads look here before reading flash.
     pub(crate) pending: BTreeMap<nodes::NodeKey, nodes::Cached>,
-    /// Dirty nodes parked in NVM instead of written to flash when evicted
-    /// (only with NVM), and whether parking is paused (a checkpoint is
-    /// writing them home).
-    pub(crate) parked: Option<nvm::NvmNodes>,
+    /// Node pages kept in NVM, updated in place (only with NVM), and
+    /// whether write-backs bypass it (a write-home of every node is under
+    /// way).
+    pub(crate) kept: Option<nvm::NvmStore>,
     pub(crate) parking_paused: bool,
+    /// Nodes whose next write-back must go to flash, not NVM: the cleaner
+    /// is moving their flash home, or NVM is writing them home.
+    pub(crate) to_flash: std::collections::BTreeSet<nodes::NodeKey>,
+    /// Set while unmount writes every node kept in NVM home.
+    pub(crate) write_home_all: bool,
     /// Files that must stay findable by number.
     pub(crate) known: BTreeMap<u64, Known>,
     /// Buffered file blocks: `(ino, block)` to the whole block.
@@ -358,6 +373,8 @@ impl<D: FlashDevice> Fs<D> {
         let (volume, _) = Volume::mount(device)?;
         let mut fs = Fs::assemble(volume, FsOptions::default(), clock)?;
         fs.make_root()?;
+        // A new image is whole on flash, NVM or not: its nodes go home.
+        fs.write_home_all = true;
         fs.checkpoint()?;
         Ok(fs.volume.into_device())
     }
@@ -378,15 +395,17 @@ impl<D: FlashDevice> Fs<D> {
         // took the pointer), so it is cached as that node; the map pages
         // are read when first needed.
         let root_home = fs.volume.checkpoint.tree.root;
-        if root_home.is_null() {
-            return Err(Error::corrupt("the checkpoint names no root directory"));
-        }
-        let root = fs.read_node(nodes::NodeKey::Slot(ROOT_SLOT), root_home)?;
-        match &root {
+        // A root kept in NVM is newer than its page on flash (if it has
+        // one): that one is read instead.
+        let cached = match fs.load_kept(nodes::NodeKey::Slot(ROOT_SLOT))? {
+            Some(cached) => cached,
+            None if root_home.is_null() => return Err(Error::corrupt("the checkpoint names no root directory")),
+            None => nodes::Cached { node: fs.read_node(nodes::NodeKey::Slot(ROOT_SLOT), root_home)?, home: root_home },
+        };
+        match &cached.node {
             flintfs_format::Node::Directory { inode, .. } if inode.ino == crate::volume::ROOT_INO => {}
             _ => return Err(Error::corrupt(format!("the root at {root_home} is not the root directory"))),
         }
-        let cached = nodes::Cached { node: root, home: root_home };
         fs.cache_insert(nodes::NodeKey::Slot(ROOT_SLOT), cached, crate::cache::Dirty::CLEAN);
         // Files unlinked while open and directories removed while held, when
         // the last checkpoint was taken: nobody holds them now.
@@ -514,10 +533,19 @@ impl<D: FlashDevice> Fs<D> {
             .compression
             .unwrap_or_else(|| flintfs_format::CompressionChoice::of(volume.superblock().compression));
         let mut volume = volume;
-        let nvm = nvm::NvmLog::open(&mut volume.device, uuid, options.nvm_barrier)?;
-        let parked = nvm
-            .as_ref()
-            .and_then(|nvm| nvm::NvmNodes::after(nvm.header(), volume.device().geometry().nvm_size_bytes, page_size));
+        let needed = tree.nvm_nodes;
+        let nvm = nvm::NvmLog::open(&mut volume.device, uuid, options.nvm_barrier, needed)?;
+        let kept = match &nvm {
+            Some(nvm) => nvm::NvmStore::open(
+                &mut volume.device,
+                nvm.header(),
+                page_size,
+                volume.checkpoint.number,
+                needed,
+                options.nvm_barrier,
+            )?,
+            None => None,
+        };
         Ok(Fs {
             nodes: PageCache::new_ordered(options.node_cache_bytes),
             read_cache: PageCache::new(options.read_cache_bytes),
@@ -526,8 +554,10 @@ impl<D: FlashDevice> Fs<D> {
             page_size,
             hash_seed,
             pending: BTreeMap::new(),
-            parked,
+            kept,
             parking_paused: false,
+            to_flash: std::collections::BTreeSet::new(),
+            write_home_all: false,
             known: BTreeMap::new(),
             dirty_blocks: BTreeMap::new(),
             map_directory: tree.map_directory,
@@ -570,7 +600,21 @@ impl<D: FlashDevice> Fs<D> {
         // The last checkpoint declares empty zones first, so the next mount
         // reads no zone's first page where it can (`declare_empty_first`).
         self.volume.declare_empty_first = true;
-        let result = self.checkpoint();
+        // Every node kept in NVM goes home, unless `nvm_keep` says to leave
+        // them for the next mount. A flash too full to take them keeps them
+        // in NVM, as `nvm_keep` would: unmount does not fail for it.
+        self.write_home_all = !self.options.nvm_keep;
+        let mut result = self.checkpoint();
+        let no_room = result.as_ref().is_err_and(|error| error.errno == errno::ENOSPC);
+        if no_room && self.write_home_all && self.kept.as_ref().is_some_and(|kept| !kept.is_empty()) {
+            let error = result.as_ref().err().map(|error| error.message.clone()).unwrap_or_default();
+            tracing::warn!("node pages kept in NVM could not all go home to flash ({error}); they stay in NVM");
+            self.write_home_all = false;
+            self.to_flash.clear();
+            self.changed = true;
+            result = self.checkpoint();
+        }
+        self.write_home_all = false;
         self.volume.declare_empty_first = false;
         result?;
         // Close the open stripes: every head's block filled to its end, so
@@ -684,7 +728,7 @@ impl<D: FlashDevice> Fs<D> {
     fn unindexed_short(&self, data_pages: u64) -> bool {
         let geometry = self.volume.device.geometry();
         let zone_pages = geometry.zone_pages();
-        let dirty_nodes = (self.nodes.dirty_count() + self.pending.len()) as u64 + self.parked_pages();
+        let dirty_nodes = (self.nodes.dirty_count() + self.pending.len()) as u64;
         let data_need = self.dirty_blocks.len() as u64 + data_pages;
         let node_need = dirty_nodes + OPERATION_NODE_PAGES_MAX;
         let zones_for = |need: u64, free: u64| need.saturating_sub(free).div_ceil(zone_pages);
@@ -706,7 +750,7 @@ impl<D: FlashDevice> Fs<D> {
     /// pages as a margin. Data and nodes go to different heads, so each
     /// role's overflow is its own.
     pub(crate) fn pages_past_heads(&self, data_pages: u64, node_pages: u64) -> (u64, u64) {
-        let dirty_nodes = (self.nodes.dirty_count() + self.pending.len()) as u64 + self.parked_pages();
+        let dirty_nodes = (self.nodes.dirty_count() + self.pending.len()) as u64;
         let margin = OPERATION_NODE_PAGES_MAX
             + nodes::map_page_count(self.slot_count, self.page_size)
             + self.map_directory.len() as u64;
@@ -784,7 +828,7 @@ impl<D: FlashDevice> Fs<D> {
                 0
             };
             if more == 0 {
-                let dirty_nodes = self.nodes.dirty_count() + self.pending.len() + self.parked_pages() as usize;
+                let dirty_nodes = self.nodes.dirty_count() + self.pending.len();
                 return Err(Error::new(
                     errno::ENOSPC,
                     format!(

@@ -4,11 +4,14 @@
 //! slot, the entry for a file with one link, the parent for an index page,
 //! the checkpoint for a map page.
 
+use std::collections::BTreeMap;
+
 use flintfs_flash::FlashDevice;
 use flintfs_format::{
     array_capacity, DirectoryContent, FileContent, Node, PageKind, Pointer, Target, ZoneRole, SLOT_NONE,
 };
 
+use super::nvm::{Keep, NvmStore};
 use super::{Fs, Location};
 use crate::allocator::PageMeta;
 use crate::cache::Dirty;
@@ -123,9 +126,13 @@ impl<D: FlashDevice> Fs<D> {
         if self.nodes.get(key).is_some() {
             return Ok(());
         }
-        self.unpark(key)?;
         if let Some(cached) = self.pending.remove(&key) {
             self.cache_insert(key, cached, Dirty::BOTH);
+            return Ok(());
+        }
+        // Kept in NVM: newer than its copy on flash, and as durable.
+        if let Some(cached) = self.load_kept(key)? {
+            self.cache_insert(key, cached, Dirty::CLEAN);
             return Ok(());
         }
         let home = self.locate(key)?;
@@ -174,47 +181,119 @@ impl<D: FlashDevice> Fs<D> {
         }
     }
 
-    /// Takes a node out of memory (cache or pending), with its home.
+    /// Takes a node out of memory (cache, pending, or kept in NVM), with
+    /// its home. A node kept in NVM whose bytes do not read back stays
+    /// there (and the checkpoint that needs it fails, rather than write a
+    /// tree without it).
     pub(crate) fn take(&mut self, key: NodeKey) -> Option<Cached> {
-        // A parked node that does not read back stays parked (and the
-        // checkpoint that needs it fails, rather than write a tree
-        // without it).
-        if let Err(error) = self.unpark(key) {
-            tracing::error!("{key:?} could not be brought back from NVM: {}", error.message);
+        let taken = match self.nodes.remove(key).map(|(cached, _)| cached).or_else(|| self.pending.remove(&key)) {
+            Some(cached) => Some(cached),
+            None => match self.load_kept(key) {
+                Ok(found) => found,
+                Err(error) => {
+                    tracing::error!("{key:?} could not be read from NVM: {}", error.message);
+                    return None;
+                }
+            },
+        };
+        if taken.is_some() {
+            if let Err(error) = self.unkeep(key) {
+                tracing::error!("{key:?} could not be dropped from NVM: {}", error.message);
+            }
         }
-        self.nodes.remove(key).map(|(cached, _)| cached).or_else(|| self.pending.remove(&key))
+        taken
     }
 
-    /// Whether a node is in memory (parked in NVM counts).
+    /// Whether a node is in memory (kept in NVM counts).
     pub(crate) fn in_memory(&self, key: NodeKey) -> bool {
         self.nodes.contains(key)
             || self.pending.contains_key(&key)
-            || self.parked.as_ref().is_some_and(|parked| parked.contains(key))
+            || self.kept.as_ref().is_some_and(|kept| kept.contains(key))
     }
 
-    /// Brings a node parked in NVM back into the pending write-backs.
-    pub(crate) fn unpark(&mut self, key: NodeKey) -> Result<()> {
-        let Some(parked) = self.parked.as_mut() else { return Ok(()) };
-        if let Some(cached) = parked.unpark(&mut self.volume.device, key, self.page_size)? {
+    /// The checkpoint whose generation NVM writes now belong to: the next.
+    pub(crate) fn kept_generation(&self) -> u64 {
+        self.volume.checkpoint.number + 1
+    }
+
+    /// Reads a node kept in NVM, if it is kept there.
+    pub(crate) fn load_kept(&mut self, key: NodeKey) -> Result<Option<Cached>> {
+        let Some(kept) = self.kept.as_mut() else { return Ok(None) };
+        let found = kept.load(&mut self.volume.device, key)?;
+        if found.is_some() {
             self.counters.nodes_unparked += 1;
-            self.pending.insert(key, cached);
+        }
+        Ok(found)
+    }
+
+    /// Stops keeping a node in NVM: it is going to flash, or gone.
+    pub(crate) fn unkeep(&mut self, key: NodeKey) -> Result<()> {
+        let generation = self.kept_generation();
+        match self.kept.as_mut() {
+            Some(kept) => kept.remove(&mut self.volume.device, key, generation),
+            None => Ok(()),
+        }
+    }
+
+    /// Keeps in NVM the pending write-backs that find room there, instead
+    /// of programming them: a flash copy stays where it is
+    /// (`nvm::NvmStore`). Nodes the cleaner or a write-home sends to flash
+    /// go on to flash.
+    fn keep_pending(&mut self, refused: &mut std::collections::BTreeSet<NodeKey>) -> Result<()> {
+        let generation = self.kept_generation();
+        let Some(kept) = self.kept.as_mut() else { return Ok(()) };
+        let device = &mut self.volume.device;
+        let to_flash = &self.to_flash;
+        let mut stored = Vec::new();
+        let mut no_room: BTreeMap<u8, Vec<NodeKey>> = BTreeMap::new();
+        for (&key, cached) in &self.pending {
+            if to_flash.contains(&key) || refused.contains(&key) {
+                continue;
+            }
+            match kept.store(device, key, &cached.node, cached.home, generation)? {
+                Keep::Kept => stored.push(key),
+                Keep::NoRoom(class) => no_room.entry(class).or_default().push(key),
+                Keep::Refused => {
+                    refused.insert(key);
+                }
+            }
+        }
+        self.counters.nodes_parked += stored.len() as u64;
+        for key in stored {
+            self.pending.remove(&key);
+        }
+        if no_room.is_empty() {
+            return Ok(());
+        }
+        // NVM is full for these classes: the coldest nodes of each go home
+        // to flash (in this drain, packed where they can be), and the hot
+        // ones take their slots.
+        for (class, keys) in no_room {
+            let batch = NvmStore::send_home_batch(class).max(keys.len());
+            let pending = &self.pending;
+            let cold = self
+                .kept
+                .as_ref()
+                .map_or_else(Vec::new, |kept| kept.coldest_keys(batch, Some(class), |key| pending.contains_key(&key)));
+            for key in cold {
+                if let Some(cached) = self.take(key) {
+                    self.to_flash.insert(key);
+                    self.pending.insert(key, cached);
+                    self.counters.nodes_sent_home += 1;
+                }
+            }
+            for key in keys {
+                let Some(kept) = self.kept.as_mut() else { break };
+                let Some(cached) = self.pending.get(&key) else { continue };
+                if kept.store(&mut self.volume.device, key, &cached.node, cached.home, generation)? == Keep::Kept {
+                    self.pending.remove(&key);
+                    self.counters.nodes_parked += 1;
+                } else {
+                    refused.insert(key);
+                }
+            }
         }
         Ok(())
-    }
-
-    /// Pages that writing home every parked node would take, about.
-    pub(crate) fn parked_pages(&self) -> u64 {
-        self.parked.as_ref().map_or(0, |parked| parked.pages_estimate(self.page_size))
-    }
-
-    /// Parks the pending write-backs in NVM, those there is room for.
-    fn park_pending(&mut self) {
-        let Some(parked) = self.parked.as_mut() else { return };
-        let page_size = self.page_size;
-        let device = &mut self.volume.device;
-        let before = self.pending.len();
-        self.pending.retain(|&key, cached| !parked.park(device, key, cached, page_size));
-        self.counters.nodes_parked += (before - self.pending.len()) as u64;
     }
 
     /// Removes a node for good: out of memory, and its page no longer
@@ -564,7 +643,9 @@ impl<D: FlashDevice> Fs<D> {
         }
         self.release(cached.home);
         self.cache_insert(key, Cached { node: cached.node, home }, Dirty::CLEAN);
-        Ok(())
+        // The copy just written is the newest: none is kept in NVM.
+        self.to_flash.remove(&key);
+        self.unkeep(key)
     }
 
     /// Writes file inodes, or small index pages, packed into as few node
@@ -723,12 +804,16 @@ impl<D: FlashDevice> Fs<D> {
     /// pages). Whatever a write-back changes stays in `pending` if it is
     /// there, so a parent is never read stale from flash.
     pub(crate) fn drain(&mut self) -> Result<()> {
-        if !self.parking_paused {
-            // With NVM, an evicted node waits there for its next use or
-            // the checkpoint; only what finds no room goes to flash now.
-            self.park_pending();
-        }
+        // Nodes NVM did not take in this drain: flash takes them.
+        let mut refused = std::collections::BTreeSet::new();
         loop {
+            if !self.parking_paused && self.kept.is_some() {
+                // With NVM, a node is written back to its slot there, in
+                // place; only what finds no room, or is sent to flash, goes
+                // to flash. Again at every step: a write to flash settles
+                // its node in the cache, which may push a dirty one out.
+                self.keep_pending(&mut refused)?;
+            }
             if let Some((&NodeKey::Index { level, .. }, _)) = self.pending.first_key_value() {
                 // Every pending index page of the lowest level: those whose
                 // pointers take little go into packs as records (an index
