@@ -322,6 +322,11 @@ const _: () = assert!(NVM_SMALL_SLOTS_EIGHTHS <= 8 && NVM_STORE_HIGH_EIGHTHS <= 
 /// eviction would otherwise wear the words of its slot's header copy
 /// (NVM wear: phase-change memory endures about 1e8 writes a cell).
 pub const NVM_SLOT_WRITES_PER_GENERATION_MAX: u32 = 4;
+/// Writes of one slot, over any generations, after which its node moves
+/// on at its next write (to fresh space while there is some, else to the
+/// least written free slot): a node written at every checkpoint would
+/// otherwise wear its slot's word and header copies.
+pub const NVM_SLOT_WRITES_BEFORE_MOVE: u64 = 8;
 /// Free slots compared when one is taken: the least written of them wins.
 pub const NVM_FREE_SLOTS_LOOKED_AT: usize = 32;
 
@@ -742,7 +747,8 @@ impl NvmStore {
         let index = match self.by_key.get(&key).copied() {
             Some(index)
                 if self.slots[index].class == class
-                    && self.slots[index].writes < NVM_SLOT_WRITES_PER_GENERATION_MAX =>
+                    && self.slots[index].writes < NVM_SLOT_WRITES_PER_GENERATION_MAX
+                    && !self.slots[index].lifetime_writes.is_multiple_of(NVM_SLOT_WRITES_BEFORE_MOVE) =>
             {
                 index
             }
