@@ -682,6 +682,13 @@ impl Node {
 
     /// Checks what the encoding relies on, for a page of `page_size_bytes`.
     pub fn validate(&self, page_size_bytes: usize) -> Result<(), String> {
+        self.validate_with(page_size_bytes, false)
+    }
+
+    /// [`Node::validate`], with `in_memory` allowing the one thing a node
+    /// in memory (or in NVM) may hold and flash may not: an entry of a file
+    /// never written, whose target is null.
+    pub fn validate_with(&self, page_size_bytes: usize, in_memory: bool) -> Result<(), String> {
         let body = self.body_bytes();
         if NODE_HEADER_BYTES + body > page_size_bytes {
             return Err(format!("{:?} node of {body} bytes does not fit a {page_size_bytes}-byte page", self.kind()));
@@ -693,6 +700,7 @@ impl Node {
                     return Err("an entry with a bad hash or inode 0".into());
                 }
                 match entry.target {
+                    Target::Physical(pointer) if in_memory && pointer.is_null() => {}
                     Target::Physical(pointer) if pointer.chunk() == 0 => {
                         return Err("an entry points nowhere, or at a whole page".into());
                     }
@@ -881,10 +889,13 @@ impl Node {
         Ok(node)
     }
 
-    /// As [`Node::decode`], without the rules a node in memory may break
-    /// for a while (see [`Node::encode_unchecked`]); total all the same.
+    /// As [`Node::decode`], without the rule a node in memory may break
+    /// for a while (see [`Node::encode_unchecked`]): every other rule is
+    /// checked. Total all the same.
     pub fn decode_unchecked(page: &[u8]) -> Result<Node, DecodeError> {
-        Node::decode_with(page, true)
+        let node = Node::decode_with(page, true)?;
+        node.validate_with(page.len(), true).map_err(|reason| DecodeError { structure: "node", reason })?;
+        Ok(node)
     }
 
     fn decode_with(page: &[u8], in_memory: bool) -> Result<Node, DecodeError> {

@@ -216,11 +216,16 @@ impl<D: FlashDevice> Fs<D> {
         self.volume.checkpoint.number + 1
     }
 
-    /// Reads a node kept in NVM, if it is kept there.
+    /// Reads a node kept in NVM, if it is kept there. A node that is not
+    /// the one its key names (hostile or damaged NVM whose checksums hold)
+    /// is an error, as for a stray pointer on flash.
     pub(crate) fn load_kept(&mut self, key: NodeKey) -> Result<Option<Cached>> {
         let Some(kept) = self.kept.as_mut() else { return Ok(None) };
         let found = kept.load(&mut self.volume.device, key)?;
-        if found.is_some() {
+        if let Some(cached) = &found {
+            if !self.node_is(&cached.node, key) {
+                return Err(Error::corrupt(format!("NVM holds {:?} as {key:?}", cached.node.kind())));
+            }
             self.counters.nodes_unparked += 1;
         }
         Ok(found)
@@ -463,23 +468,37 @@ impl<D: FlashDevice> Fs<D> {
             }
             records.swap_remove(index)
         };
-        let matches = match (&node, key) {
-            (Node::Map { number, .. }, NodeKey::Map(page))
-            | (Node::MapDirectory { number, .. }, NodeKey::MapDirectory(page)) => *number == u64::from(page),
-            (Node::Directory { slot, .. }, NodeKey::Slot(wanted))
-            | (Node::Bucket { slot, .. }, NodeKey::Slot(wanted))
-            | (Node::Table { slot, .. }, NodeKey::Slot(wanted))
-            | (Node::File { slot, .. }, NodeKey::Slot(wanted)) => *slot == wanted,
-            (Node::File { slot, inode, .. }, NodeKey::File(ino)) => *slot == SLOT_NONE && inode.ino == ino,
-            (Node::Index { ino, level, number, .. }, NodeKey::Index { ino: i, level: l, number: n }) => {
-                (*ino, *level, *number) == (i, l, n) && node_fits_index(&node, self.page_size)
-            }
-            _ => false,
-        };
-        if !matches {
+        if !self.node_is(&node, key) {
             return Err(Error::corrupt(format!("{home} holds {:?}, not {key:?}: a stray pointer", node.kind())));
         }
         Ok(node)
+    }
+
+    /// Whether `node` is the node `key` names, whole: what every read from
+    /// flash or NVM checks before anything indexes into it.
+    pub(crate) fn node_is(&self, node: &Node, key: NodeKey) -> bool {
+        let map_pages = map_page_count(self.slot_count, self.page_size);
+        match (node, key) {
+            (Node::Map { number, entries }, NodeKey::Map(page)) => {
+                *number == u64::from(page)
+                    && u64::from(page) < map_pages
+                    && entries.len() == map_capacity(self.page_size)
+            }
+            (Node::MapDirectory { number, pointers }, NodeKey::MapDirectory(page)) => {
+                *number == u64::from(page)
+                    && (page as usize) < self.map_directory.len()
+                    && pointers.len() == map_directory_capacity(self.page_size)
+            }
+            (Node::Directory { slot, .. }, NodeKey::Slot(wanted))
+            | (Node::Bucket { slot, .. }, NodeKey::Slot(wanted))
+            | (Node::Table { slot, .. }, NodeKey::Slot(wanted))
+            | (Node::File { slot, .. }, NodeKey::Slot(wanted)) => *slot == wanted && wanted < self.slot_count,
+            (Node::File { slot, inode, .. }, NodeKey::File(ino)) => *slot == SLOT_NONE && inode.ino == ino,
+            (Node::Index { ino, level, number, .. }, NodeKey::Index { ino: i, level: l, number: n }) => {
+                (*ino, *level, *number) == (i, l, n) && node_fits_index(node, self.page_size)
+            }
+            _ => false,
+        }
     }
 
     /// Reads a slot's map entry.

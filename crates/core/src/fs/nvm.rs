@@ -293,6 +293,15 @@ fn crc32c_of(bytes: &[u8]) -> u32 {
     flintfs_format::nvm_crc(bytes)
 }
 
+/// A sub-block's 64-bit hash, kept in memory only (SipHash with std's
+/// fixed keys).
+fn subblock_hash(bytes: &[u8]) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::hash::DefaultHasher::new();
+    bytes.hash(&mut hasher);
+    hasher.finish()
+}
+
 /// Nodes a write-home of everything brings from NVM into memory at a time
 /// (all in one checkpoint).
 pub const NVM_WRITE_HOME_BATCH_NODES: usize = 4096;
@@ -410,11 +419,16 @@ struct NvmSlot {
     committed: u16,
     selection: u16,
     header: Option<NvmSlotHeader>,
-    /// CRC of each sub-block's copy in force, where known: a write skips
-    /// the sub-blocks that did not change.
-    subblock_crcs: [u32; NVM_SLOT_SUBBLOCKS],
+    /// A 64-bit hash of each sub-block's copy in force, where known: a
+    /// write skips the sub-blocks that did not change (64 bits, so a
+    /// changed sub-block is never taken for unchanged by chance over a
+    /// device's life; 32 would be, about once in 4e9 writes).
+    subblock_hashes: [u64; NVM_SLOT_SUBBLOCKS],
     crcs_known: u16,
     written: bool,
+    /// The word above was set back at mount (a generation that never
+    /// landed) and is written with the next persist, not at mount.
+    word_unwritten: bool,
     used_at: u64,
     /// Writes since the generation changed or the slot was taken.
     writes: u32,
@@ -489,7 +503,7 @@ impl NvmStore {
             }
             return Ok(None);
         }
-        if committed > flintfs_format::NVM_SLOT_GENERATION_MAX {
+        if committed >= flintfs_format::NVM_SLOT_GENERATION_MAX {
             return Err(Error::invalid(format!(
                 "checkpoint {committed} is past the {} NVM slot generations",
                 flintfs_format::NVM_SLOT_GENERATION_MAX
@@ -547,10 +561,14 @@ impl NvmStore {
             }
             let mut word = NvmSlotWord::decode(self.read_word(device, at + NVM_SLOT_WORD_OFFSET)?);
             let selection = word.in_force(self.committed);
-            if word.generation > self.committed {
+            // A word naming a generation that never landed is set back to
+            // the selection in force: in memory now, on NVM with the next
+            // persist, before any checkpoint that could take the same
+            // number lands (a mount writes nothing to NVM, and a mount that
+            // fails leaves it as it found it).
+            let stale = word.generation > self.committed;
+            if stale {
                 word = NvmSlotWord { committed: selection, pending: selection, generation: self.committed };
-                self.write_word(device, at + NVM_SLOT_WORD_OFFSET, word.encode())?;
-                device.nvm_persist(at + NVM_SLOT_WORD_OFFSET, 8)?;
             }
             let copy = u64::from((selection >> NVM_SLOT_HEADER_BIT) & 1);
             let mut bytes_read = [0u8; NVM_SLOT_HEADER_BYTES];
@@ -579,13 +597,20 @@ impl NvmStore {
                 committed: selection,
                 selection,
                 header,
-                subblock_crcs: [0; NVM_SLOT_SUBBLOCKS],
+                subblock_hashes: [0; NVM_SLOT_SUBBLOCKS],
                 crcs_known: 0,
                 written: false,
+                word_unwritten: false,
                 used_at: 0,
                 writes: 0,
                 lifetime_writes: 0,
             });
+            if stale {
+                let slot = self.slots.last_mut().expect("pushed");
+                slot.written = true;
+                slot.word_unwritten = true;
+                self.written.push(index);
+            }
             match key {
                 Some(key) => {
                     if self.by_key.insert(key, index).is_some() {
@@ -721,9 +746,10 @@ impl NvmStore {
             committed: 0,
             selection: 0,
             header: None,
-            subblock_crcs: [0; NVM_SLOT_SUBBLOCKS],
+            subblock_hashes: [0; NVM_SLOT_SUBBLOCKS],
             crcs_known: 0,
             written: false,
+            word_unwritten: false,
             used_at: 0,
             writes: 0,
             lifetime_writes: 0,
@@ -744,33 +770,42 @@ impl NvmStore {
         debug_assert!(generation > self.committed);
         let Some((page, used)) = node.encode_unchecked(self.page_size) else { return Ok(Keep::Refused) };
         let Some(class) = self.class_for(used as usize) else { return Ok(Keep::Refused) };
-        let index = match self.by_key.get(&key).copied() {
+        // A slot at least the node's size is kept (it moves to a smaller
+        // one only when it moves for wear).
+        let current = self.by_key.get(&key).copied().filter(|&index| self.slots[index].class >= class);
+        let index = match current {
             Some(index)
-                if self.slots[index].class == class
-                    && self.slots[index].writes < NVM_SLOT_WRITES_PER_GENERATION_MAX
-                    && !self.slots[index].lifetime_writes.is_multiple_of(NVM_SLOT_WRITES_BEFORE_MOVE) =>
+                if self.slots[index].writes < NVM_SLOT_WRITES_PER_GENERATION_MAX
+                    && (self.slots[index].lifetime_writes == 0
+                        || !self.slots[index].lifetime_writes.is_multiple_of(NVM_SLOT_WRITES_BEFORE_MOVE)) =>
             {
                 index
             }
-            // A slot written often this generation: move on, if a slot
-            // is free (wear).
-            Some(index)
-                if self.slots[index].class == class
-                    && self.free[class as usize].is_empty()
-                    && self.bump + nvm_slot_bytes(class) > self.end =>
-            {
-                index
-            }
-            found => {
-                // Fresh space first, then the least written of the oldest
-                // freed slots: every slot takes writes before any takes
-                // many (wear).
+            // Written often: it moves on (wear) to a free slot of its class,
+            // else to fresh space; with neither, it stays where it is.
+            Some(index) => match self.take_free(class) {
+                Some(taken) => {
+                    self.vacate(device, index, generation)?;
+                    taken
+                }
+                None => match self.make_slot(device, class)? {
+                    Some(taken) => {
+                        self.vacate(device, index, generation)?;
+                        taken
+                    }
+                    None => index,
+                },
+            },
+            None => {
+                // A new slot: fresh space first, then the least written of
+                // the oldest freed slots of its class or a larger one, so
+                // every slot takes writes before any takes many (wear).
                 let taken = match self.make_slot(device, class)? {
                     Some(index) => Some(index),
-                    None => self.take_free(class),
+                    None => (class..self.classes as u8).find_map(|larger| self.take_free(larger)),
                 };
                 let Some(taken) = taken else { return Ok(Keep::NoRoom(class)) };
-                if let Some(old) = found {
+                if let Some(old) = self.by_key.get(&key).copied() {
                     self.vacate(device, old, generation)?;
                 }
                 taken
@@ -812,9 +847,10 @@ impl NvmStore {
     fn finish<D: FlashDevice>(&mut self, device: &mut D, index: usize, generation: u64) -> Result<()> {
         let slot = &mut self.slots[index];
         let word = NvmSlotWord { committed: slot.committed, pending: slot.selection, generation };
-        if word != slot.word {
+        if word != slot.word || slot.word_unwritten {
             device.nvm_write(slot.offset + NVM_SLOT_WORD_OFFSET, &word.encode().to_le_bytes())?;
             slot.word = word;
+            slot.word_unwritten = false;
         }
         Ok(())
     }
@@ -859,9 +895,9 @@ impl NvmStore {
         for (number, chunk) in bytes.chunks(subblock_bytes).enumerate() {
             subblock[..chunk.len()].copy_from_slice(chunk);
             subblock[chunk.len()..].fill(0);
-            let crc = crc32c_of(&subblock);
+            let hash = subblock_hash(&subblock);
             let slot = &self.slots[index];
-            if slot.crcs_known >> number & 1 == 1 && slot.subblock_crcs[number] == crc {
+            if slot.crcs_known >> number & 1 == 1 && slot.subblock_hashes[number] == hash {
                 continue;
             }
             let copy = copy_for(slot, number as u32);
@@ -869,7 +905,7 @@ impl NvmStore {
             device.nvm_write(at, &subblock)?;
             let slot = &mut self.slots[index];
             slot.selection = (slot.selection & !(1 << number)) | copy << number;
-            slot.subblock_crcs[number] = crc;
+            slot.subblock_hashes[number] = hash;
             slot.crcs_known |= 1 << number;
         }
         let (kind, level, first, second) = key_fields(key);
@@ -942,7 +978,7 @@ impl NvmStore {
         slot.used_at = self.clock;
         for number in 0..subblocks {
             let range = number * subblock_bytes..(number + 1) * subblock_bytes;
-            slot.subblock_crcs[number] = crc32c_of(&page[range]);
+            slot.subblock_hashes[number] = subblock_hash(&page[range]);
             slot.crcs_known |= 1 << number;
         }
         Ok(Some(Cached { node, home: header.home }))
@@ -955,7 +991,11 @@ impl NvmStore {
             return Ok(());
         }
         for &index in &self.written {
-            let slot = &self.slots[index];
+            let slot = &mut self.slots[index];
+            if slot.word_unwritten {
+                device.nvm_write(slot.offset + NVM_SLOT_WORD_OFFSET, &slot.word.encode().to_le_bytes())?;
+                slot.word_unwritten = false;
+            }
             device.nvm_persist(slot.offset, nvm_slot_bytes(slot.class))?;
         }
         Ok(())
@@ -966,7 +1006,8 @@ impl NvmStore {
     pub fn committed(&mut self, generation: u64) {
         for index in std::mem::take(&mut self.written) {
             let slot = &mut self.slots[index];
-            debug_assert_eq!(slot.word.generation, generation);
+            // Written for this generation, or a word set back at mount.
+            debug_assert!(slot.word.generation == generation || slot.word.committed == slot.word.pending);
             slot.committed = slot.selection;
             slot.written = false;
         }
@@ -987,7 +1028,7 @@ mod tests {
             oob_size_bytes: 128,
             block_pages: 16,
             zone_blocks: 4,
-            zone_count: 8,
+            zone_count: 32,
             open_zones_max: 8,
             nvm_size_bytes: 256 << 10,
         };
@@ -1003,14 +1044,24 @@ mod tests {
         NvmStore::open(device, &header(), PAGE, committed, needed, true).unwrap().expect("room for slots")
     }
 
-    /// A map page whose entries say `value`, `count` of them.
+    /// A bucket of `count / 6` entries, each naming inode `value`.
     fn map(value: u64, count: usize) -> Node {
-        Node::Map { number: 0, entries: vec![value; count] }
+        let entries = (0..count / 6)
+            .map(|index| flintfs_format::Entry {
+                hash: index as u64,
+                ino: value,
+                target: flintfs_format::Target::Physical(Pointer::NULL),
+                file_type: flintfs_format::FileType::Regular,
+                name: format!("entry-{index:05}").into_bytes(),
+            })
+            .collect();
+        Node::Bucket { directory: 1, slot: 5, local_depth: 0, next: flintfs_format::SLOT_NONE, entries }
     }
 
+    /// The inode each entry of a kept bucket names.
     fn entries(store: &mut NvmStore, device: &mut MemoryFlash, key: NodeKey) -> Vec<u64> {
         match store.load(device, key).unwrap().expect("kept").node {
-            Node::Map { entries, .. } => entries,
+            Node::Bucket { entries, .. } => entries.iter().map(|entry| entry.ino).collect(),
             other => panic!("{other:?}"),
         }
     }
@@ -1041,14 +1092,14 @@ mod tests {
             }
             cut(&mut device, seed);
             let mut store = open(&mut device, 6, 1);
-            assert_eq!(entries(&mut store, &mut device, key), vec![1; 400], "seed {seed}");
+            assert_eq!(entries(&mut store, &mut device, key), vec![1; 66], "seed {seed}");
             // The next checkpoint has the same number the lost one had:
             // nothing of the lost version comes back with it.
             assert_eq!(store.store(&mut device, key, &map(4, 100), Pointer::NULL, 7).unwrap(), Keep::Kept);
             store.persist(&mut device).unwrap();
             store.committed(7);
             let mut store = open(&mut device, 7, 1);
-            assert_eq!(entries(&mut store, &mut device, key), vec![4; 100], "seed {seed}");
+            assert_eq!(entries(&mut store, &mut device, key), vec![4; 16], "seed {seed}");
         }
     }
 
@@ -1065,7 +1116,7 @@ mod tests {
         store.persist(&mut device).unwrap();
         cut(&mut device, 1);
         let mut store = open(&mut device, 3, 1);
-        assert_eq!(entries(&mut store, &mut device, key), vec![8; 300]);
+        assert_eq!(entries(&mut store, &mut device, key), vec![8; 50]);
     }
 
     /// Sub-blocks that did not change are not written again: a change to
@@ -1076,13 +1127,13 @@ mod tests {
         let key = NodeKey::Map(0);
         let mut device = device();
         let mut store = open(&mut device, 1, 0);
-        let full = (PAGE - flintfs_format::NODE_HEADER_BYTES) / 8 - 4;
+        let full = 480;
         assert_eq!(store.store(&mut device, key, &map(5, full), Pointer::NULL, 2).unwrap(), Keep::Kept);
         store.persist(&mut device).unwrap();
         store.committed(2);
         let mut changed = map(5, full);
-        if let Node::Map { entries, .. } = &mut changed {
-            entries[full - 1] = 6;
+        if let Node::Bucket { entries, .. } = &mut changed {
+            entries.last_mut().expect("entries").ino = 6;
         }
         let before = device.counters().nvm_bytes_written;
         assert_eq!(store.store(&mut device, key, &changed, Pointer::NULL, 3).unwrap(), Keep::Kept);
@@ -1092,13 +1143,61 @@ mod tests {
         store.persist(&mut device).unwrap();
         store.committed(3);
         let mut store = open(&mut device, 3, 1);
+        let mut expected = vec![5; full / 6];
+        *expected.last_mut().expect("entries") = 6;
+        assert_eq!(entries(&mut store, &mut device, key), expected);
+    }
+
+    /// Hostile NVM whose checksums hold: a slot that names the root
+    /// directory but holds a map page is refused when read (an error, as
+    /// for a stray pointer on flash), never indexed into.
+    #[test]
+    fn a_slot_holding_the_wrong_node_is_an_error_not_a_panic() {
+        use crate::fs::{Fs, FsOptions};
+        let clock = crate::ManualClock::new(1_700_000_000_000_000_000);
+        let device = device();
+        let device = Fs::format(device, &crate::MkfsOptions::new([3; 16], 0), Box::new(clock.clone())).unwrap();
+        let keep = FsOptions { nvm_keep: true, ..FsOptions::default() };
+        let (mut fs, _) = Fs::mount(device, keep.clone(), Box::new(clock.clone())).unwrap();
+        for index in 0..20 {
+            fs.create(1, format!("f{index}").as_bytes(), 0o644, 0, 0).unwrap();
+        }
+        let mut device = fs.unmount().unwrap();
+        let (committed, kept) = device_checkpoint(&mut device, &clock);
+        let header = NvmHeader::for_region([3; 16], 256 << 10);
+        let mut store = NvmStore::open(&mut device, &header, PAGE, committed, kept, true).unwrap().unwrap();
+        // The map page's key, holding a bucket: whatever reads the map
+        // would index into it as a map. Written for the next checkpoint,
+        // then its word made to name the landed one, so it is in force.
         assert_eq!(
-            entries(&mut store, &mut device, key),
-            match changed {
-                Node::Map { entries, .. } => entries,
-                _ => unreachable!(),
-            }
+            store.store(&mut device, NodeKey::Map(0), &map(1, 60), Pointer::NULL, committed + 1).unwrap(),
+            Keep::Kept
         );
+        store.persist(&mut device).unwrap();
+        let slot = &store.slots[store.by_key[&NodeKey::Map(0)]];
+        let word = NvmSlotWord { generation: committed, ..slot.word };
+        device.nvm_write(slot.offset + NVM_SLOT_WORD_OFFSET, &word.encode().to_le_bytes()).unwrap();
+        device.nvm_persist(slot.offset + NVM_SLOT_WORD_OFFSET, 8).unwrap();
+        let (mut fs, _) = Fs::mount(device, keep, Box::new(clock)).unwrap();
+        let mut refused = 0;
+        for index in 0..20 {
+            match fs.lookup(1, format!("f{index}").as_bytes()).and_then(|found| fs.getattr(found.ino)) {
+                Ok(_) => {}
+                Err(error) => {
+                    assert!(error.message.contains("NVM holds"), "{}", error.message);
+                    refused += 1;
+                }
+            }
+        }
+        let _ = fs.create(1, b"new", 0o644, 0, 0);
+        assert!(refused > 0 || fs.check().is_ok_and(|report| !report.is_clean()), "the bucket was read as a map");
+    }
+
+    /// The device's newest checkpoint number and the nodes it keeps in NVM.
+    fn device_checkpoint(device: &mut MemoryFlash, clock: &crate::ManualClock) -> (u64, u32) {
+        let options = crate::fs::FsOptions { nvm_keep: true, ..Default::default() };
+        let (fs, _) = crate::fs::Fs::mount(&mut *device, options, Box::new(clock.clone())).unwrap();
+        (fs.checkpoint_number(), fs.kept.as_ref().map_or(0, |kept| kept.len() as u32))
     }
 
     /// A node that grows past its slot's class moves to a bigger slot; an
@@ -1119,12 +1218,12 @@ mod tests {
         store.committed(3);
         assert_eq!(store.len(), 2);
         let mut store = open(&mut device, 3, 2);
-        assert_eq!(entries(&mut store, &mut device, NodeKey::Map(0)), vec![3; 400]);
-        assert_eq!(entries(&mut store, &mut device, NodeKey::Map(2)), vec![4; 10]);
+        assert_eq!(entries(&mut store, &mut device, NodeKey::Map(0)), vec![3; 66]);
+        assert_eq!(entries(&mut store, &mut device, NodeKey::Map(2)), vec![4; 1]);
         assert!(!store.contains(NodeKey::Map(1)));
         assert!(NvmStore::open(&mut device, &header(), PAGE, 3, 3, true).is_err(), "3 named, 2 kept");
         // At generation 2 the older set is in force.
         let mut store = open(&mut device, 2, 2);
-        assert_eq!(entries(&mut store, &mut device, NodeKey::Map(1)), vec![2; 10]);
+        assert_eq!(entries(&mut store, &mut device, NodeKey::Map(1)), vec![2; 1]);
     }
 }
