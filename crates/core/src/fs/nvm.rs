@@ -781,21 +781,23 @@ impl NvmStore {
             {
                 index
             }
-            // Written often: it moves on (wear) to a free slot of its class,
-            // else to fresh space; with neither, it stays where it is.
-            Some(index) => match self.take_free(class) {
-                Some(taken) => {
-                    self.vacate(device, index, generation)?;
-                    taken
-                }
-                None => match self.make_slot(device, class)? {
+            // Written often: it moves on (wear) to fresh space, else to the
+            // least written free slot of its class; with neither, it stays
+            // where it is. (Fresh space first spreads the writes widest; the
+            // cap on small slots keeps inodes from taking the area.)
+            Some(index) => {
+                let taken = match self.make_slot(device, class)? {
+                    Some(taken) => Some(taken),
+                    None => self.take_free(class),
+                };
+                match taken {
                     Some(taken) => {
                         self.vacate(device, index, generation)?;
                         taken
                     }
                     None => index,
-                },
-            },
+                }
+            }
             None => {
                 // A new slot: fresh space first, then the least written of
                 // the oldest freed slots of its class or a larger one, so
