@@ -304,7 +304,15 @@ impl<D: FlashDevice> Fs<D> {
     /// Removes a node for good: out of memory, and its page no longer
     /// counted. `home` is where it is on flash if it is not in memory.
     pub(crate) fn discard(&mut self, key: NodeKey, home: Pointer) {
-        let home = self.take(key).map_or(home, |cached| cached.home);
+        // Kept in NVM: dropped there without reading it back (its home is
+        // in memory), so a node gone for good never needs NVM to read.
+        let kept_home = self.kept.as_ref().and_then(|kept| kept.home_of(key));
+        if kept_home.is_some() {
+            if let Err(error) = self.unkeep(key) {
+                tracing::error!("{key:?} could not be dropped from NVM: {}", error.message);
+            }
+        }
+        let home = self.take(key).map_or(kept_home.unwrap_or(home), |cached| cached.home);
         self.release(home);
         self.changed = true;
     }

@@ -402,6 +402,10 @@ pub(crate) struct NvmStore {
     occupied_bytes: u64,
     /// Bytes of the slots made smaller than a page.
     small_bytes: u64,
+    /// Why a slot could not be emptied, once one could not: from then on
+    /// nothing is read from or written to the slots (an older copy left
+    /// there must never be read as current), and the engine gets errors.
+    failed: Option<String>,
     /// Whether slots are persisted before the checkpoint that commits
     /// them. Off only for the test that shows what the barrier is for.
     barrier: bool,
@@ -522,6 +526,7 @@ impl NvmStore {
             written: Vec::new(),
             occupied_bytes: 0,
             small_bytes: 0,
+            failed: None,
             barrier,
             clock: 0,
         };
@@ -768,6 +773,7 @@ impl NvmStore {
         generation: u64,
     ) -> Result<Keep> {
         debug_assert!(generation > self.committed);
+        self.usable()?;
         let Some((page, used)) = node.encode_unchecked(self.page_size) else { return Ok(Keep::Refused) };
         let Some(class) = self.class_for(used as usize) else { return Ok(Keep::Refused) };
         // A slot at least the node's size is kept (it moves to a smaller
@@ -946,10 +952,25 @@ impl NvmStore {
         Ok(())
     }
 
-    /// Stops keeping `key` here (it went to flash, or is gone).
+    /// Stops keeping `key` here (it went to flash, or is gone). A slot
+    /// that cannot be emptied fails the store for good.
     pub fn remove<D: FlashDevice>(&mut self, device: &mut D, key: NodeKey, generation: u64) -> Result<()> {
-        match self.by_key.get(&key) {
-            Some(&index) => self.vacate(device, index, generation),
+        self.usable()?;
+        let Some(&index) = self.by_key.get(&key) else { return Ok(()) };
+        let result = self.vacate(device, index, generation);
+        if let Err(error) = &result {
+            // Out of use from now on, so the older copy left in the slot
+            // is never read: the node is gone from the store's memory too.
+            self.failed = Some(format!("{key:?} could not be dropped from NVM: {}", error.message));
+            self.by_key.remove(&key);
+        }
+        result
+    }
+
+    /// An error once a slot could not be emptied.
+    fn usable(&self) -> Result<()> {
+        match &self.failed {
+            Some(why) => Err(Error::corrupt(format!("the NVM slots are out of use: {why}"))),
             None => Ok(()),
         }
     }
@@ -959,6 +980,7 @@ impl NvmStore {
     /// copy on flash.
     pub fn load<D: FlashDevice>(&mut self, device: &mut D, key: NodeKey) -> Result<Option<Cached>> {
         let Some(&index) = self.by_key.get(&key) else { return Ok(None) };
+        self.usable()?;
         let header = self.slots[index].header.expect("a slot found by key holds a node");
         let mut page = vec![0u8; self.page_size];
         let used = header.used_bytes as usize;
@@ -989,6 +1011,7 @@ impl NvmStore {
     /// Persists every slot written since the generation in force: what
     /// the checkpoint about to be programmed commits.
     pub fn persist<D: FlashDevice>(&mut self, device: &mut D) -> Result<()> {
+        self.usable()?;
         if !self.barrier {
             return Ok(());
         }
