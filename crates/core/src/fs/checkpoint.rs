@@ -98,13 +98,7 @@ impl<D: FlashDevice> Fs<D> {
                 .as_ref()
                 .map(|kept| kept.coldest_keys(super::nvm::nvm_send_home_batch_nodes(zone_pages), None, |_| false))
                 .unwrap_or_default();
-            for key in keys {
-                if let Some(cached) = self.take(key) {
-                    self.to_flash.insert(key);
-                    self.pending.insert(key, cached);
-                    self.counters.nodes_sent_home += 1;
-                }
-            }
+            self.send_home(keys);
         }
         // What NVM keeps for this checkpoint is durable before the record
         // that commits it is programmed.

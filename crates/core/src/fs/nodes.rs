@@ -280,13 +280,7 @@ impl<D: FlashDevice> Fs<D> {
                 .kept
                 .as_ref()
                 .map_or_else(Vec::new, |kept| kept.coldest_keys(batch, Some(class), |key| pending.contains_key(&key)));
-            for key in cold {
-                if let Some(cached) = self.take(key) {
-                    self.to_flash.insert(key);
-                    self.pending.insert(key, cached);
-                    self.counters.nodes_sent_home += 1;
-                }
-            }
+            self.send_home(cold);
             for key in keys {
                 let Some(kept) = self.kept.as_mut() else { break };
                 let Some(cached) = self.pending.get(&key) else { continue };
@@ -299,6 +293,18 @@ impl<D: FlashDevice> Fs<D> {
             }
         }
         Ok(())
+    }
+
+    /// Sends nodes kept in NVM home: out of NVM, into the pending
+    /// write-backs, marked for flash.
+    pub(crate) fn send_home(&mut self, keys: Vec<NodeKey>) {
+        for key in keys {
+            if let Some(cached) = self.take(key) {
+                self.to_flash.insert(key);
+                self.pending.insert(key, cached);
+                self.counters.nodes_sent_home += 1;
+            }
+        }
     }
 
     /// Removes a node for good: out of memory, and its page no longer

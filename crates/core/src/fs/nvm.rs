@@ -440,6 +440,33 @@ struct NvmSlot {
     lifetime_writes: u64,
 }
 
+impl NvmSlot {
+    /// An empty slot of `class` at `offset`, as `make_slot` leaves it: word
+    /// zero, header copy 0 zero.
+    fn new(offset: u64, class: u8) -> NvmSlot {
+        NvmSlot {
+            offset,
+            class,
+            word: NvmSlotWord::default(),
+            committed: 0,
+            selection: 0,
+            header: None,
+            subblock_hashes: [0; NVM_SLOT_SUBBLOCKS],
+            crcs_known: 0,
+            written: false,
+            word_unwritten: false,
+            used_at: 0,
+            writes: 0,
+            lifetime_writes: 0,
+        }
+    }
+
+    /// Makes copy `copy` of part `bit` the one the newest version uses.
+    fn select(&mut self, bit: u32, copy: u16) {
+        self.selection = (self.selection & !(1 << bit)) | copy << bit;
+    }
+}
+
 fn key_fields(key: NodeKey) -> (u8, u8, u64, u64) {
     use flintfs_format::{
         NVM_SLOT_KIND_FILE, NVM_SLOT_KIND_INDEX, NVM_SLOT_KIND_MAP, NVM_SLOT_KIND_MAP_DIRECTORY, NVM_SLOT_KIND_SLOT,
@@ -595,21 +622,7 @@ impl NvmStore {
             if self.is_small(class) {
                 self.small_bytes += bytes;
             }
-            self.slots.push(NvmSlot {
-                offset: at,
-                class,
-                word,
-                committed: selection,
-                selection,
-                header,
-                subblock_hashes: [0; NVM_SLOT_SUBBLOCKS],
-                crcs_known: 0,
-                written: false,
-                word_unwritten: false,
-                used_at: 0,
-                writes: 0,
-                lifetime_writes: 0,
-            });
+            self.slots.push(NvmSlot { word, committed: selection, selection, header, ..NvmSlot::new(at, class) });
             if stale {
                 let slot = self.slots.last_mut().expect("pushed");
                 slot.written = true;
@@ -744,21 +757,7 @@ impl NvmStore {
         self.write_word(device, at, nvm_slot_prefix(class))?;
         device.nvm_persist(at, 8)?;
         self.bump = next;
-        self.slots.push(NvmSlot {
-            offset: at,
-            class,
-            word: NvmSlotWord::default(),
-            committed: 0,
-            selection: 0,
-            header: None,
-            subblock_hashes: [0; NVM_SLOT_SUBBLOCKS],
-            crcs_known: 0,
-            written: false,
-            word_unwritten: false,
-            used_at: 0,
-            writes: 0,
-            lifetime_writes: 0,
-        });
+        self.slots.push(NvmSlot::new(at, class));
         Ok(Some(self.slots.len() - 1))
     }
 
@@ -880,7 +879,7 @@ impl NvmStore {
             slot.offset + NVM_SLOT_HEADERS_OFFSET + u64::from(copy) * NVM_SLOT_HEADER_BYTES as u64,
             &bytes,
         )?;
-        slot.selection = (slot.selection & !(1 << NVM_SLOT_HEADER_BIT)) | copy << NVM_SLOT_HEADER_BIT;
+        slot.select(NVM_SLOT_HEADER_BIT, copy);
         slot.header = header;
         Ok(())
     }
@@ -912,7 +911,7 @@ impl NvmStore {
             let at = self.subblock_at(slot, number, copy);
             device.nvm_write(at, &subblock)?;
             let slot = &mut self.slots[index];
-            slot.selection = (slot.selection & !(1 << number)) | copy << number;
+            slot.select(number as u32, copy);
             slot.subblock_hashes[number] = hash;
             slot.crcs_known |= 1 << number;
         }
