@@ -16,13 +16,14 @@ use serde_json::{json, Value};
 
 use crate::{Failure, Outcome};
 
-/// (workload, what it is, OOB bytes, k, r).
-pub const LEVELS: [(&str, &str, u32, u32, u32); 5] = [
-    ("protection_none", "none: header and signature only (72-byte OOB, no ECC)", 72, 0, 0),
-    ("protection_ecc", "ECC only", 128, 0, 0),
-    ("protection_k1", "ECC, block parity k = 1", 128, 1, 0),
-    ("protection_k2", "ECC, block parity k = 2", 128, 2, 0),
-    ("protection_k1_rs", "ECC, k = 1, zone RS r = 1 (the default)", 128, 1, 1),
+/// (workload, what it is, OOB bytes, k, r, NVM bytes).
+pub const LEVELS: [(&str, &str, u32, u32, u32, u64); 6] = [
+    ("protection_none", "none: header and signature only (72-byte OOB, no ECC)", 72, 0, 0, 0),
+    ("protection_ecc", "ECC only", 128, 0, 0, 0),
+    ("protection_k1", "ECC, block parity k = 1", 128, 1, 0, 0),
+    ("protection_k2", "ECC, block parity k = 2", 128, 2, 0, 0),
+    ("protection_k1_rs", "ECC, k = 1, zone RS r = 1 (the default)", 128, 1, 1, 0),
+    ("protection_k1_rs_nvm", "the default, with 64 MiB of NVM (open stripes' parity there)", 128, 1, 1, 64 << 20),
 ];
 
 fn engine(error: flintfs_core::Error) -> Failure {
@@ -30,12 +31,18 @@ fn engine(error: flintfs_core::Error) -> Failure {
 }
 
 pub fn run(workload: &str, quick: bool, seed: u64) -> Outcome<Value> {
-    let Some(&(_, description, oob, block_parity, zone_parity)) = LEVELS.iter().find(|level| level.0 == workload)
+    let Some(&(_, description, oob, block_parity, zone_parity, nvm_size_bytes)) =
+        LEVELS.iter().find(|level| level.0 == workload)
     else {
         return Err(Failure(format!("no protection level {workload}")));
     };
     let file_bytes: u64 = if quick { 16 << 20 } else { 128 << 20 };
-    let geometry = Geometry { oob_size_bytes: oob, zone_count: if quick { 32 } else { 128 }, ..Geometry::default() };
+    let geometry = Geometry {
+        oob_size_bytes: oob,
+        zone_count: if quick { 32 } else { 128 },
+        nvm_size_bytes,
+        ..Geometry::default()
+    };
     let clock = ManualClock::new(1_700_000_000_000_000_000);
     let device = MemoryFlash::memory(geometry, DeviceOptions::default())?;
     let options = MkfsOptions {
@@ -77,7 +84,10 @@ pub fn run(workload: &str, quick: bool, seed: u64) -> Outcome<Value> {
         }
         fs.forget(small.ino, 1).map_err(engine)?;
     }
-    let unprotected_pages_max = fs.protection_counters().unprotected_pages_max;
+    let protection = fs.protection_counters();
+    let (unprotected_pages_max, unprotected_durable_pages_max) =
+        (protection.unprotected_pages_max, protection.unprotected_durable_pages_max);
+    let stripe_records_written = protection.stripe_records_written;
     let unprotected_pages_bound = fs.volume().unprotected_pages_bound();
     let device = fs.unmount().map_err(engine)?;
     let (mut fs, _) = Fs::mount(device, FsOptions::default(), Box::new(clock)).map_err(engine)?;
@@ -116,6 +126,12 @@ pub fn run(workload: &str, quick: bool, seed: u64) -> Outcome<Value> {
         // no block parity, so every page of a zone being written waits).
         "unprotected_pages_max": unprotected_pages_max,
         "unprotected_pages_bound": unprotected_pages_bound,
+        // The most pages a flush had made durable with neither parity on
+        // flash nor a stripe record in NVM: what a power cut would leave
+        // with the ECC alone.
+        "unprotected_durable_pages_max": unprotected_durable_pages_max,
+        "stripe_records_written": stripe_records_written,
+        "nvm_size_bytes": nvm_size_bytes,
     }))
 }
 
@@ -139,11 +155,11 @@ pub fn table(rows: &[Value]) -> Option<String> {
     let mut out = String::from(
         "| protection | space for files (against none) | pages programmed per data page | write MB/s (device) | \
          read MB/s (device) | write MB/s (host CPU) | read MB/s (host CPU) | most pages under the ECC alone (bound) \
-         |\n|---|---|---|---|---|---|---|---|\n",
+         | of them durable, under no parity on flash or in NVM |\n|---|---|---|---|---|---|---|---|---|\n",
     );
     for row in &rows {
         out.push_str(&format!(
-            "| {} | {:.1}% ({}) | {:.3} | {:.1} ({}) | {:.1} ({}) | {:.1} ({}) | {:.1} ({}) | {} |\n",
+            "| {} | {:.1}% ({}) | {:.3} | {:.1} ({}) | {:.1} ({}) | {:.1} ({}) | {:.1} ({}) | {} | {} |\n",
             row["level"].as_str().unwrap_or("?"),
             row["usable_fraction"].as_f64().unwrap_or(0.0) * 100.0,
             relative(row, "usable_fraction"),
@@ -160,6 +176,10 @@ pub fn table(rows: &[Value]) -> Option<String> {
                 Some(bound) => format!("{} ({bound})", row["unprotected_pages_max"].as_u64().unwrap_or(0)),
                 None => "every page of a zone being written".to_string(),
             },
+            match row["unprotected_pages_bound"].as_u64() {
+                Some(_) => row["unprotected_durable_pages_max"].as_u64().unwrap_or(0).to_string(),
+                None => "-".to_string(),
+            },
         ));
     }
     out.push_str(
@@ -169,7 +189,10 @@ pub fn table(rows: &[Value]) -> Option<String> {
          (signature and BCH parity) and, on read, the CRC check. RCFFS (EMSOFT'09, table 2) reports its parity's \
          cost on the same axes. The last column is the open-stripe window: the most data pages that were \
          programmed and acknowledged but not yet covered by a parity page on flash, over the large file and then \
-         small files with an fsync every tenth, beside the bound the layout sets (docs/SEMANTICS.md).\n",
+         small files with an fsync every tenth, beside the bound the layout sets (docs/SEMANTICS.md). The next is \
+         the part of it a flush had made durable with no parity on flash and no stripe record in NVM, which a \
+         power cut would leave with the ECC alone: with NVM each flush persists the open stripes' running parity \
+         (docs/FORMAT.md, \"Open stripes in NVM\").\n",
     );
     Some(out)
 }

@@ -235,7 +235,7 @@ fn run(mode: &Mode, level: &Level, seed: u64, quick: bool) -> Outcome<Row> {
     let device_counters = fs.device().counters().since(&before);
     row.bits_flipped = device_counters.bit_flips_injected;
     row.pages_corrected = counters.pages_corrected_ecc;
-    row.pages_repaired = counters.pages_repaired_block_parity + counters.pages_repaired_zone_parity;
+    row.pages_repaired = counters.pages_repaired();
     row.pages_unrepairable = counters.pages_unrepairable;
     row.pages_read_again = counters.pages_read_again;
     row.repair_device_time_ns = counters.repair_device_time_ns;

@@ -695,17 +695,20 @@ pub fn stat(arguments: StatArguments) -> Outcome<ExitCode> {
 }
 
 /// The protection layer's counters, by the names `stat --json` gives them.
-pub fn protection_fields(counters: &flintfs_core::ProtectionCounters) -> [(&'static str, u64); 12] {
+pub fn protection_fields(counters: &flintfs_core::ProtectionCounters) -> [(&'static str, u64); 15] {
     [
         ("pages_corrected_ecc", counters.pages_corrected_ecc),
         ("bits_corrected_ecc", counters.bits_corrected_ecc),
         ("pages_repaired_block_parity", counters.pages_repaired_block_parity),
         ("pages_repaired_zone_parity", counters.pages_repaired_zone_parity),
+        ("pages_repaired_open_stripe", counters.pages_repaired_open_stripe),
         ("pages_unrepairable", counters.pages_unrepairable),
         ("repair_device_time_ns", counters.repair_device_time_ns),
         ("parity_pages_programmed", counters.parity_pages_programmed),
         ("stripe_rebuild_pages_read", counters.stripe_rebuild_pages_read),
         ("unprotected_pages_max", counters.unprotected_pages_max),
+        ("unprotected_durable_pages_max", counters.unprotected_durable_pages_max),
+        ("stripe_records_written", counters.stripe_records_written),
         ("blocks_retired", counters.blocks_retired),
         ("pages_worn", counters.pages_worn),
         ("pages_read_again", counters.pages_read_again),

@@ -34,7 +34,13 @@
 //!
 //! - The running parity of the block being written lives in memory (the
 //!   open stripe) and is programmed right after the block's last data page.
-//!   Until then the block's pages have the ECC alone; see
+//!   Until then a read that the ECC cannot bring back is rebuilt from the
+//!   running parity in memory; and when the device has NVM with a stripe
+//!   area, every flush also persists each open stripe that gained pages as
+//!   a *stripe record* there, so the pages a flush made durable outlive a
+//!   power cut under parity too ([`NvmStripes`], `docs/FORMAT.md` "Open
+//!   stripes in NVM"). Without NVM they have the ECC alone until their
+//!   block's parity is programmed; see
 //!   [`ProtectionCounters::unprotected_pages_max`].
 //! - The zone parity is programmed after the last data block's parity,
 //!   from running rows kept in memory while the zone fills, a few pages
@@ -59,6 +65,10 @@ use flintfs_flash::{
 };
 use flintfs_format::erasure::{unit_bytes, unit_of, ErasureCode};
 use flintfs_format::protection::{self, EccLayout, OOB_BYTES_MIN, PROTECTED_OOB_BYTES, WORN_MARGIN_FRACTION};
+use flintfs_format::{
+    nvm_stripe_crc, NvmHeader, NvmHeaderState, NvmStripeHeader, NVM_HEADER_BYTES, NVM_SIZE_BYTES_MIN,
+    NVM_STRIPE_HEADER_BYTES,
+};
 use flintfs_format::{PageHeader, FIRST_DYNAMIC_ZONE, SUPERBLOCK_ZONES};
 
 /// Pages in a run below which [`Protected::seal_pages`] seals on the
@@ -89,6 +99,18 @@ pub struct ProtectionCounters {
     /// The most data pages that were at once programmed but not yet
     /// covered by a parity page on flash (the open stripes' window).
     pub unprotected_pages_max: u64,
+    /// The most data pages that a flush had made durable and that were at
+    /// once covered neither by a parity page on flash nor by a stripe
+    /// record in NVM: what a power cut leaves with the ECC alone. Without
+    /// NVM it is the window above, sampled at flushes; with NVM it is 0
+    /// unless the stripe area had no free record.
+    pub unprotected_durable_pages_max: u64,
+    /// Pages of a block still being written rebuilt from its running
+    /// parity: the one in memory, or, after a mount, its record in NVM.
+    pub pages_repaired_open_stripe: u64,
+    /// Stripe records written to NVM (one per open stripe that gained
+    /// pages, at each flush).
+    pub stripe_records_written: u64,
     /// Erase blocks retired: after [`RETIRE_REPAIRS_PER_BLOCK`] of their
     /// pages needed parity, or when their corrected reads needed half the
     /// ECC's reach on average (`note_correction`).
@@ -99,6 +121,13 @@ pub struct ProtectionCounters {
     /// Reads that came back whole only on a later attempt (read retry):
     /// noise that a second sensing did not repeat.
     pub pages_read_again: u64,
+}
+
+impl ProtectionCounters {
+    /// Pages rebuilt from parity of any kind.
+    pub fn pages_repaired(&self) -> u64 {
+        self.pages_repaired_block_parity + self.pages_repaired_zone_parity + self.pages_repaired_open_stripe
+    }
 }
 
 /// Distinct pages of one erase block rebuilt from parity, in one mount, after which
@@ -206,6 +235,45 @@ struct Stripe {
     rows_to_read: Vec<bool>,
 }
 
+/// Where a repair found the parity it used.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum RepairSource {
+    Block,
+    Zone,
+    OpenStripe,
+}
+
+/// A stripe record in force: the running parity of the first `data_pages`
+/// data pages of physical erase block `block` of its zone, in record slot
+/// `slot` of the stripe area.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct StripeRecord {
+    slot: u32,
+    block: u32,
+    data_pages: u32,
+}
+
+/// The open stripes' running parity in NVM: the stripe area of the NVM
+/// header (`docs/FORMAT.md`, "Open stripes in NVM").
+///
+/// A record is never written over the record in force of any zone: each
+/// goes to the next slot, round the area, that no zone's record in force
+/// holds, and is persisted whole before it is in force. A power cut while
+/// it is written leaves a record whose CRC fails, and the zone's older
+/// record still in force. Rotating through the area spreads the writes
+/// over its words (NVM wear).
+struct NvmStripes {
+    uuid: [u8; 16],
+    offset: u64,
+    record_bytes: u64,
+    records: u32,
+    sequence_next: u64,
+    /// The next slot to try.
+    cursor: u32,
+    /// The record in force per zone.
+    current: BTreeMap<u32, StripeRecord>,
+}
+
 /// The shape of one zone under the parity layout.
 #[derive(Clone, Copy, Debug)]
 struct ZoneShape {
@@ -281,6 +349,8 @@ pub struct Protected<D: FlashDevice> {
     resets_issued: u64,
     /// A program, reset or finish was issued since the last flush.
     unflushed: bool,
+    /// The stripe area in NVM, when the device has one for this volume.
+    nvm_stripes: Option<NvmStripes>,
 }
 
 impl<D: FlashDevice> Protected<D> {
@@ -303,6 +373,7 @@ impl<D: FlashDevice> Protected<D> {
             resets_issued: 0,
             correction: Correction::ALL,
             unflushed: false,
+            nvm_stripes: None,
         }
     }
 
@@ -324,7 +395,206 @@ impl<D: FlashDevice> Protected<D> {
         }
         self.parity = parity;
         self.stripes.clear();
+        self.nvm_stripes = None;
         Ok(())
+    }
+
+    /// Bytes of one stripe record in NVM under this parity layout (its
+    /// header and the block parity's units), or 0 with no block parity.
+    pub fn nvm_stripe_record_bytes(&self) -> u32 {
+        if self.parity.block_parity_pages == 0 {
+            return 0;
+        }
+        let unit = unit_bytes(self.inner.geometry().page_size_bytes as usize) as u32;
+        let bytes = NvmStripeHeader::record_bytes(self.parity.block_parity_pages, unit);
+        u32::try_from(bytes).unwrap_or(0)
+    }
+
+    /// Finds the stripe area of the NVM header of volume `uuid` and the
+    /// record in force for each zone there (the newest whose CRC matches),
+    /// so a page of a block left part written can be rebuilt from it. A
+    /// region without a valid header of this volume, or whose records are
+    /// of another shape, keeps no records (the engine writes a fresh header
+    /// and calls this again). Reads each record's 64-byte header and the
+    /// units of the newest per zone; writes nothing.
+    pub fn open_nvm_stripes(&mut self, uuid: [u8; 16]) -> Result<()> {
+        let geometry = self.inner.geometry();
+        let record_bytes = self.nvm_stripe_record_bytes();
+        if geometry.nvm_size_bytes < NVM_SIZE_BYTES_MIN || record_bytes == 0 {
+            self.nvm_stripes = None;
+            return Ok(());
+        }
+        let mut bytes = vec![0u8; NVM_HEADER_BYTES];
+        self.inner.nvm_read(0, &mut bytes)?;
+        let header = match NvmHeader::decode(&bytes, geometry.nvm_size_bytes) {
+            NvmHeaderState::Valid(header)
+                if header.uuid == uuid && header.stripe_records > 0 && header.stripe_record_bytes == record_bytes =>
+            {
+                header
+            }
+            _ => {
+                self.nvm_stripes = None;
+                return Ok(());
+            }
+        };
+        if self.nvm_stripes.as_ref().is_some_and(|area| area.offset == header.stripe_offset()) {
+            return Ok(());
+        }
+        let record_bytes = u64::from(record_bytes);
+        let unit = unit_bytes(geometry.page_size_bytes as usize) as u32;
+        let slots = geometry.block_pages - self.parity.block_parity_pages;
+        let mut area = NvmStripes {
+            uuid,
+            offset: header.stripe_offset(),
+            record_bytes,
+            records: header.stripe_records,
+            sequence_next: 1,
+            cursor: 0,
+            current: BTreeMap::new(),
+        };
+        let mut candidates: BTreeMap<u32, Vec<(u64, u32)>> = BTreeMap::new();
+        let mut record_header = [0u8; NVM_STRIPE_HEADER_BYTES];
+        for slot in 0..area.records {
+            self.inner.nvm_read(area.offset + u64::from(slot) * record_bytes, &mut record_header)?;
+            let Ok(Some((found, _))) = NvmStripeHeader::decode(&record_header) else { continue };
+            // Sequences go on past every record seen, whole or not.
+            area.sequence_next = area.sequence_next.max(found.sequence.saturating_add(1));
+            if found.units == self.parity.block_parity_pages
+                && found.unit_bytes == unit
+                && found.data_pages < slots
+                && found.block < geometry.zone_blocks
+            {
+                candidates.entry(found.zone).or_default().push((found.sequence, slot));
+            }
+        }
+        for (zone, mut found) in candidates {
+            found.sort_unstable_by(|a, b| b.cmp(a));
+            for (_, slot) in found {
+                if let Some((record, _)) = self.read_stripe_record(&area, slot)? {
+                    area.current
+                        .insert(zone, StripeRecord { slot, block: record.block, data_pages: record.data_pages });
+                    break;
+                }
+            }
+        }
+        area.cursor = area.current.values().map(|record| record.slot + 1).max().unwrap_or(0) % area.records;
+        tracing::debug!(records = area.current.len(), "open stripes' records found in NVM");
+        self.nvm_stripes = Some(area);
+        Ok(())
+    }
+
+    /// The record in slot `slot` and its units, if its CRC matches.
+    fn read_stripe_record(&mut self, area: &NvmStripes, slot: u32) -> Result<Option<(NvmStripeHeader, Vec<Vec<u8>>)>> {
+        let mut bytes = vec![0u8; area.record_bytes as usize];
+        self.inner.nvm_read(area.offset + u64::from(slot) * area.record_bytes, &mut bytes)?;
+        let Ok(Some((record, crc))) = NvmStripeHeader::decode(&bytes[..NVM_STRIPE_HEADER_BYTES]) else {
+            return Ok(None);
+        };
+        let unit = record.unit_bytes as usize;
+        if NvmStripeHeader::record_bytes(record.units, record.unit_bytes) != area.record_bytes {
+            return Ok(None);
+        }
+        let units: Vec<Vec<u8>> = bytes[NVM_STRIPE_HEADER_BYTES..].chunks_exact(unit).map(<[u8]>::to_vec).collect();
+        if nvm_stripe_crc(&area.uuid, &bytes, units.iter().map(Vec::as_slice)) != crc {
+            return Ok(None);
+        }
+        Ok(Some((record, units)))
+    }
+
+    /// After a flush: each open stripe that gained pages since its record
+    /// (or has none) gets a new one, persisted, so every page the flush
+    /// made durable is under parity in NVM before the flush returns.
+    /// Records of blocks whose parity is on flash now, or of zones reset
+    /// or finished, are let go first (their slots free).
+    fn record_open_stripes(&mut self) -> Result<()> {
+        let Some(mut area) = self.nvm_stripes.take() else { return Ok(()) };
+        let result = self.record_open_stripes_in(&mut area);
+        self.nvm_stripes = Some(area);
+        result
+    }
+
+    fn record_open_stripes_in(&mut self, area: &mut NvmStripes) -> Result<()> {
+        let block_pages = self.inner.geometry().block_pages;
+        let mut obsolete = Vec::new();
+        for (&zone, record) in &area.current {
+            let in_force = match self.stripes.get(&zone) {
+                Some(stripe) => stripe.block == record.block,
+                None => self.inner.report_zone(zone).is_ok_and(|report| {
+                    matches!(report.state, ZoneState::Open | ZoneState::Closed)
+                        && report.write_pointer / block_pages == record.block
+                }),
+            };
+            if !in_force {
+                obsolete.push(zone);
+            }
+        }
+        for zone in obsolete {
+            area.current.remove(&zone);
+        }
+        let slots = block_pages - self.parity.block_parity_pages;
+        let wanted: Vec<(u32, u32, u32)> = self
+            .stripes
+            .iter()
+            .filter(|(_, stripe)| stripe.data_pages > 0 && stripe.data_pages < slots)
+            .filter(|(zone, stripe)| {
+                area.current
+                    .get(zone)
+                    .is_none_or(|record| (record.block, record.data_pages) != (stripe.block, stripe.data_pages))
+            })
+            .map(|(&zone, stripe)| (zone, stripe.block, stripe.data_pages))
+            .collect();
+        for (zone, block, data_pages) in wanted {
+            let Some(slot) = (0..area.records)
+                .map(|step| (area.cursor + step) % area.records)
+                .find(|slot| area.current.values().all(|record| record.slot != *slot))
+            else {
+                // Every slot holds a record in force: this stripe waits for
+                // its parity on flash, as without NVM.
+                continue;
+            };
+            let units = &self.stripes[&zone].block_parity;
+            let header = NvmStripeHeader {
+                sequence: area.sequence_next,
+                zone,
+                block,
+                data_pages,
+                units: units.len() as u32,
+                unit_bytes: units[0].len() as u32,
+            };
+            let mut bytes = Vec::with_capacity(area.record_bytes as usize);
+            bytes.extend_from_slice(&header.encode(&area.uuid, units));
+            for unit in units {
+                bytes.extend_from_slice(unit);
+            }
+            assert_eq!(bytes.len() as u64, area.record_bytes, "a stripe record fills its slot");
+            let at = area.offset + u64::from(slot) * area.record_bytes;
+            self.inner.nvm_write(at, &bytes)?;
+            self.inner.nvm_persist(at, area.record_bytes)?;
+            area.sequence_next += 1;
+            area.cursor = (slot + 1) % area.records;
+            area.current.insert(zone, StripeRecord { slot, block, data_pages });
+            self.counters.stripe_records_written += 1;
+        }
+        Ok(())
+    }
+
+    /// Pages a flush made durable that neither parity on flash nor a
+    /// stripe record covers, summed over the open stripes.
+    fn note_unprotected_durable(&mut self) {
+        let open: u64 = self
+            .stripes
+            .iter()
+            .map(|(zone, stripe)| {
+                let recorded = self
+                    .nvm_stripes
+                    .as_ref()
+                    .and_then(|area| area.current.get(zone))
+                    .filter(|record| record.block == stripe.block)
+                    .map_or(0, |record| record.data_pages);
+                u64::from(stripe.data_pages.saturating_sub(recorded))
+            })
+            .sum();
+        self.counters.unprotected_durable_pages_max = self.counters.unprotected_durable_pages_max.max(open);
     }
 
     /// Whether a program, reset or finish was issued since the last flush
@@ -750,7 +1020,14 @@ impl<D: FlashDevice> Protected<D> {
             for row in 0..data_pages {
                 let page = PageAddress::new(zone, block * shape.block_pages + row);
                 self.counters.stripe_rebuild_pages_read += 1;
-                if let Some(read) = self.read_unit(page, false) {
+                // A page the ECC cannot bring back is rebuilt from the
+                // block's record in NVM, if there is one: a running parity
+                // without it would protect the rest of the block, not it.
+                let read = self.read_unit(page, false).or_else(|| {
+                    let report = self.inner.report_zone(zone).ok()?;
+                    self.repair_from_record(zone, page.page, &report)
+                });
+                if let Some(read) = read {
                     if let Some(code) = &block_code {
                         code.accumulate(&mut stripe.block_parity, row as usize, &read);
                     }
@@ -1102,18 +1379,86 @@ impl<D: FlashDevice> Protected<D> {
     }
 
     /// Rebuilds the data page at physical `page` of `zone` from parity.
-    fn repair(&mut self, zone: u32, page: u32) -> Option<(Vec<u8>, bool)> {
+    fn repair(&mut self, zone: u32, page: u32) -> Option<(Vec<u8>, RepairSource)> {
         let report = self.inner.report_zone(zone).ok()?;
         if page >= report.write_pointer {
             return None;
         }
         if let Some(unit) = self.repair_from_block(zone, page, &report) {
-            return Some((unit, false));
+            return Some((unit, RepairSource::Block));
+        }
+        if let Some(unit) = self.repair_from_open_stripe(zone, page, &report) {
+            return Some((unit, RepairSource::OpenStripe));
         }
         if let Some(unit) = self.repair_from_zone(zone, page, &report) {
-            return Some((unit, true));
+            return Some((unit, RepairSource::Zone));
         }
-        self.repair_iteratively(zone, page, &report).map(|unit| (unit, true))
+        self.repair_iteratively(zone, page, &report).map(|unit| (unit, RepairSource::Zone))
+    }
+
+    /// A page of a block still being written, from the block's running
+    /// parity: the stripe in memory if it is this block's, else (or if
+    /// that does not give the page) the block's record in NVM. The slots
+    /// after the pages a running parity covers count as zeros, as in a
+    /// zone finished early.
+    fn repair_from_open_stripe(&mut self, zone: u32, page: u32, report: &ZoneReport) -> Option<Vec<u8>> {
+        let shape = self.shape(report.capacity_pages);
+        let (block, row) = (page / shape.block_pages, page % shape.block_pages);
+        if row >= shape.slots || block >= shape.data_blocks {
+            return None;
+        }
+        let in_memory = self
+            .stripes
+            .get(&zone)
+            .filter(|stripe| stripe.block == block && stripe.data_pages > row)
+            .map(|stripe| (stripe.data_pages, stripe.block_parity.clone()));
+        if let Some((data_count, parity)) = in_memory {
+            let parity = parity.into_iter().map(Some).collect();
+            let rebuilt = self.rebuild_in_block(zone, block, row, data_count, parity, shape);
+            if let Some(unit) = rebuilt.filter(|unit| self.rebuilt_is(unit, zone, page)) {
+                return Some(unit);
+            }
+        }
+        self.repair_from_record(zone, page, report)
+    }
+
+    /// A page of a block still being written, from the block's record in
+    /// NVM, checked to be the page asked for.
+    fn repair_from_record(&mut self, zone: u32, page: u32, report: &ZoneReport) -> Option<Vec<u8>> {
+        let shape = self.shape(report.capacity_pages);
+        let (block, row) = (page / shape.block_pages, page % shape.block_pages);
+        let area = self.nvm_stripes.take()?;
+        let record = area.current.get(&zone).copied().filter(|record| record.block == block);
+        let read = record.map(|record| self.read_stripe_record(&area, record.slot));
+        self.nvm_stripes = Some(area);
+        let (header, units) = read?.ok()??;
+        let unit = unit_bytes(self.inner.geometry().page_size_bytes as usize);
+        if header.zone != zone
+            || header.block != block
+            || row >= header.data_pages
+            || block * shape.block_pages + header.data_pages > report.write_pointer
+            || units.len() != shape.parity_pages as usize
+            || units.iter().any(|found| found.len() != unit)
+        {
+            return None;
+        }
+        let parity = units.into_iter().map(Some).collect();
+        self.rebuild_in_block(zone, block, row, header.data_pages, parity, shape)
+            .filter(|rebuilt| self.rebuilt_is(rebuilt, zone, page))
+    }
+
+    /// Whether a rebuilt unit is the data page at physical `page` of
+    /// `zone`: whole by its header's CRC and its signature, and written for
+    /// this address. A running parity that does not cover what is on flash
+    /// now (a stripe rebuilt without a page it could not read, a record of
+    /// the zone before a reset) gives bytes that fail this, never a page.
+    fn rebuilt_is(&self, unit: &[u8], zone: u32, page: u32) -> bool {
+        let page_size = self.inner.geometry().page_size_bytes as usize;
+        let (data, oob) = (&unit[..page_size], &unit[page_size..page_size + PROTECTED_OOB_BYTES]);
+        let slots = self.inner.geometry().block_pages - self.parity.block_parity_pages;
+        let logical = page / self.inner.geometry().block_pages * slots + page % self.inner.geometry().block_pages;
+        PageHeader::decode(oob, data).is_ok_and(|header| (header.zone, header.page) == (zone, logical))
+            && protection::signature_matches(data, oob)
     }
 
     /// The last resort, for damage that neither one block's parity nor one
@@ -1206,6 +1551,23 @@ impl<D: FlashDevice> Protected<D> {
         if target >= data_count {
             return None;
         }
+        let parity: Vec<Option<Vec<u8>>> = (0..shape.parity_pages)
+            .map(|index| self.read_unit(PageAddress::new(zone, parity_start + index), true))
+            .collect();
+        self.rebuild_in_block(zone, block, target, data_count, parity, shape)
+    }
+
+    /// Row `target` of `block` from the block's other `data_count` data
+    /// pages and its `parity` units (`None`: unreadable).
+    fn rebuild_in_block(
+        &mut self,
+        zone: u32,
+        block: u32,
+        target: u32,
+        data_count: u32,
+        parity: Vec<Option<Vec<u8>>>,
+        shape: ZoneShape,
+    ) -> Option<Vec<u8>> {
         let code = self.block_code(shape)?;
         let unit = unit_bytes(self.inner.geometry().page_size_bytes as usize);
         let start = block * shape.block_pages;
@@ -1216,13 +1578,12 @@ impl<D: FlashDevice> Protected<D> {
             } else if row < data_count {
                 self.read_unit(PageAddress::new(zone, start + row), false)
             } else {
-                // Slots a finished zone never wrote count as zeros.
+                // Slots never written (in a zone finished early, or past a
+                // running parity's pages) count as zeros.
                 Some(vec![0u8; unit])
             });
         }
-        for index in 0..shape.parity_pages {
-            units.push(self.read_unit(PageAddress::new(zone, parity_start + index), true));
-        }
+        units.extend(parity);
         code.reconstruct(&mut units).ok()?;
         units[target as usize].take()
     }
@@ -1302,24 +1663,21 @@ impl<D: FlashDevice> FlashDevice for Protected<D> {
             let started_ns = self.inner.now_ns();
             let repaired = self.repair(address.zone, physical.page);
             self.counters.repair_device_time_ns += self.inner.now_ns().saturating_sub(started_ns);
-            if let Some((unit, from_zone)) = repaired {
+            if let Some((unit, source)) = repaired {
                 let page_size = data.len();
                 let (rebuilt_data, rebuilt_oob) =
                     (&unit[..page_size], &unit[page_size..page_size + PROTECTED_OOB_BYTES]);
                 // The rebuilt page must be the one that was asked for:
                 // whole by its CRC and signature, written for this address.
-                let header = PageHeader::decode(rebuilt_oob, rebuilt_data);
-                if header.is_ok_and(|header| (header.zone, header.page) == (address.zone, address.page))
-                    && protection::signature_matches(rebuilt_data, rebuilt_oob)
-                {
+                if self.rebuilt_is(&unit, address.zone, physical.page) {
                     data.copy_from_slice(rebuilt_data);
                     oob.fill(0);
                     oob[..PROTECTED_OOB_BYTES].copy_from_slice(rebuilt_oob);
                     protection::seal(data, oob, self.ecc.as_deref());
-                    if from_zone {
-                        self.counters.pages_repaired_zone_parity += 1;
-                    } else {
-                        self.counters.pages_repaired_block_parity += 1;
+                    match source {
+                        RepairSource::Block => self.counters.pages_repaired_block_parity += 1,
+                        RepairSource::Zone => self.counters.pages_repaired_zone_parity += 1,
+                        RepairSource::OpenStripe => self.counters.pages_repaired_open_stripe += 1,
                     }
                     self.note_repair(address.zone, physical.page);
                     return Ok(PageState::Programmed);
@@ -1356,6 +1714,9 @@ impl<D: FlashDevice> FlashDevice for Protected<D> {
         self.unflushed = true;
         self.owing.retain(|&owing| owing != zone);
         self.stripes.remove(&zone);
+        if let Some(area) = &mut self.nvm_stripes {
+            area.current.remove(&zone);
+        }
         self.refresh.remove(&zone);
         self.repaired_pages.retain(|(repaired_zone, _)| *repaired_zone != zone);
         // The reset leaves retired blocks out, so the zone's block numbers
@@ -1397,6 +1758,10 @@ impl<D: FlashDevice> FlashDevice for Protected<D> {
         self.pay_zone_parity(ZONE_PARITY_PAGES_PER_FLUSH)?;
         self.inner.flush()?;
         self.unflushed = false;
+        // The pages are durable now; their running parity goes to NVM
+        // before the flush returns (and so before any fsync does).
+        self.record_open_stripes()?;
+        self.note_unprotected_durable();
         Ok(())
     }
 

@@ -565,6 +565,9 @@ impl<D: FlashDevice> Volume<D> {
                 zone_parity_blocks: superblock.segment_parity_blocks,
             })
             .map_err(|reason| Error::corrupt(format!("the superblock's parity layout: {reason}")))?;
+        // The open stripes' running parity in NVM, before any zone is
+        // read: a page of a block left part written is rebuilt from it.
+        device.open_nvm_stripes(superblock.uuid)?;
         // A finish a cut interrupted is completed before any zone is read
         // (see `Protected::complete_interrupted_finishes`).
         report.zones_finished_after_cut = device.complete_interrupted_finishes()?;

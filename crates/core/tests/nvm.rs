@@ -7,16 +7,10 @@
 use flintfs_core::{Fs, FsOptions, ManualClock, MkfsOptions};
 use flintfs_flash::{DeviceOptions, FaultConfig, FlashDevice, Geometry, MemoryFlash};
 
+mod common;
+
 fn geometry(nvm_size_bytes: u64) -> Geometry {
-    Geometry {
-        page_size_bytes: 4096,
-        oob_size_bytes: 128,
-        block_pages: 16,
-        zone_blocks: 4,
-        zone_count: 64,
-        open_zones_max: 8,
-        nvm_size_bytes,
-    }
+    common::geometry(64, nvm_size_bytes)
 }
 
 fn format(nvm_size_bytes: u64) -> (MemoryFlash, ManualClock) {
@@ -211,8 +205,13 @@ fn damaged_nvm_slots_give_errors_not_panics() {
     let mut fs = mount(flash, &clock, keep.clone());
     create_and_fsync(&mut fs, 100, 0);
     let mut flash = fs.unmount().unwrap();
-    let header = flintfs_format::NvmHeader::for_region([7; 16], 1 << 20);
-    let area = (header.log_offset + header.log_bytes).next_multiple_of(64);
+    let mut header_bytes = vec![0u8; flintfs_format::NVM_HEADER_BYTES];
+    flash.nvm_read(0, &mut header_bytes).unwrap();
+    let flintfs_format::NvmHeaderState::Valid(header) = flintfs_format::NvmHeader::decode(&header_bytes, 1 << 20)
+    else {
+        panic!("the NVM header")
+    };
+    let area = header.slots_offset();
     let size = flash.geometry().nvm_size_bytes;
     let mut pristine = vec![0u8; (size - area) as usize];
     flash.nvm_read(area, &mut pristine).unwrap();

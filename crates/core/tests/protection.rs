@@ -11,28 +11,11 @@ use flintfs_flash::{
 };
 use flintfs_format::{is_inode_pack, Node, PageHeader, PageKind, SUPERBLOCK_ZONES};
 
-fn geometry() -> Geometry {
-    Geometry {
-        page_size_bytes: 4096,
-        oob_size_bytes: 128,
-        block_pages: 16,
-        zone_blocks: 4,
-        zone_count: 48,
-        open_zones_max: 8,
-        nvm_size_bytes: 0,
-    }
-}
+mod common;
+use common::{contents, destroyed};
 
-/// A file's bytes: a hash of (index, position), so they do not compress
-/// and every block fills its page (the tests place damage by page).
-fn contents(index: u32) -> Vec<u8> {
-    (0..(index as usize % 7 + 1) * 5000)
-        .map(|byte| {
-            let mut mixed = (u64::from(index) << 32 | byte as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-            mixed ^= mixed >> 29;
-            (mixed.wrapping_mul(0xBF58_476D_1CE4_E5B9) >> 56) as u8
-        })
-        .collect()
+fn geometry() -> Geometry {
+    common::geometry(48, 0)
 }
 
 /// Writes a tree on a device whose reads flip bits at `rate`, remounts,
@@ -133,11 +116,6 @@ fn protected_blocks(flash: &MemoryFlash) -> Vec<(u32, u32, u32)> {
         }
     }
     blocks
-}
-
-/// Noise that no ECC corrects: a tenth of the page's bits flipped.
-fn destroyed(seed: u64) -> PageFault {
-    PageFault::Disturbed { seed, rate_ppm: 100_000 }
 }
 
 #[test]

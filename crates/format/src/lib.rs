@@ -59,12 +59,12 @@ pub use node::{
 };
 pub use nvm::{
     decode_nvm_frame_header, decode_nvm_slot_prefix, encode_nvm_frame, nvm_commit_word, nvm_crc, nvm_frame_bytes,
-    nvm_slot_bytes, nvm_slot_classes, nvm_slot_data_bytes, nvm_slot_prefix, nvm_subblock_bytes, NvmHeader,
-    NvmHeaderState, NvmSlotHeader, NvmSlotWord, NVM_COMMIT_BYTES, NVM_EPOCH_STRIDE_BYTES, NVM_FRAME_HEADER_BYTES,
-    NVM_HEADER_BYTES, NVM_LOG_BYTES_SMALL, NVM_LOG_OFFSET_BYTES, NVM_MAGIC, NVM_SIZE_BYTES_MIN, NVM_SLOT_CLASSES_MAX,
-    NVM_SLOT_DATA_OFFSET, NVM_SLOT_GENERATION_MAX, NVM_SLOT_HEADERS_OFFSET, NVM_SLOT_HEADER_BIT, NVM_SLOT_HEADER_BYTES,
-    NVM_SLOT_KIND_FILE, NVM_SLOT_KIND_INDEX, NVM_SLOT_KIND_MAP, NVM_SLOT_KIND_MAP_DIRECTORY, NVM_SLOT_KIND_SLOT,
-    NVM_SLOT_SUBBLOCKS, NVM_SLOT_WORD_OFFSET,
+    nvm_slot_bytes, nvm_slot_classes, nvm_slot_data_bytes, nvm_slot_prefix, nvm_stripe_crc, nvm_subblock_bytes,
+    NvmHeader, NvmHeaderState, NvmSlotHeader, NvmSlotWord, NvmStripeHeader, NVM_COMMIT_BYTES, NVM_EPOCH_STRIDE_BYTES,
+    NVM_FRAME_HEADER_BYTES, NVM_HEADER_BYTES, NVM_LOG_BYTES_SMALL, NVM_LOG_OFFSET_BYTES, NVM_MAGIC, NVM_SIZE_BYTES_MIN,
+    NVM_SLOT_CLASSES_MAX, NVM_SLOT_DATA_OFFSET, NVM_SLOT_GENERATION_MAX, NVM_SLOT_HEADERS_OFFSET, NVM_SLOT_HEADER_BIT,
+    NVM_SLOT_HEADER_BYTES, NVM_SLOT_KIND_FILE, NVM_SLOT_KIND_INDEX, NVM_SLOT_KIND_MAP, NVM_SLOT_KIND_MAP_DIRECTORY,
+    NVM_SLOT_KIND_SLOT, NVM_SLOT_SUBBLOCKS, NVM_SLOT_WORD_OFFSET, NVM_STRIPE_HEADER_BYTES, NVM_STRIPE_MAGIC,
 };
 pub use page::{InvertedIndex, PageHeader, PageKind, PAGE_HEADER_BYTES};
 pub use record::{
@@ -76,7 +76,7 @@ pub use superblock::{
 
 /// The on-flash format version this build reads and writes. An image of
 /// another version is refused with a message naming both.
-pub const FORMAT_VERSION: u16 = 9;
+pub const FORMAT_VERSION: u16 = 10;
 
 /// Why some bytes are not a valid structure.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]

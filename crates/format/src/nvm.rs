@@ -1,5 +1,6 @@
 //! The layout of the byte-addressable NVM region (FSMAC), when the device
-//! has one: a header, then the metadata log as a ring of frames.
+//! has one: a header, the metadata log as a ring of frames, the records
+//! of the open stripes' running parity, then the node slots.
 //!
 //! NVM is written in place and made durable with a persist barrier; a
 //! power cut keeps or drops each unpersisted 8-byte word on its own. So a
@@ -41,7 +42,24 @@ pub const NVM_EPOCH_SPREAD: u64 = 0x9E37_79B9_7F4A_7C15;
 /// Mixed into commit words' tags.
 const NVM_COMMIT_SALT: u64 = 0x5EA1_C0DE_F1A5_4000;
 
+/// "FLNTSTRP": a stripe record's first eight bytes.
+pub const NVM_STRIPE_MAGIC: u64 = u64::from_le_bytes(*b"FLNTSTRP");
+/// Bytes of a stripe record's header; its parity units follow.
+pub const NVM_STRIPE_HEADER_BYTES: usize = 64;
+/// The stripe area takes about this fraction (1/n) of the region past the
+/// header's page.
+pub const NVM_STRIPE_AREA_FRACTION: u64 = 16;
+/// Stripe records an area holds at least: one current record per zone
+/// the engine writes at once (six) and room to write the next one
+/// without overwriting any of them.
+pub const NVM_STRIPE_RECORDS_MIN: u32 = 8;
+/// Stripe records an area holds at most: the mount reads every record's
+/// header (64 bytes each).
+pub const NVM_STRIPE_RECORDS_MAX: u32 = 4096;
+
 const _: () = assert!(NVM_LOG_OFFSET_BYTES >= NVM_HEADER_BYTES as u64);
+const _: () = assert!(NVM_STRIPE_RECORDS_MIN < NVM_STRIPE_RECORDS_MAX);
+const _: () = assert!(NVM_STRIPE_HEADER_BYTES.is_multiple_of(64));
 const _: () = assert!(NVM_SIZE_BYTES_MIN > NVM_LOG_OFFSET_BYTES + NVM_EPOCH_STRIDE_BYTES);
 const _: () = assert!(NVM_LOG_OFFSET_BYTES.is_multiple_of(8) && NVM_EPOCH_STRIDE_BYTES.is_multiple_of(8));
 
@@ -56,6 +74,11 @@ pub struct NvmHeader {
     pub log_offset: u64,
     /// Bytes of the log ring, a multiple of 8.
     pub log_bytes: u64,
+    /// Bytes of one stripe record (a header and the block parity's `k`
+    /// units), a multiple of 64; 0 when the area holds none.
+    pub stripe_record_bytes: u32,
+    /// Stripe records in the area, from [`NvmHeader::stripe_offset`].
+    pub stripe_records: u32,
 }
 
 /// What a header's bytes say.
@@ -72,20 +95,49 @@ pub enum NvmHeaderState {
 }
 
 impl NvmHeader {
-    /// The header for a region of `nvm_size_bytes`.
-    pub fn for_region(uuid: [u8; 16], nvm_size_bytes: u64) -> NvmHeader {
+    /// The header for a region of `nvm_size_bytes`, with stripe records
+    /// of `stripe_record_bytes` (0: the volume keeps no block parity).
+    pub fn for_region(uuid: [u8; 16], nvm_size_bytes: u64, stripe_record_bytes: u32) -> NvmHeader {
         assert!(nvm_size_bytes >= NVM_SIZE_BYTES_MIN, "an NVM region of {nvm_size_bytes} bytes is too small");
-        // A quarter of the region for the log, the rest for parked node
-        // pages; a small region is all log.
+        assert!(stripe_record_bytes.is_multiple_of(64), "stripe records of {stripe_record_bytes} bytes");
+        // A quarter of the region for the log, a sixteenth for the open
+        // stripes' parity, the rest for node pages; a small region is all
+        // log.
         let available = nvm_size_bytes - NVM_LOG_OFFSET_BYTES;
         let log_bytes = (available / 4).max(available.min(NVM_LOG_BYTES_SMALL)) / 8 * 8;
-        NvmHeader { uuid, log_offset: NVM_LOG_OFFSET_BYTES, log_bytes }
+        let mut header =
+            NvmHeader { uuid, log_offset: NVM_LOG_OFFSET_BYTES, log_bytes, stripe_record_bytes, stripe_records: 0 };
+        if stripe_record_bytes > 0 {
+            let records = (available / NVM_STRIPE_AREA_FRACTION / u64::from(stripe_record_bytes))
+                .clamp(u64::from(NVM_STRIPE_RECORDS_MIN), u64::from(NVM_STRIPE_RECORDS_MAX));
+            let after_log = nvm_size_bytes.saturating_sub(header.stripe_offset());
+            // The slots keep at least half of what the log leaves: a region
+            // too small for both keeps no stripe records, and its open
+            // stripes wait for their parity on flash as without NVM.
+            if records * u64::from(stripe_record_bytes) <= after_log / 2 {
+                header.stripe_records = records as u32;
+            }
+        }
+        if header.stripe_records == 0 {
+            header.stripe_record_bytes = 0;
+        }
+        header
+    }
+
+    /// Where the stripe area starts: after the log ring, on a 64-byte line.
+    pub fn stripe_offset(&self) -> u64 {
+        (self.log_offset + self.log_bytes).next_multiple_of(64)
+    }
+
+    /// Where the slot area starts: after the stripe area.
+    pub fn slots_offset(&self) -> u64 {
+        self.stripe_offset() + u64::from(self.stripe_record_bytes) * u64::from(self.stripe_records)
     }
 
     pub fn encode(&self) -> Vec<u8> {
         let mut writer = Writer::with_capacity(NVM_HEADER_BYTES);
         writer.u64(NVM_MAGIC).u16(FORMAT_VERSION).zeros(6).bytes(&self.uuid).u64(self.log_offset).u64(self.log_bytes);
-        writer.zeros(12);
+        writer.u32(self.stripe_record_bytes).u32(self.stripe_records).zeros(4);
         let mut bytes = writer.finish();
         let crc = crc32c::crc32c(&bytes);
         bytes.extend_from_slice(&crc.to_le_bytes());
@@ -119,7 +171,9 @@ impl NvmHeader {
         let uuid = reader.array::<16>()?;
         let log_offset = reader.u64()?;
         let log_bytes = reader.u64()?;
-        reader.zeros(12)?;
+        let stripe_record_bytes = reader.u32()?;
+        let stripe_records = reader.u32()?;
+        reader.zeros(4)?;
         let covered = reader.position();
         let crc = reader.u32()?;
         if crc != crc32c::crc32c(&bytes[..covered]) {
@@ -136,7 +190,22 @@ impl NvmHeader {
                 "a log ring of {log_bytes} bytes at {log_offset} does not fit {nvm_size_bytes} bytes of NVM"
             )));
         }
-        Ok(NvmHeaderState::Valid(NvmHeader { uuid, log_offset, log_bytes }))
+        let header = NvmHeader { uuid, log_offset, log_bytes, stripe_record_bytes, stripe_records };
+        let stripe_end = u64::from(stripe_record_bytes)
+            .checked_mul(u64::from(stripe_records))
+            .and_then(|bytes| header.stripe_offset().checked_add(bytes));
+        if !stripe_record_bytes.is_multiple_of(64)
+            || (stripe_record_bytes == 0) != (stripe_records == 0)
+            || (stripe_records > 0 && (stripe_record_bytes as usize) <= NVM_STRIPE_HEADER_BYTES)
+            || stripe_records > NVM_STRIPE_RECORDS_MAX
+            || stripe_end.is_none_or(|end| end > nvm_size_bytes)
+        {
+            return Err(reader.error(format!(
+                "{stripe_records} stripe records of {stripe_record_bytes} bytes after the log ring do not fit \
+                 {nvm_size_bytes} bytes of NVM"
+            )));
+        }
+        Ok(NvmHeaderState::Valid(header))
     }
 
     /// Where epoch `epoch`'s first frame starts in the ring (an offset
@@ -387,13 +456,89 @@ impl NvmSlotHeader {
     }
 }
 
+/// The header of a stripe record: the running parity of the data pages
+/// `0..data_pages` of erase block `block` of `zone` (physical numbers, as
+/// the protection layer counts them), `units` parity units of `unit_bytes`
+/// each following it. The newest record of a zone by `sequence` whose
+/// CRC matches is the one in force.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NvmStripeHeader {
+    pub sequence: u64,
+    pub zone: u32,
+    pub block: u32,
+    pub data_pages: u32,
+    pub units: u32,
+    pub unit_bytes: u32,
+}
+
+impl NvmStripeHeader {
+    /// Bytes a record of `units` units of `unit_bytes` takes.
+    pub fn record_bytes(units: u32, unit_bytes: u32) -> u64 {
+        NVM_STRIPE_HEADER_BYTES as u64 + u64::from(units) * u64::from(unit_bytes)
+    }
+
+    /// The header with its CRC, which covers the volume's UUID, the
+    /// header's first 60 bytes and the units.
+    pub fn encode(&self, uuid: &[u8; 16], units: &[Vec<u8>]) -> [u8; NVM_STRIPE_HEADER_BYTES] {
+        assert_eq!(units.len(), self.units as usize, "a stripe record's units");
+        assert!(units.iter().all(|unit| unit.len() == self.unit_bytes as usize), "a stripe record's unit size");
+        assert!(self.sequence > 0 && self.data_pages > 0, "a stripe record covers pages: {self:?}");
+        let mut writer = Writer::with_capacity(NVM_STRIPE_HEADER_BYTES);
+        writer.u64(NVM_STRIPE_MAGIC).u64(self.sequence).u32(self.zone).u32(self.block).u32(self.data_pages);
+        writer.u32(self.units).u32(self.unit_bytes).zeros(24);
+        let mut bytes = writer.finish();
+        let crc = nvm_stripe_crc(uuid, &bytes, units.iter().map(Vec::as_slice));
+        bytes.extend_from_slice(&crc.to_le_bytes());
+        bytes.try_into().expect("64 bytes")
+    }
+
+    /// Reads a record header and the CRC it claims; total over any bytes.
+    /// `Ok(None)` for bytes that hold no record (zero, or another magic).
+    pub fn decode(bytes: &[u8]) -> Result<Option<(NvmStripeHeader, u32)>, DecodeError> {
+        let mut reader = Reader::new("NVM stripe record", bytes);
+        if reader.u64()? != NVM_STRIPE_MAGIC {
+            return Ok(None);
+        }
+        let header = NvmStripeHeader {
+            sequence: reader.u64()?,
+            zone: reader.u32()?,
+            block: reader.u32()?,
+            data_pages: reader.u32()?,
+            units: reader.u32()?,
+            unit_bytes: reader.u32()?,
+        };
+        reader.zeros(24)?;
+        let crc = reader.u32()?;
+        if header.sequence == 0 || header.data_pages == 0 || header.units == 0 || header.unit_bytes == 0 {
+            return Err(reader.error(format!("a stripe record that covers nothing: {header:?}")));
+        }
+        Ok(Some((header, crc)))
+    }
+}
+
+/// A stripe record's CRC-32C: the volume's UUID, the header's first 60
+/// bytes, then the units, so a record another volume left matches
+/// nothing (but by chance).
+pub fn nvm_stripe_crc<'a>(uuid: &[u8; 16], header: &[u8], units: impl Iterator<Item = &'a [u8]>) -> u32 {
+    let mut crc = crc32c::crc32c_append(crc32c::crc32c(uuid), &header[..NVM_STRIPE_HEADER_BYTES - 4]);
+    for unit in units {
+        crc = crc32c::crc32c_append(crc, unit);
+    }
+    crc
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn header_round_trips_and_refuses_what_it_is_not() {
-        let header = NvmHeader::for_region([7; 16], 1 << 20);
+        let header = NvmHeader::for_region([7; 16], 1 << 20, 4288);
+        assert_eq!(header.stripe_records, NVM_STRIPE_RECORDS_MIN.max(((1 << 20) - 4096) / 16 / 4288));
+        assert!(header.slots_offset() > header.stripe_offset() && header.stripe_offset() >= 4096 + header.log_bytes);
+        // A region that is all log keeps no stripe records.
+        let small = NvmHeader::for_region([7; 16], 16 << 10, 4288);
+        assert_eq!((small.stripe_records, small.stripe_record_bytes), (0, 0));
         let bytes = header.encode();
         assert_eq!(NvmHeader::decode(&bytes, 1 << 20), NvmHeaderState::Valid(header.clone()));
         assert_eq!(NvmHeader::decode(&[0; 64], 1 << 20), NvmHeaderState::Blank);
@@ -421,7 +566,7 @@ mod tests {
         assert_ne!(nvm_commit_word(&uuid, 1, 0, crc), nvm_commit_word(&[8; 16], 1, 0, crc));
         // The tag is a hash, not a sum: (E, 65536) and (E + 1, 0) differ.
         assert_ne!(nvm_commit_word(&uuid, 5, 65_536, crc), nvm_commit_word(&uuid, 6, 0, crc));
-        let header = NvmHeader::for_region([0; 16], 1 << 20);
+        let header = NvmHeader::for_region([0; 16], 1 << 20, 0);
         assert_ne!(header.epoch_start(1), header.epoch_start(2));
         assert!(header.epoch_start(u64::MAX) < header.log_bytes);
     }
@@ -460,12 +605,30 @@ mod tests {
         assert!(NvmSlotHeader::decode(&flipped, 4096).is_err());
     }
 
+    #[test]
+    fn stripe_records_round_trip_and_their_crc_names_the_volume() {
+        let header = NvmStripeHeader { sequence: 9, zone: 4, block: 2, data_pages: 7, units: 2, unit_bytes: 128 };
+        let units = vec![vec![1u8; 128], vec![2u8; 128]];
+        let bytes = header.encode(&[5; 16], &units);
+        let (decoded, crc) = NvmStripeHeader::decode(&bytes).unwrap().expect("a record");
+        assert_eq!(decoded, header);
+        let slices = || units.iter().map(Vec::as_slice);
+        assert_eq!(crc, nvm_stripe_crc(&[5; 16], &bytes, slices()));
+        assert_ne!(crc, nvm_stripe_crc(&[6; 16], &bytes, slices()), "another volume's record");
+        assert_eq!(NvmStripeHeader::decode(&[0; 64]), Ok(None));
+        assert_eq!(NvmStripeHeader::record_bytes(2, 128), 320);
+        let mut empty = bytes;
+        empty[24..28].copy_from_slice(&0u32.to_le_bytes());
+        assert!(NvmStripeHeader::decode(&empty).is_err(), "no pages covered");
+    }
+
     proptest::proptest! {
         #[test]
         fn decoding_any_bytes_never_panics(bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..128)) {
             let _ = NvmHeader::decode(&bytes, 1 << 20);
             let _ = decode_nvm_frame_header(&bytes);
             let _ = NvmSlotHeader::decode(&bytes, 4096);
+            let _ = NvmStripeHeader::decode(&bytes);
             if bytes.len() >= 8 {
                 let word = u64::from_le_bytes(bytes[..8].try_into().unwrap());
                 let _ = decode_nvm_slot_prefix(word);

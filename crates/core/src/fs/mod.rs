@@ -534,7 +534,11 @@ impl<D: FlashDevice> Fs<D> {
             .unwrap_or_else(|| flintfs_format::CompressionChoice::of(volume.superblock().compression));
         let mut volume = volume;
         let needed = tree.nvm_nodes;
-        let nvm = nvm::NvmLog::open(&mut volume.device, uuid, options.nvm_barrier, needed)?;
+        let stripe_record_bytes = volume.device.nvm_stripe_record_bytes();
+        let nvm = nvm::NvmLog::open(&mut volume.device, uuid, options.nvm_barrier, needed, stripe_record_bytes)?;
+        // The open stripes' records, from the header now there (the
+        // volume found them at mount if it was there already).
+        volume.device.open_nvm_stripes(uuid)?;
         let kept = match &nvm {
             Some(nvm) => nvm::NvmStore::open(
                 &mut volume.device,

@@ -61,7 +61,15 @@ impl NvmLog {
     /// `None` when the device has no NVM. A header of another format
     /// version is refused, and so is a region that is not this volume's
     /// when the checkpoint keeps `needed` nodes in it.
-    pub fn open<D: FlashDevice>(device: &mut D, uuid: [u8; 16], barrier: bool, needed: u32) -> Result<Option<NvmLog>> {
+    /// A fresh header makes stripe records of `stripe_record_bytes`
+    /// (`Protected::nvm_stripe_record_bytes`).
+    pub fn open<D: FlashDevice>(
+        device: &mut D,
+        uuid: [u8; 16],
+        barrier: bool,
+        needed: u32,
+        stripe_record_bytes: u32,
+    ) -> Result<Option<NvmLog>> {
         let nvm_size_bytes = device.geometry().nvm_size_bytes;
         let lost = |what: &str| {
             Error::corrupt(format!(
@@ -97,13 +105,14 @@ impl NvmLog {
                 if !matches!(state, NvmHeaderState::Blank) {
                     tracing::warn!("the NVM header is not this volume's ({state:?}): starting the NVM log afresh");
                 }
-                let header = NvmHeader::for_region(uuid, nvm_size_bytes);
-                // The ring first: frames an earlier volume left there must
-                // not be read as this one's (their commit words name the
-                // other UUID too, but a volume made again with the same
-                // UUID would match).
+                let header = NvmHeader::for_region(uuid, nvm_size_bytes, stripe_record_bytes);
+                // The ring and the stripe records first: frames and records
+                // an earlier volume left there must not be read as this
+                // one's (their commit words and CRCs name the other UUID
+                // too, but a volume made again with the same UUID would
+                // match).
                 let zeros = vec![0u8; NVM_CLEAR_CHUNK_BYTES];
-                let (start, end) = (header.log_offset, header.log_offset + header.log_bytes);
+                let (start, end) = (header.log_offset, header.slots_offset());
                 let mut at = start;
                 while at < end {
                     let length = (end - at).min(NVM_CLEAR_CHUNK_BYTES as u64);
@@ -523,7 +532,7 @@ impl NvmStore {
         barrier: bool,
     ) -> Result<Option<NvmStore>> {
         let nvm_size_bytes = device.geometry().nvm_size_bytes;
-        let start = (header.log_offset + header.log_bytes).next_multiple_of(64);
+        let start = header.slots_offset();
         let classes = nvm_slot_classes(page_size);
         let largest = nvm_slot_bytes(classes as u8 - 1);
         if nvm_size_bytes.saturating_sub(start) < largest {
@@ -763,7 +772,28 @@ impl NvmStore {
 
     /// Keeps `node` here as `key`'s newest version, for checkpoint
     /// `generation`, if it has room and the node encodes.
+    ///
+    /// A write that fails part way (NVM gone, as at a power cut) leaves
+    /// slots' selections in memory ahead of their words on NVM: the store
+    /// is then out of use for good, as when a slot cannot be emptied, so
+    /// nothing later builds on them. The next mount reads the slots as NVM
+    /// has them.
     pub fn store<D: FlashDevice>(
+        &mut self,
+        device: &mut D,
+        key: NodeKey,
+        node: &Node,
+        home: Pointer,
+        generation: u64,
+    ) -> Result<Keep> {
+        let result = self.store_unguarded(device, key, node, home, generation);
+        if let (Err(error), None) = (&result, &self.failed) {
+            self.failed = Some(format!("{key:?} could not be written to NVM: {}", error.message));
+        }
+        result
+    }
+
+    fn store_unguarded<D: FlashDevice>(
         &mut self,
         device: &mut D,
         key: NodeKey,
@@ -1061,7 +1091,7 @@ mod tests {
     }
 
     fn header() -> NvmHeader {
-        NvmHeader::for_region([3; 16], 256 << 10)
+        NvmHeader::for_region([3; 16], 256 << 10, 4288)
     }
 
     fn open(device: &mut MemoryFlash, committed: u64, needed: u32) -> NvmStore {
@@ -1188,7 +1218,7 @@ mod tests {
         }
         let mut device = fs.unmount().unwrap();
         let (committed, kept) = device_checkpoint(&mut device, &clock);
-        let header = NvmHeader::for_region([3; 16], 256 << 10);
+        let header = NvmHeader::for_region([3; 16], 256 << 10, 4288);
         let mut store = NvmStore::open(&mut device, &header, PAGE, committed, kept, true).unwrap().unwrap();
         // The map page's key, holding a bucket: whatever reads the map
         // would index into it as a map. Written for the next checkpoint,

@@ -175,8 +175,7 @@ impl<D: FlashDevice> Fs<D> {
         }
         let after = self.volume.protection_counters();
         report.pages_corrected = after.pages_corrected_ecc - before.pages_corrected_ecc;
-        report.pages_repaired = (after.pages_repaired_block_parity + after.pages_repaired_zone_parity)
-            - (before.pages_repaired_block_parity + before.pages_repaired_zone_parity);
+        report.pages_repaired = after.pages_repaired() - before.pages_repaired();
         if !quick {
             report.zones_refreshed = self.refresh_zones()?;
         }
