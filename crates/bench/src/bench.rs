@@ -154,7 +154,8 @@ pub struct BenchArguments {
     /// webproxy, webserver, postmark, large_seq_write, large_rand_write, space_half, space_random,
     /// space_usr_share, dir_N, near_full_P, large_seq_read,
     /// large_rand_read, large_reread, ram_N, mount_N, recover_N, protection_none, protection_ecc,
-    /// protection_k1, protection_k2, protection_k1_rs, threads_N), `protection` (those five) or `all`.
+    /// protection_k1, protection_k2, protection_k1_rs, protection_k1_rs_nvm, threads_N), `protection`
+    /// (those six) or `all`.
     pub workload: String,
     /// The quick sizes (for CI and a first look).
     #[arg(long)]

@@ -1759,8 +1759,18 @@ impl<D: FlashDevice> FlashDevice for Protected<D> {
         self.inner.flush()?;
         self.unflushed = false;
         // The pages are durable now; their running parity goes to NVM
-        // before the flush returns (and so before any fsync does).
-        self.record_open_stripes()?;
+        // before the flush returns (and so before any fsync does). NVM that
+        // fails to take it does not undo a flush that made the pages
+        // durable (a caller told otherwise would take a checkpoint that
+        // landed for one that did not): the stripes wait for their parity
+        // on flash from then on, as without NVM, and the window counts it.
+        if let Err(error) = self.record_open_stripes() {
+            tracing::warn!(
+                "the open stripes' parity could not be written to NVM ({error}): blocks being written wait for their \
+                 parity on flash, as without NVM"
+            );
+            self.nvm_stripes = None;
+        }
         self.note_unprotected_durable();
         Ok(())
     }
