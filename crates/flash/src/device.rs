@@ -211,7 +211,7 @@ pub struct FlashEmulator<B: Backend> {
     buffer: WriteBuffer,
     nvm_live: Vec<u8>,
     nvm_durable: Vec<u8>,
-    nvm_dirty_words: BTreeSet<u64>,
+    nvm_dirty_words: WordSet,
     /// Writes each 8-byte NVM word has taken since this device was opened
     /// (wear: phase-change memory endures about 1e8 writes a cell). Empty
     /// until the first NVM write.
@@ -368,7 +368,7 @@ impl<B: Backend> FlashEmulator<B> {
             buffer: WriteBuffer::new(),
             nvm_live: state.nvm.clone(),
             nvm_durable: state.nvm,
-            nvm_dirty_words: BTreeSet::new(),
+            nvm_dirty_words: WordSet::default(),
             nvm_word_writes: Vec::new(),
             lifetime: state.counters,
             baseline: state.counters,
@@ -1118,7 +1118,7 @@ impl<B: Backend> FlashEmulator<B> {
             });
         }
         // NVM: each unpersisted 8-byte word is kept or dropped.
-        for word in std::mem::take(&mut self.nvm_dirty_words) {
+        for word in std::mem::take(&mut self.nvm_dirty_words).words() {
             let range = (word * NVM_WORD_BYTES) as usize..((word + 1) * NVM_WORD_BYTES) as usize;
             let keep = rng.random_bool(0.5);
             let kept = keep && {
@@ -1452,7 +1452,8 @@ impl<B: Backend> FlashDevice for FlashEmulator<B> {
         self.nvm_live[offset as usize..offset as usize + data.len()].copy_from_slice(data);
         if !data.is_empty() {
             let end = offset + data.len() as u64;
-            self.nvm_dirty_words.extend(offset / NVM_WORD_BYTES..end.div_ceil(NVM_WORD_BYTES));
+            let words = self.geometry.nvm_size_bytes / NVM_WORD_BYTES;
+            self.nvm_dirty_words.insert(offset / NVM_WORD_BYTES, end.div_ceil(NVM_WORD_BYTES), words);
             if self.nvm_word_writes.is_empty() {
                 self.nvm_word_writes = vec![0; (self.geometry.nvm_size_bytes / NVM_WORD_BYTES) as usize];
             }
@@ -1476,27 +1477,13 @@ impl<B: Backend> FlashDevice for FlashEmulator<B> {
             return Err(self.fire_scheduled_cut("NVM persist", InFlight::Nothing));
         }
         if length > 0 {
-            let words: Vec<u64> = self
-                .nvm_dirty_words
-                .range(offset / NVM_WORD_BYTES..(offset + length).div_ceil(NVM_WORD_BYTES))
-                .copied()
-                .collect();
             // Persist contiguous runs of dirty words with one backend write.
-            let mut index = 0;
-            while index < words.len() {
-                let start = words[index];
-                let mut end = start + 1;
-                while index + 1 < words.len() && words[index + 1] == end {
-                    index += 1;
-                    end += 1;
-                }
-                index += 1;
+            let (first, end) = (offset / NVM_WORD_BYTES, (offset + length).div_ceil(NVM_WORD_BYTES));
+            for (start, end) in self.nvm_dirty_words.runs(first, end) {
                 let range = (start * NVM_WORD_BYTES) as usize..(end * NVM_WORD_BYTES) as usize;
                 self.backend.write_nvm(range.start as u64, &self.nvm_live[range.clone()])?;
                 self.nvm_durable[range.clone()].copy_from_slice(&self.nvm_live[range]);
-                for word in start..end {
-                    self.nvm_dirty_words.remove(&word);
-                }
+                self.nvm_dirty_words.remove(start, end);
             }
         }
         bump(&mut self.lifetime.nvm_persists, 1);
@@ -1518,5 +1505,95 @@ impl<B: Backend> FlashDevice for FlashEmulator<B> {
 
     fn advance_time(&mut self, duration_ns: u64) {
         self.clock.advance(duration_ns);
+    }
+}
+
+/// A set of NVM word numbers, one bit each: the words written and not yet
+/// persisted. A bit a word, not a tree node: an NVM write marks hundreds of
+/// words at once, and a persist clears runs of them.
+#[derive(Clone, Debug, Default)]
+struct WordSet {
+    bits: Vec<u64>,
+    count: usize,
+}
+
+impl WordSet {
+    /// Marks words `first..end` of a region of `words_total` words.
+    fn insert(&mut self, first: u64, end: u64, words_total: u64) {
+        if self.bits.is_empty() {
+            self.bits = vec![0; words_total.div_ceil(64) as usize];
+        }
+        for word in first..end {
+            let (index, bit) = ((word / 64) as usize, word % 64);
+            if self.bits[index] >> bit & 1 == 0 {
+                self.bits[index] |= 1 << bit;
+                self.count += 1;
+            }
+        }
+    }
+
+    /// Unmarks words `first..end`.
+    fn remove(&mut self, first: u64, end: u64) {
+        for word in first..end {
+            let (index, bit) = ((word / 64) as usize, word % 64);
+            if self.bits.get(index).is_some_and(|bits| bits >> bit & 1 == 1) {
+                self.bits[index] &= !(1 << bit);
+                self.count -= 1;
+            }
+        }
+    }
+
+    /// The runs of marked words within `first..end`, in order.
+    fn runs(&self, first: u64, end: u64) -> Vec<(u64, u64)> {
+        let mut runs: Vec<(u64, u64)> = Vec::new();
+        if self.count == 0 {
+            return runs;
+        }
+        let end = end.min(self.bits.len() as u64 * 64);
+        let mut word = first;
+        while word < end {
+            let bits = self.bits[(word / 64) as usize] >> (word % 64);
+            if bits == 0 {
+                word = (word / 64 + 1) * 64;
+                continue;
+            }
+            word += u64::from(bits.trailing_zeros());
+            if word >= end {
+                break;
+            }
+            match runs.last_mut() {
+                Some(run) if run.1 == word => run.1 += 1,
+                _ => runs.push((word, word + 1)),
+            }
+            word += 1;
+        }
+        runs
+    }
+
+    /// Every marked word, in order.
+    fn words(&self) -> impl Iterator<Item = u64> + '_ {
+        self.runs(0, u64::MAX).into_iter().flat_map(|(start, end)| start..end)
+    }
+}
+
+#[cfg(test)]
+mod word_set_tests {
+    use super::WordSet;
+
+    #[test]
+    fn runs_are_the_marked_words_in_order_and_removal_clears_them() {
+        let mut set = WordSet::default();
+        set.insert(3, 5, 1000);
+        set.insert(60, 70, 1000);
+        set.insert(64, 66, 1000);
+        set.insert(999, 1000, 1000);
+        assert_eq!(set.count, 2 + 10 + 1);
+        assert_eq!(set.runs(0, 1000), vec![(3, 5), (60, 70), (999, 1000)]);
+        assert_eq!(set.runs(4, 62), vec![(4, 5), (60, 62)]);
+        set.remove(61, 65);
+        assert_eq!(set.runs(0, 1000), vec![(3, 5), (60, 61), (65, 70), (999, 1000)]);
+        assert_eq!(set.words().collect::<Vec<_>>(), [3, 4, 60, 65, 66, 67, 68, 69, 999]);
+        set.remove(0, 1000);
+        assert_eq!((set.count, set.runs(0, 1000)), (0, vec![]));
     }
 }
