@@ -272,6 +272,11 @@ struct NvmStripes {
     cursor: u32,
     /// The record in force per zone.
     current: BTreeMap<u32, StripeRecord>,
+    /// Per record slot, the zone whose record (in force or not) it holds
+    /// as far as this mount knows: a zone's older records are zeroed when
+    /// it gets a new one, and all of them before it is reset, so none of a
+    /// zone's earlier use can come into force after a reset.
+    held: Vec<Option<u32>>,
 }
 
 /// The shape of one zone under the parity layout.
@@ -451,14 +456,21 @@ impl<D: FlashDevice> Protected<D> {
             sequence_next: 1,
             cursor: 0,
             current: BTreeMap::new(),
+            held: vec![None; header.stripe_records as usize],
         };
         let mut candidates: BTreeMap<u32, Vec<(u64, u32)>> = BTreeMap::new();
+        // Writes resume after the newest record seen, so they go on round
+        // the area (wear), not from where the records in force happen to be.
+        let mut newest: Option<(u64, u32)> = None;
         let mut record_header = [0u8; NVM_STRIPE_HEADER_BYTES];
         for slot in 0..area.records {
             self.inner.nvm_read(area.offset + u64::from(slot) * record_bytes, &mut record_header)?;
             let Ok(Some((found, _))) = NvmStripeHeader::decode(&record_header) else { continue };
             // Sequences go on past every record seen, whole or not.
-            area.sequence_next = area.sequence_next.max(found.sequence.saturating_add(1));
+            // (The decoder bounds them far below overflow.)
+            area.sequence_next = area.sequence_next.max(found.sequence + 1);
+            newest = newest.max(Some((found.sequence, slot)));
+            area.held[slot as usize] = Some(found.zone);
             if found.units == self.parity.block_parity_pages
                 && found.unit_bytes == unit
                 && found.data_pages < slots
@@ -477,7 +489,7 @@ impl<D: FlashDevice> Protected<D> {
                 }
             }
         }
-        area.cursor = area.current.values().map(|record| record.slot + 1).max().unwrap_or(0) % area.records;
+        area.cursor = newest.map_or(0, |(_, slot)| (slot + 1) % area.records);
         tracing::debug!(records = area.current.len(), "open stripes' records found in NVM");
         self.nvm_stripes = Some(area);
         Ok(())
@@ -519,8 +531,10 @@ impl<D: FlashDevice> Protected<D> {
         for (&zone, record) in &area.current {
             let in_force = match self.stripes.get(&zone) {
                 Some(stripe) => stripe.block == record.block,
+                // A zone a failed program left read-only keeps the record of
+                // its open block: its durable pages have no other parity.
                 None => self.inner.report_zone(zone).is_ok_and(|report| {
-                    matches!(report.state, ZoneState::Open | ZoneState::Closed)
+                    matches!(report.state, ZoneState::Open | ZoneState::Closed | ZoneState::ReadOnly)
                         && report.write_pointer / block_pages == record.block
                 }),
             };
@@ -553,6 +567,13 @@ impl<D: FlashDevice> Protected<D> {
                 continue;
             };
             let units = &self.stripes[&zone].block_parity;
+            if area.sequence_next > flintfs_format::NVM_STRIPE_SEQUENCE_MAX {
+                // Past any a volume writes: the area goes out of use.
+                return Err(DeviceError::OutOfRange {
+                    what: "a stripe record's sequence".into(),
+                    limit: flintfs_format::NVM_STRIPE_SEQUENCE_MAX.to_string(),
+                });
+            }
             let header = NvmStripeHeader {
                 sequence: area.sequence_next,
                 zone,
@@ -573,7 +594,40 @@ impl<D: FlashDevice> Protected<D> {
             area.sequence_next += 1;
             area.cursor = (slot + 1) % area.records;
             area.current.insert(zone, StripeRecord { slot, block, data_pages });
+            area.held[slot as usize] = Some(zone);
             self.counters.stripe_records_written += 1;
+            // The zone's earlier records, now that this one is whole.
+            self.zero_stripe_records(area, zone, Some(slot))?;
+        }
+        Ok(())
+    }
+
+    /// Before a zone is reset: every record of it is zeroed on NVM and
+    /// persisted (normally one: each new record zeroes the ones before
+    /// it; a mount after a cut between the two may have found more), so
+    /// no record of the zone's use before the reset comes into force
+    /// after it. A record of the old use, rebuilt over a page of the new
+    /// one torn at a cut, would give back the old page whole: its CRC,
+    /// signature and address all match.
+    fn forget_stripe_record(&mut self, zone: u32) -> Result<()> {
+        let Some(mut area) = self.nvm_stripes.take() else { return Ok(()) };
+        area.current.remove(&zone);
+        let result = self.zero_stripe_records(&mut area, zone, None);
+        self.nvm_stripes = Some(area);
+        result
+    }
+
+    /// Zeroes the magic word of every record slot holding a record of
+    /// `zone` but `kept`, each persisted.
+    fn zero_stripe_records(&mut self, area: &mut NvmStripes, zone: u32, kept: Option<u32>) -> Result<()> {
+        for slot in 0..area.records {
+            if area.held[slot as usize] != Some(zone) || Some(slot) == kept {
+                continue;
+            }
+            let at = area.offset + u64::from(slot) * area.record_bytes;
+            self.inner.nvm_write(at, &[0u8; 8])?;
+            self.inner.nvm_persist(at, 8)?;
+            area.held[slot as usize] = None;
         }
         Ok(())
     }
@@ -1025,7 +1079,10 @@ impl<D: FlashDevice> Protected<D> {
                 // without it would protect the rest of the block, not it.
                 let read = self.read_unit(page, false).or_else(|| {
                     let report = self.inner.report_zone(zone).ok()?;
-                    self.repair_from_record(zone, page.page, &report)
+                    let repaired = self.repair_from_record(zone, page.page, &report)?;
+                    self.counters.pages_repaired_open_stripe += 1;
+                    self.note_repair(zone, page.page);
+                    Some(repaired)
                 });
                 if let Some(read) = read {
                     if let Some(code) = &block_code {
@@ -1436,6 +1493,7 @@ impl<D: FlashDevice> Protected<D> {
         if header.zone != zone
             || header.block != block
             || row >= header.data_pages
+            || report.write_pointer / shape.block_pages != block
             || block * shape.block_pages + header.data_pages > report.write_pointer
             || units.len() != shape.parity_pages as usize
             || units.iter().any(|found| found.len() != unit)
@@ -1714,9 +1772,7 @@ impl<D: FlashDevice> FlashDevice for Protected<D> {
         self.unflushed = true;
         self.owing.retain(|&owing| owing != zone);
         self.stripes.remove(&zone);
-        if let Some(area) = &mut self.nvm_stripes {
-            area.current.remove(&zone);
-        }
+        self.forget_stripe_record(zone)?;
         self.refresh.remove(&zone);
         self.repaired_pages.retain(|(repaired_zone, _)| *repaired_zone != zone);
         // The reset leaves retired blocks out, so the zone's block numbers
@@ -1814,5 +1870,82 @@ impl<D: FlashDevice> FlashDevice for Protected<D> {
     fn retire_block(&mut self, address: PageAddress) -> Result<bool> {
         let physical = self.to_physical(address);
         self.inner.retire_block(physical)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use flintfs_flash::{DeviceOptions, MemoryFlash};
+    use flintfs_format::{InvertedIndex, PageKind};
+
+    const UUID: [u8; 16] = [9; 16];
+    const ZONE: u32 = 5;
+
+    /// A device with NVM, its header written as a volume's would be, and
+    /// block parity k = 1.
+    fn device() -> Protected<MemoryFlash> {
+        let geometry = Geometry {
+            page_size_bytes: 4096,
+            oob_size_bytes: 128,
+            block_pages: 16,
+            zone_blocks: 4,
+            zone_count: 16,
+            open_zones_max: 8,
+            nvm_size_bytes: 1 << 20,
+        };
+        let mut device = Protected::new(MemoryFlash::memory(geometry, DeviceOptions::default()).unwrap());
+        device.set_parity(ParityLayout { block_parity_pages: 1, zone_parity_blocks: 0 }).unwrap();
+        let header = NvmHeader::for_region(UUID, 1 << 20, device.nvm_stripe_record_bytes()).encode();
+        device.nvm_write(0, &header).unwrap();
+        device.nvm_persist(0, header.len() as u64).unwrap();
+        device.open_nvm_stripes(UUID).unwrap();
+        device
+    }
+
+    fn program(device: &mut Protected<MemoryFlash>, page: u32, generation: u32) {
+        let data = vec![page as u8 ^ generation as u8; 4096];
+        let header = PageHeader {
+            kind: PageKind::DataBlock,
+            end_of_record: false,
+            zone_generation: generation,
+            sequence: u64::from(generation) * 100 + u64::from(page) + 1,
+            zone: ZONE,
+            page,
+            inverted: InvertedIndex::default(),
+            length: 4096,
+            count: 0,
+        };
+        crate::volume::program(device, PageAddress::new(ZONE, page), &header, &data).unwrap();
+    }
+
+    /// The zones a fresh mount of the device's NVM finds a record of.
+    fn recorded_zones(device: Protected<MemoryFlash>) -> Vec<u32> {
+        let mut again = Protected::new(device.into_inner());
+        again.set_parity(ParityLayout { block_parity_pages: 1, zone_parity_blocks: 0 }).unwrap();
+        again.open_nvm_stripes(UUID).unwrap();
+        again.nvm_stripes.as_ref().map_or_else(Vec::new, |area| area.current.keys().copied().collect())
+    }
+
+    /// A zone's records go before its reset: a record of its earlier use,
+    /// rebuilt over a page of its new use that a cut tore, would give back
+    /// the old page whole. Each new record also zeroes the ones before it,
+    /// so an older one cannot come into force when the newest is zeroed.
+    #[test]
+    fn a_reset_zone_keeps_no_record_of_its_earlier_use() {
+        let mut device = device();
+        for page in 0..3 {
+            program(&mut device, page, 1);
+            device.flush().unwrap();
+        }
+        let area = device.nvm_stripes.as_ref().expect("a stripe area");
+        let held = area.held.iter().filter(|zone| **zone == Some(ZONE)).count();
+        assert_eq!(held, 1, "each record zeroes the ones before it");
+        assert_eq!(device.protection_counters().stripe_records_written, 3);
+        let mut copy = Protected::new(device.inner().clone());
+        copy.set_parity(ParityLayout { block_parity_pages: 1, zone_parity_blocks: 0 }).unwrap();
+        assert_eq!(recorded_zones(copy), vec![ZONE], "the record is there before the reset");
+        device.reset_zone(ZONE).unwrap();
+        assert_eq!(recorded_zones(device), Vec::<u32>::new(), "no record of the zone is left after its reset");
     }
 }

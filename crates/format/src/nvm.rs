@@ -56,6 +56,9 @@ pub const NVM_STRIPE_RECORDS_MIN: u32 = 8;
 /// Stripe records an area holds at most: the mount reads every record's
 /// header (64 bytes each).
 pub const NVM_STRIPE_RECORDS_MAX: u32 = 4096;
+/// The largest sequence a stripe record may carry: far past any a volume
+/// writes (one a flush), and far from overflow when the next is taken.
+pub const NVM_STRIPE_SEQUENCE_MAX: u64 = 1 << 62;
 
 const _: () = assert!(NVM_LOG_OFFSET_BYTES >= NVM_HEADER_BYTES as u64);
 const _: () = assert!(NVM_STRIPE_RECORDS_MIN < NVM_STRIPE_RECORDS_MAX);
@@ -483,6 +486,7 @@ impl NvmStripeHeader {
         assert_eq!(units.len(), self.units as usize, "a stripe record's units");
         assert!(units.iter().all(|unit| unit.len() == self.unit_bytes as usize), "a stripe record's unit size");
         assert!(self.sequence > 0 && self.data_pages > 0, "a stripe record covers pages: {self:?}");
+        assert!(self.sequence <= NVM_STRIPE_SEQUENCE_MAX, "a stripe record's sequence: {self:?}");
         let mut writer = Writer::with_capacity(NVM_STRIPE_HEADER_BYTES);
         writer.u64(NVM_STRIPE_MAGIC).u64(self.sequence).u32(self.zone).u32(self.block).u32(self.data_pages);
         writer.u32(self.units).u32(self.unit_bytes).zeros(24);
@@ -509,7 +513,12 @@ impl NvmStripeHeader {
         };
         reader.zeros(24)?;
         let crc = reader.u32()?;
-        if header.sequence == 0 || header.data_pages == 0 || header.units == 0 || header.unit_bytes == 0 {
+        if header.sequence == 0
+            || header.sequence > NVM_STRIPE_SEQUENCE_MAX
+            || header.data_pages == 0
+            || header.units == 0
+            || header.unit_bytes == 0
+        {
             return Err(reader.error(format!("a stripe record that covers nothing: {header:?}")));
         }
         Ok(Some((header, crc)))
@@ -620,6 +629,9 @@ mod tests {
         let mut empty = bytes;
         empty[24..28].copy_from_slice(&0u32.to_le_bytes());
         assert!(NvmStripeHeader::decode(&empty).is_err(), "no pages covered");
+        let mut last = bytes;
+        last[8..16].copy_from_slice(&u64::MAX.to_le_bytes());
+        assert!(NvmStripeHeader::decode(&last).is_err(), "a sequence with no next");
     }
 
     proptest::proptest! {

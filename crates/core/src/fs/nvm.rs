@@ -908,7 +908,9 @@ impl NvmStore {
         let header = self.slots[cold].header.expect("a slot holding a node");
         let key = key_of(&header).expect("a header this store wrote or checked");
         let used_at = self.slots[cold].used_at;
-        let Some(cached) = self.load(device, key)? else { return Ok(worn) };
+        // A cold node that does not read back whole stays where it is: the
+        // swap is for wear, and its own lookups report the damage.
+        let Ok(Some(cached)) = self.load(device, key) else { return Ok(worn) };
         let Some((page, used)) = cached.node.encode_unchecked(self.page_size) else { return Ok(worn) };
         self.vacate(device, cold, generation)?;
         let freed = self.free[class as usize].pop_back();
@@ -1075,8 +1077,10 @@ impl NvmStore {
     /// not read back whole are an error: nothing falls back to the older
     /// copy on flash.
     pub fn load<D: FlashDevice>(&mut self, device: &mut D, key: NodeKey) -> Result<Option<Cached>> {
-        let Some(&index) = self.by_key.get(&key) else { return Ok(None) };
+        // Out of use first: a store that failed part way may have
+        // forgotten a node it was moving, which must not read as absent.
         self.usable()?;
+        let Some(&index) = self.by_key.get(&key) else { return Ok(None) };
         let header = self.slots[index].header.expect("a slot found by key holds a node");
         let mut page = vec![0u8; self.page_size];
         let used = header.used_bytes as usize;
