@@ -60,7 +60,8 @@ fuzz_target!(|bytes: &[u8]| {
     // An open stripe's record header re-encodes to itself.
     if let Ok(Some((header, _))) = flintfs_format::NvmStripeHeader::decode(data) {
         if header.units <= 4 && header.unit_bytes <= 256 {
-            let units = vec![vec![0u8; header.unit_bytes as usize]; header.units as usize];
+            let count = if header.data_pages == 0 { 0 } else { header.units as usize };
+            let units = vec![vec![0u8; header.unit_bytes as usize]; count];
             let encoded = header.encode(&[0; 16], &units);
             let decoded = flintfs_format::NvmStripeHeader::decode(&encoded).map(|found| found.map(|(header, _)| header));
             assert_eq!(decoded, Ok(Some(header)));

@@ -270,13 +270,11 @@ struct NvmStripes {
     sequence_next: u64,
     /// The next slot to try.
     cursor: u32,
-    /// The record in force per zone.
+    /// The record in force per zone; one of 0 pages is a tombstone.
     current: BTreeMap<u32, StripeRecord>,
-    /// Per record slot, the zone whose record (in force or not) it holds
-    /// as far as this mount knows: a zone's older records are zeroed when
-    /// it gets a new one, and all of them before it is reset, so none of a
-    /// zone's earlier use can come into force after a reset.
-    held: Vec<Option<u32>>,
+    /// Zones that may have a record on NVM (in force or not): a reset of
+    /// one of them needs a tombstone.
+    recorded: BTreeSet<u32>,
 }
 
 /// The shape of one zone under the parity layout.
@@ -456,7 +454,7 @@ impl<D: FlashDevice> Protected<D> {
             sequence_next: 1,
             cursor: 0,
             current: BTreeMap::new(),
-            held: vec![None; header.stripe_records as usize],
+            recorded: BTreeSet::new(),
         };
         let mut candidates: BTreeMap<u32, Vec<(u64, u32)>> = BTreeMap::new();
         // Writes resume after the newest record seen, so they go on round
@@ -470,7 +468,7 @@ impl<D: FlashDevice> Protected<D> {
             // (The decoder bounds them far below overflow.)
             area.sequence_next = area.sequence_next.max(found.sequence + 1);
             newest = newest.max(Some((found.sequence, slot)));
-            area.held[slot as usize] = Some(found.zone);
+            area.recorded.insert(found.zone);
             if found.units == self.parity.block_parity_pages
                 && found.unit_bytes == unit
                 && found.data_pages < slots
@@ -506,7 +504,12 @@ impl<D: FlashDevice> Protected<D> {
         if NvmStripeHeader::record_bytes(record.units, record.unit_bytes) != area.record_bytes {
             return Ok(None);
         }
-        let units: Vec<Vec<u8>> = bytes[NVM_STRIPE_HEADER_BYTES..].chunks_exact(unit).map(<[u8]>::to_vec).collect();
+        // A tombstone (0 pages) has no units; its CRC covers its header.
+        let units: Vec<Vec<u8>> = if record.data_pages == 0 {
+            Vec::new()
+        } else {
+            bytes[NVM_STRIPE_HEADER_BYTES..].chunks_exact(unit).map(<[u8]>::to_vec).collect()
+        };
         if nvm_stripe_crc(&area.uuid, &bytes, units.iter().map(Vec::as_slice)) != crc {
             return Ok(None);
         }
@@ -529,15 +532,17 @@ impl<D: FlashDevice> Protected<D> {
         let block_pages = self.inner.geometry().block_pages;
         let mut obsolete = Vec::new();
         for (&zone, record) in &area.current {
-            let in_force = match self.stripes.get(&zone) {
-                Some(stripe) => stripe.block == record.block,
-                // A zone a failed program left read-only keeps the record of
-                // its open block: its durable pages have no other parity.
-                None => self.inner.report_zone(zone).is_ok_and(|report| {
-                    matches!(report.state, ZoneState::Open | ZoneState::Closed | ZoneState::ReadOnly)
-                        && report.write_pointer / block_pages == record.block
-                }),
-            };
+            // A tombstone stays until the zone's next record replaces it.
+            let in_force = record.data_pages == 0
+                || match self.stripes.get(&zone) {
+                    Some(stripe) => stripe.block == record.block,
+                    // A zone a failed program left read-only keeps the record of
+                    // its open block: its durable pages have no other parity.
+                    None => self.inner.report_zone(zone).is_ok_and(|report| {
+                        matches!(report.state, ZoneState::Open | ZoneState::Closed | ZoneState::ReadOnly)
+                            && report.write_pointer / block_pages == record.block
+                    }),
+                };
             if !in_force {
                 obsolete.push(zone);
             }
@@ -594,41 +599,62 @@ impl<D: FlashDevice> Protected<D> {
             area.sequence_next += 1;
             area.cursor = (slot + 1) % area.records;
             area.current.insert(zone, StripeRecord { slot, block, data_pages });
-            area.held[slot as usize] = Some(zone);
+            area.recorded.insert(zone);
             self.counters.stripe_records_written += 1;
-            // The zone's earlier records, now that this one is whole.
-            self.zero_stripe_records(area, zone, Some(slot))?;
         }
         Ok(())
     }
 
-    /// Before a zone is reset: every record of it is zeroed on NVM and
-    /// persisted (normally one: each new record zeroes the ones before
-    /// it; a mount after a cut between the two may have found more), so
-    /// no record of the zone's use before the reset comes into force
-    /// after it. A record of the old use, rebuilt over a page of the new
-    /// one torn at a cut, would give back the old page whole: its CRC,
-    /// signature and address all match.
+    /// Before a zone is reset: a *tombstone* (a record of 0 pages, no
+    /// units) goes in force for it, persisted, so no record of the zone's
+    /// earlier use comes into force after the reset. One would: rebuilt
+    /// over a page of the new use that a cut tore, it gives back the old
+    /// page whole, which passes every check. The tombstone stays in force
+    /// until the zone's next record. With no slot free for it, every
+    /// record of the zone is zeroed instead (read from NVM to find them).
     fn forget_stripe_record(&mut self, zone: u32) -> Result<()> {
         let Some(mut area) = self.nvm_stripes.take() else { return Ok(()) };
-        area.current.remove(&zone);
-        let result = self.zero_stripe_records(&mut area, zone, None);
+        let result = self.write_tombstone(&mut area, zone);
         self.nvm_stripes = Some(area);
         result
     }
 
-    /// Zeroes the magic word of every record slot holding a record of
-    /// `zone` but `kept`, each persisted.
-    fn zero_stripe_records(&mut self, area: &mut NvmStripes, zone: u32, kept: Option<u32>) -> Result<()> {
-        for slot in 0..area.records {
-            if area.held[slot as usize] != Some(zone) || Some(slot) == kept {
-                continue;
-            }
-            let at = area.offset + u64::from(slot) * area.record_bytes;
-            self.inner.nvm_write(at, &[0u8; 8])?;
-            self.inner.nvm_persist(at, 8)?;
-            area.held[slot as usize] = None;
+    fn write_tombstone(&mut self, area: &mut NvmStripes, zone: u32) -> Result<()> {
+        // Nothing of the zone on NVM, or a tombstone in force already.
+        if !area.recorded.contains(&zone) || area.current.get(&zone).is_some_and(|record| record.data_pages == 0) {
+            return Ok(());
         }
+        let free = (0..area.records)
+            .map(|step| (area.cursor + step) % area.records)
+            .find(|slot| area.current.values().all(|record| record.slot != *slot));
+        let Some(slot) = free else {
+            let mut header = [0u8; NVM_STRIPE_HEADER_BYTES];
+            for slot in 0..area.records {
+                let at = area.offset + u64::from(slot) * area.record_bytes;
+                self.inner.nvm_read(at, &mut header)?;
+                if matches!(NvmStripeHeader::decode(&header), Ok(Some((found, _))) if found.zone == zone) {
+                    self.inner.nvm_write(at, &[0u8; 8])?;
+                    self.inner.nvm_persist(at, 8)?;
+                }
+            }
+            area.current.remove(&zone);
+            return Ok(());
+        };
+        let unit = unit_bytes(self.inner.geometry().page_size_bytes as usize) as u32;
+        let header = NvmStripeHeader {
+            sequence: area.sequence_next,
+            zone,
+            block: 0,
+            data_pages: 0,
+            units: self.parity.block_parity_pages,
+            unit_bytes: unit,
+        };
+        let at = area.offset + u64::from(slot) * area.record_bytes;
+        self.inner.nvm_write(at, &header.encode(&area.uuid, &[]))?;
+        self.inner.nvm_persist(at, NVM_STRIPE_HEADER_BYTES as u64)?;
+        area.sequence_next += 1;
+        area.cursor = (slot + 1) % area.records;
+        area.current.insert(zone, StripeRecord { slot, block: 0, data_pages: 0 });
         Ok(())
     }
 
@@ -1919,33 +1945,44 @@ mod tests {
         crate::volume::program(device, PageAddress::new(ZONE, page), &header, &data).unwrap();
     }
 
-    /// The zones a fresh mount of the device's NVM finds a record of.
-    fn recorded_zones(device: Protected<MemoryFlash>) -> Vec<u32> {
+    /// What a fresh mount of the device's NVM finds in force: per zone,
+    /// the pages its record covers (0: a tombstone).
+    fn in_force(device: Protected<MemoryFlash>) -> Vec<(u32, u32)> {
         let mut again = Protected::new(device.into_inner());
         again.set_parity(ParityLayout { block_parity_pages: 1, zone_parity_blocks: 0 }).unwrap();
         again.open_nvm_stripes(UUID).unwrap();
-        again.nvm_stripes.as_ref().map_or_else(Vec::new, |area| area.current.keys().copied().collect())
+        let area = again.nvm_stripes.as_ref().expect("a stripe area");
+        area.current.iter().map(|(&zone, record)| (zone, record.data_pages)).collect()
     }
 
-    /// A zone's records go before its reset: a record of its earlier use,
-    /// rebuilt over a page of its new use that a cut tore, would give back
-    /// the old page whole. Each new record also zeroes the ones before it,
-    /// so an older one cannot come into force when the newest is zeroed.
+    fn copy(device: &Protected<MemoryFlash>) -> Protected<MemoryFlash> {
+        Protected::new(device.inner().clone())
+    }
+
+    /// A zone's reset puts a tombstone in force for it: a record of its
+    /// earlier use, rebuilt over a page of its new use that a cut tore,
+    /// would give back the old page whole. So too when the zone's last
+    /// record had gone out of force (its block's parity reached flash)
+    /// but is still on NVM, where a mount would find it newest.
     #[test]
-    fn a_reset_zone_keeps_no_record_of_its_earlier_use() {
+    fn a_reset_zone_keeps_no_record_of_its_earlier_use_in_force() {
         let mut device = device();
         for page in 0..3 {
             program(&mut device, page, 1);
             device.flush().unwrap();
         }
-        let area = device.nvm_stripes.as_ref().expect("a stripe area");
-        let held = area.held.iter().filter(|zone| **zone == Some(ZONE)).count();
-        assert_eq!(held, 1, "each record zeroes the ones before it");
         assert_eq!(device.protection_counters().stripe_records_written, 3);
-        let mut copy = Protected::new(device.inner().clone());
-        copy.set_parity(ParityLayout { block_parity_pages: 1, zone_parity_blocks: 0 }).unwrap();
-        assert_eq!(recorded_zones(copy), vec![ZONE], "the record is there before the reset");
+        assert_eq!(in_force(copy(&device)), vec![(ZONE, 3)], "the record is there before the reset");
         device.reset_zone(ZONE).unwrap();
-        assert_eq!(recorded_zones(device), Vec::<u32>::new(), "no record of the zone is left after its reset");
+        assert_eq!(in_force(copy(&device)), vec![(ZONE, 0)], "a tombstone after the reset");
+        // A whole block: its parity reaches flash and its record goes out
+        // of force, but stays on NVM; the reset still leaves a tombstone.
+        for page in 0..15 {
+            program(&mut device, page, 2);
+            device.flush().unwrap();
+        }
+        assert!(!device.nvm_stripes.as_ref().unwrap().current.contains_key(&ZONE), "the block's parity is on flash");
+        device.reset_zone(ZONE).unwrap();
+        assert_eq!(in_force(device), vec![(ZONE, 0)], "a tombstone after the second reset");
     }
 }

@@ -463,7 +463,9 @@ impl NvmSlotHeader {
 /// `0..data_pages` of erase block `block` of `zone` (physical numbers, as
 /// the protection layer counts them), `units` parity units of `unit_bytes`
 /// each following it. The newest record of a zone by `sequence` whose
-/// CRC matches is the one in force.
+/// CRC matches is the one in force. A *tombstone* covers 0 pages of block
+/// 0 and has no units: written before a zone's reset, it keeps every
+/// record of the zone's earlier use out of force.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct NvmStripeHeader {
     pub sequence: u64,
@@ -483,9 +485,11 @@ impl NvmStripeHeader {
     /// The header with its CRC, which covers the volume's UUID, the
     /// header's first 60 bytes and the units.
     pub fn encode(&self, uuid: &[u8; 16], units: &[Vec<u8>]) -> [u8; NVM_STRIPE_HEADER_BYTES] {
-        assert_eq!(units.len(), self.units as usize, "a stripe record's units");
+        // A tombstone (0 pages) has no units.
+        let expected = if self.data_pages == 0 { 0 } else { self.units as usize };
+        assert_eq!(units.len(), expected, "a stripe record's units");
         assert!(units.iter().all(|unit| unit.len() == self.unit_bytes as usize), "a stripe record's unit size");
-        assert!(self.sequence > 0 && self.data_pages > 0, "a stripe record covers pages: {self:?}");
+        assert!(self.sequence > 0, "a stripe record's sequence: {self:?}");
         assert!(self.sequence <= NVM_STRIPE_SEQUENCE_MAX, "a stripe record's sequence: {self:?}");
         let mut writer = Writer::with_capacity(NVM_STRIPE_HEADER_BYTES);
         writer.u64(NVM_STRIPE_MAGIC).u64(self.sequence).u32(self.zone).u32(self.block).u32(self.data_pages);
@@ -515,9 +519,9 @@ impl NvmStripeHeader {
         let crc = reader.u32()?;
         if header.sequence == 0
             || header.sequence > NVM_STRIPE_SEQUENCE_MAX
-            || header.data_pages == 0
             || header.units == 0
             || header.unit_bytes == 0
+            || (header.data_pages == 0 && header.block != 0)
         {
             return Err(reader.error(format!("a stripe record that covers nothing: {header:?}")));
         }
@@ -628,7 +632,11 @@ mod tests {
         assert_eq!(NvmStripeHeader::record_bytes(2, 128), 320);
         let mut empty = bytes;
         empty[24..28].copy_from_slice(&0u32.to_le_bytes());
-        assert!(NvmStripeHeader::decode(&empty).is_err(), "no pages covered");
+        assert!(NvmStripeHeader::decode(&empty).is_err(), "no pages covered, but a block named");
+        let tombstone = NvmStripeHeader { block: 0, data_pages: 0, ..header };
+        let encoded = tombstone.encode(&[5; 16], &[]);
+        let (decoded, crc) = NvmStripeHeader::decode(&encoded).unwrap().expect("a tombstone");
+        assert_eq!((decoded, crc), (tombstone, nvm_stripe_crc(&[5; 16], &encoded, std::iter::empty())));
         let mut last = bytes;
         last[8..16].copy_from_slice(&u64::MAX.to_le_bytes());
         assert!(NvmStripeHeader::decode(&last).is_err(), "a sequence with no next");
