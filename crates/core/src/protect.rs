@@ -277,6 +277,32 @@ struct NvmStripes {
     recorded: BTreeSet<u32>,
 }
 
+impl NvmStripes {
+    /// Where record slot `slot` is in the region.
+    fn at(&self, slot: u32) -> u64 {
+        self.offset + u64::from(slot) * self.record_bytes
+    }
+
+    /// The next slot from the cursor that holds no record in force.
+    fn free_slot(&self) -> Option<u32> {
+        (0..self.records)
+            .map(|step| (self.cursor + step) % self.records)
+            .find(|slot| self.current.values().all(|record| record.slot != *slot))
+    }
+
+    /// The sequence for the next record; past the format's bound (only a
+    /// hostile record found at mount gets there) the area goes out of use.
+    fn sequence(&self) -> Result<u64> {
+        if self.sequence_next > flintfs_format::NVM_STRIPE_SEQUENCE_MAX {
+            return Err(DeviceError::OutOfRange {
+                what: "a stripe record's sequence".into(),
+                limit: flintfs_format::NVM_STRIPE_SEQUENCE_MAX.to_string(),
+            });
+        }
+        Ok(self.sequence_next)
+    }
+}
+
 /// The shape of one zone under the parity layout.
 #[derive(Clone, Copy, Debug)]
 struct ZoneShape {
@@ -462,7 +488,7 @@ impl<D: FlashDevice> Protected<D> {
         let mut newest: Option<(u64, u32)> = None;
         let mut record_header = [0u8; NVM_STRIPE_HEADER_BYTES];
         for slot in 0..area.records {
-            self.inner.nvm_read(area.offset + u64::from(slot) * record_bytes, &mut record_header)?;
+            self.inner.nvm_read(area.at(slot), &mut record_header)?;
             let Ok(Some((found, _))) = NvmStripeHeader::decode(&record_header) else { continue };
             // Sequences go on past every record seen, whole or not.
             // (The decoder bounds them far below overflow.)
@@ -488,6 +514,13 @@ impl<D: FlashDevice> Protected<D> {
             }
         }
         area.cursor = newest.map_or(0, |(_, slot)| (slot + 1) % area.records);
+        if area.sequence().is_err() {
+            // Only a hostile record gets there: the area stays out of use
+            // for this mount, and the open stripes wait for their parity on
+            // flash, as without NVM.
+            tracing::warn!("the NVM stripe area's records are past their sequence bound: not used in this mount");
+            return Ok(());
+        }
         tracing::debug!(records = area.current.len(), "open stripes' records found in NVM");
         self.nvm_stripes = Some(area);
         Ok(())
@@ -496,7 +529,7 @@ impl<D: FlashDevice> Protected<D> {
     /// The record in slot `slot` and its units, if its CRC matches.
     fn read_stripe_record(&mut self, area: &NvmStripes, slot: u32) -> Result<Option<(NvmStripeHeader, Vec<Vec<u8>>)>> {
         let mut bytes = vec![0u8; area.record_bytes as usize];
-        self.inner.nvm_read(area.offset + u64::from(slot) * area.record_bytes, &mut bytes)?;
+        self.inner.nvm_read(area.at(slot), &mut bytes)?;
         let Ok(Some((record, crc))) = NvmStripeHeader::decode(&bytes[..NVM_STRIPE_HEADER_BYTES]) else {
             return Ok(None);
         };
@@ -563,24 +596,14 @@ impl<D: FlashDevice> Protected<D> {
             .map(|(&zone, stripe)| (zone, stripe.block, stripe.data_pages))
             .collect();
         for (zone, block, data_pages) in wanted {
-            let Some(slot) = (0..area.records)
-                .map(|step| (area.cursor + step) % area.records)
-                .find(|slot| area.current.values().all(|record| record.slot != *slot))
-            else {
+            let Some(slot) = area.free_slot() else {
                 // Every slot holds a record in force: this stripe waits for
                 // its parity on flash, as without NVM.
                 continue;
             };
             let units = &self.stripes[&zone].block_parity;
-            if area.sequence_next > flintfs_format::NVM_STRIPE_SEQUENCE_MAX {
-                // Past any a volume writes: the area goes out of use.
-                return Err(DeviceError::OutOfRange {
-                    what: "a stripe record's sequence".into(),
-                    limit: flintfs_format::NVM_STRIPE_SEQUENCE_MAX.to_string(),
-                });
-            }
             let header = NvmStripeHeader {
-                sequence: area.sequence_next,
+                sequence: area.sequence()?,
                 zone,
                 block,
                 data_pages,
@@ -593,15 +616,22 @@ impl<D: FlashDevice> Protected<D> {
                 bytes.extend_from_slice(unit);
             }
             assert_eq!(bytes.len() as u64, area.record_bytes, "a stripe record fills its slot");
-            let at = area.offset + u64::from(slot) * area.record_bytes;
-            self.inner.nvm_write(at, &bytes)?;
-            self.inner.nvm_persist(at, area.record_bytes)?;
-            area.sequence_next += 1;
-            area.cursor = (slot + 1) % area.records;
-            area.current.insert(zone, StripeRecord { slot, block, data_pages });
-            area.recorded.insert(zone);
+            self.put_record(area, zone, StripeRecord { slot, block, data_pages }, &bytes)?;
             self.counters.stripe_records_written += 1;
         }
+        Ok(())
+    }
+
+    /// Writes and persists a record's `bytes` (a whole record, or a
+    /// tombstone's header) in its slot, then puts it in force for `zone`.
+    fn put_record(&mut self, area: &mut NvmStripes, zone: u32, record: StripeRecord, bytes: &[u8]) -> Result<()> {
+        let at = area.at(record.slot);
+        self.inner.nvm_write(at, bytes)?;
+        self.inner.nvm_persist(at, bytes.len() as u64)?;
+        area.sequence_next += 1;
+        area.cursor = (record.slot + 1) % area.records;
+        area.current.insert(zone, record);
+        area.recorded.insert(zone);
         Ok(())
     }
 
@@ -624,13 +654,10 @@ impl<D: FlashDevice> Protected<D> {
         if !area.recorded.contains(&zone) || area.current.get(&zone).is_some_and(|record| record.data_pages == 0) {
             return Ok(());
         }
-        let free = (0..area.records)
-            .map(|step| (area.cursor + step) % area.records)
-            .find(|slot| area.current.values().all(|record| record.slot != *slot));
-        let Some(slot) = free else {
+        let Some(slot) = area.free_slot() else {
             let mut header = [0u8; NVM_STRIPE_HEADER_BYTES];
             for slot in 0..area.records {
-                let at = area.offset + u64::from(slot) * area.record_bytes;
+                let at = area.at(slot);
                 self.inner.nvm_read(at, &mut header)?;
                 if matches!(NvmStripeHeader::decode(&header), Ok(Some((found, _))) if found.zone == zone) {
                     self.inner.nvm_write(at, &[0u8; 8])?;
@@ -642,20 +669,15 @@ impl<D: FlashDevice> Protected<D> {
         };
         let unit = unit_bytes(self.inner.geometry().page_size_bytes as usize) as u32;
         let header = NvmStripeHeader {
-            sequence: area.sequence_next,
+            sequence: area.sequence()?,
             zone,
             block: 0,
             data_pages: 0,
             units: self.parity.block_parity_pages,
             unit_bytes: unit,
         };
-        let at = area.offset + u64::from(slot) * area.record_bytes;
-        self.inner.nvm_write(at, &header.encode(&area.uuid, &[]))?;
-        self.inner.nvm_persist(at, NVM_STRIPE_HEADER_BYTES as u64)?;
-        area.sequence_next += 1;
-        area.cursor = (slot + 1) % area.records;
-        area.current.insert(zone, StripeRecord { slot, block: 0, data_pages: 0 });
-        Ok(())
+        let bytes = header.encode(&area.uuid, &[]);
+        self.put_record(area, zone, StripeRecord { slot, block: 0, data_pages: 0 }, &bytes)
     }
 
     /// Pages a flush made durable that neither parity on flash nor a
@@ -1957,6 +1979,34 @@ mod tests {
 
     fn copy(device: &Protected<MemoryFlash>) -> Protected<MemoryFlash> {
         Protected::new(device.inner().clone())
+    }
+
+    /// A record whose sequence is the format's last (hostile: no volume
+    /// gets there) leaves the area out of use for the mount: no record or
+    /// tombstone is written past the bound, and a reset goes on.
+    #[test]
+    fn a_record_at_the_sequence_bound_puts_the_area_out_of_use() {
+        let mut device = device();
+        program(&mut device, 0, 1);
+        device.flush().unwrap();
+        let area = device.nvm_stripes.as_ref().expect("a stripe area");
+        let (at, record_bytes) = (area.at(area.current[&ZONE].slot), area.record_bytes);
+        let mut bytes = vec![0u8; record_bytes as usize];
+        device.nvm_read(at, &mut bytes).unwrap();
+        let (mut header, _) = NvmStripeHeader::decode(&bytes[..NVM_STRIPE_HEADER_BYTES]).unwrap().unwrap();
+        header.sequence = flintfs_format::NVM_STRIPE_SEQUENCE_MAX;
+        let units: Vec<Vec<u8>> =
+            bytes[NVM_STRIPE_HEADER_BYTES..].chunks(header.unit_bytes as usize).map(<[u8]>::to_vec).collect();
+        device.nvm_write(at, &header.encode(&UUID, &units)).unwrap();
+        device.nvm_persist(at, NVM_STRIPE_HEADER_BYTES as u64).unwrap();
+        let mut again = copy(&device);
+        again.set_parity(ParityLayout { block_parity_pages: 1, zone_parity_blocks: 0 }).unwrap();
+        again.open_nvm_stripes(UUID).unwrap();
+        assert!(again.nvm_stripes.is_none(), "the area is out of use");
+        program(&mut again, 1, 1);
+        again.flush().unwrap();
+        again.reset_zone(ZONE).unwrap();
+        assert_eq!(again.protection_counters().stripe_records_written, 0);
     }
 
     /// A zone's reset puts a tombstone in force for it: a record of its
