@@ -76,6 +76,22 @@ fuzz_target!(|bytes: &[u8]| {
         let word = u64::from_le_bytes(data[..8].try_into().unwrap());
         let _ = flintfs_format::decode_nvm_slot_prefix(word);
         assert_eq!(flintfs_format::NvmSlotWord::decode(word).encode(), word);
+        // The wear levelling: a ring word found is the one its number
+        // encodes, and the layout of any region size maps every logical
+        // line inside the region.
+        let number = u64::from(length);
+        let ring_records = number % 100_000;
+        if let Some(moves) = flintfs_format::decode_nvm_wear_record(word, number % 1_000, ring_records) {
+            assert_eq!(flintfs_format::encode_nvm_wear_record(moves), word);
+        }
+        let region = word % (1 << 32);
+        if let Some(layout) = flintfs_format::NvmWearLayout::for_region(region) {
+            let line = number % layout.lines;
+            let moves = word >> 16;
+            assert!(layout.physical_line_offset(moves, line) + flintfs_format::NVM_WEAR_LINE_BYTES <= region);
+            let (from, to) = layout.move_after(moves);
+            assert!(from.max(to) + flintfs_format::NVM_WEAR_LINE_BYTES <= region);
+        }
     }
     // Compressed chunk payloads: any bytes, any claimed length up to a
     // block, give that many bytes or an error.

@@ -1115,6 +1115,9 @@ pub(crate) fn run_engine(workload: &str, target: &str, fsync_mode: FsyncMode, si
     let fs_options = FsOptions { fsync_mode, compression: compression_of(target), ..FsOptions::default() };
     let heap_before_mount_bytes = heap_live_bytes();
     let (fs, mount) = Fs::mount(device, fs_options, Box::new(clock.clone())).map_err(engine_error)?;
+    // Each NVM word's writes before the workload (mkfs and the mount),
+    // left out of what its rate projects over a device's life.
+    let nvm_words_at_mount = fs.device().nvm_word_writes().to_vec();
     let mut files = EngineFiles {
         fs: Some(fs),
         mount_pages: None,
@@ -1166,6 +1169,7 @@ pub(crate) fn run_engine(workload: &str, target: &str, fsync_mode: FsyncMode, si
     value["cleaner_whole_zone_cleanings"] = json!(cleaner_counters.whole_zone_cleanings_for_space);
     if geometry.nvm_size_bytes > 0 {
         add_nvm_fields(&mut value, &counters, ops, device.nvm_hottest_word(), geometry.nvm_size_bytes);
+        add_levelled_wear(&mut value, device.nvm_word_writes(), &nvm_words_at_mount, geometry.nvm_size_bytes, ops);
     }
     if workload.starts_with("append_fsync") {
         // The appended data as flash stores it: a page with its spare area
@@ -1201,6 +1205,42 @@ fn add_nvm_fields(value: &mut Value, counters: &Counters, ops: u64, hottest: Opt
     if let Some((offset, writes)) = hottest {
         value["nvm_hottest_word_offset"] = json!(offset);
         value["nvm_hottest_word_writes_per_million_ops"] = json!(writes as f64 * 1e6 / ops);
+    }
+}
+
+/// Where NVM wear ends once the start-gap levelling (`docs/FORMAT.md`, "NVM
+/// wear levelling") has moved every logical line past every physical one:
+/// a physical word then takes the average, over the levelled lines, of the
+/// writes at its offset in a line (a line moves whole, so offsets keep
+/// their own averages), and a ring word the ring's average. Measured from
+/// this run's writes after the mount, per million operations; and the
+/// years to PCM's 1e8 writes a word at this run's rate, nonstop.
+fn add_levelled_wear(value: &mut Value, words: &[u32], at_mount: &[u32], nvm_bytes: u64, ops: u64) {
+    let Some(layout) = flintfs_format::NvmWearLayout::for_region(nvm_bytes) else { return };
+    if words.is_empty() {
+        return;
+    }
+    let delta = |word: usize| u64::from(words[word]) - u64::from(at_mount.get(word).copied().unwrap_or(0));
+    let ring_words = layout.ring_records as usize;
+    let ring_mean = (0..ring_words).map(delta).sum::<u64>() as f64 / ring_words as f64;
+    let words_per_line = (flintfs_format::NVM_WEAR_LINE_BYTES / 8) as usize;
+    let lines = layout.lines as usize + 1;
+    let offset_mean_max = (0..words_per_line)
+        .map(|offset| (0..lines).map(|line| delta(ring_words + line * words_per_line + offset)).sum::<u64>())
+        .max()
+        .unwrap_or(0) as f64
+        / lines as f64;
+    let region_mean = (0..ring_words + lines * words_per_line).map(delta).sum::<u64>() as f64
+        / (ring_words + lines * words_per_line) as f64;
+    let ops = ops.max(1) as f64;
+    let levelled = offset_mean_max.max(ring_mean) * 1e6 / ops;
+    value["nvm_levelled_hottest_word_writes_per_million_ops"] = json!(levelled);
+    value["nvm_region_mean_word_writes_per_million_ops"] = json!(region_mean * 1e6 / ops);
+    if let Some(ops_per_s) = value["ops_per_s"].as_f64() {
+        if levelled > 0.0 {
+            const SECONDS_PER_YEAR: f64 = 365.25 * 24.0 * 3600.0;
+            value["nvm_levelled_life_years"] = json!(1e8 / (levelled * 1e-6 * ops_per_s) / SECONDS_PER_YEAR);
+        }
     }
 }
 

@@ -79,6 +79,12 @@ fn a_row_per_target_with_the_fields_tools_read() {
     let nvm = rows.iter().find(|row| row["target"] == "flintfs-nvm").expect("an NVM row");
     assert_eq!(nvm["log_pages_programmed"], 0, "{nvm}");
     assert!(nvm["nvm_hottest_word_writes_per_million_ops"].as_f64().is_some(), "{nvm}");
+    // Levelled, no word ends hotter than the hottest this short run saw,
+    // nor below the region's average.
+    let levelled = nvm["nvm_levelled_hottest_word_writes_per_million_ops"].as_f64().expect("levelled wear");
+    let mean = nvm["nvm_region_mean_word_writes_per_million_ops"].as_f64().expect("mean wear");
+    let hottest = nvm["nvm_hottest_word_writes_per_million_ops"].as_f64().expect("hottest word");
+    assert!(mean > 0.0 && mean <= levelled && levelled <= hottest, "{nvm}");
     for row in rows {
         for field in [
             "workload",

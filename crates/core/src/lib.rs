@@ -17,6 +17,7 @@ mod fs;
 pub mod protect;
 mod shared;
 mod volume;
+mod wear;
 
 pub use allocator::PageMeta;
 pub use cache::{Dirty, Evicted, PageCache};

@@ -71,6 +71,8 @@ use flintfs_format::{
 };
 use flintfs_format::{PageHeader, FIRST_DYNAMIC_ZONE, SUPERBLOCK_ZONES};
 
+use crate::wear::NvmWear;
+
 /// Pages in a run below which [`Protected::seal_pages`] seals on the
 /// calling thread alone: a second thread costs about as much to start as
 /// sealing a few pages (11 µs each at 4 KiB with the default ECC).
@@ -121,6 +123,9 @@ pub struct ProtectionCounters {
     /// Reads that came back whole only on a later attempt (read retry):
     /// noise that a second sensing did not repeat.
     pub pages_read_again: u64,
+    /// Moves of the NVM wear levelling's gap (`crate::wear`): each copies
+    /// one 64-byte line and writes one ring word, with a persist each.
+    pub nvm_wear_moves: u64,
 }
 
 impl ProtectionCounters {
@@ -380,6 +385,9 @@ pub struct Protected<D: FlashDevice> {
     unflushed: bool,
     /// The stripe area in NVM, when the device has one for this volume.
     nvm_stripes: Option<NvmStripes>,
+    /// Start-gap wear levelling under every NVM structure: the engine's
+    /// NVM offsets are logical, and this layer alone sees physical ones.
+    nvm_wear: NvmWear,
 }
 
 impl<D: FlashDevice> Protected<D> {
@@ -403,6 +411,7 @@ impl<D: FlashDevice> Protected<D> {
             correction: Correction::ALL,
             unflushed: false,
             nvm_stripes: None,
+            nvm_wear: NvmWear::new(geometry.nvm_size_bytes),
         }
     }
 
@@ -448,14 +457,15 @@ impl<D: FlashDevice> Protected<D> {
     /// units of the newest per zone; writes nothing.
     pub fn open_nvm_stripes(&mut self, uuid: [u8; 16]) -> Result<()> {
         let geometry = self.inner.geometry();
+        let nvm_size_bytes = self.nvm_wear.logical_bytes(geometry.nvm_size_bytes);
         let record_bytes = self.nvm_stripe_record_bytes();
-        if geometry.nvm_size_bytes < NVM_SIZE_BYTES_MIN || record_bytes == 0 {
+        if nvm_size_bytes < NVM_SIZE_BYTES_MIN || record_bytes == 0 {
             self.nvm_stripes = None;
             return Ok(());
         }
         let mut bytes = vec![0u8; NVM_HEADER_BYTES];
-        self.inner.nvm_read(0, &mut bytes)?;
-        let header = match NvmHeader::decode(&bytes, geometry.nvm_size_bytes) {
+        self.nvm_wear.read(&mut self.inner, 0, &mut bytes)?;
+        let header = match NvmHeader::decode(&bytes, nvm_size_bytes) {
             NvmHeaderState::Valid(header)
                 if header.uuid == uuid && header.stripe_records > 0 && header.stripe_record_bytes == record_bytes =>
             {
@@ -488,7 +498,7 @@ impl<D: FlashDevice> Protected<D> {
         let mut newest: Option<(u64, u32)> = None;
         let mut record_header = [0u8; NVM_STRIPE_HEADER_BYTES];
         for slot in 0..area.records {
-            self.inner.nvm_read(area.at(slot), &mut record_header)?;
+            self.nvm_wear.read(&mut self.inner, area.at(slot), &mut record_header)?;
             let Ok(Some((found, _))) = NvmStripeHeader::decode(&record_header) else { continue };
             // Sequences go on past every record seen, whole or not.
             // (The decoder bounds them far below overflow.)
@@ -529,7 +539,7 @@ impl<D: FlashDevice> Protected<D> {
     /// The record in slot `slot` and its units, if its CRC matches.
     fn read_stripe_record(&mut self, area: &NvmStripes, slot: u32) -> Result<Option<(NvmStripeHeader, Vec<Vec<u8>>)>> {
         let mut bytes = vec![0u8; area.record_bytes as usize];
-        self.inner.nvm_read(area.at(slot), &mut bytes)?;
+        self.nvm_wear.read(&mut self.inner, area.at(slot), &mut bytes)?;
         let Ok(Some((record, crc))) = NvmStripeHeader::decode(&bytes[..NVM_STRIPE_HEADER_BYTES]) else {
             return Ok(None);
         };
@@ -626,8 +636,8 @@ impl<D: FlashDevice> Protected<D> {
     /// tombstone's header) in its slot, then puts it in force for `zone`.
     fn put_record(&mut self, area: &mut NvmStripes, zone: u32, record: StripeRecord, bytes: &[u8]) -> Result<()> {
         let at = area.at(record.slot);
-        self.inner.nvm_write(at, bytes)?;
-        self.inner.nvm_persist(at, bytes.len() as u64)?;
+        self.nvm_wear.write(&mut self.inner, at, bytes)?;
+        self.nvm_wear.persist(&mut self.inner, at, bytes.len() as u64)?;
         area.sequence_next += 1;
         area.cursor = (record.slot + 1) % area.records;
         area.current.insert(zone, record);
@@ -658,10 +668,10 @@ impl<D: FlashDevice> Protected<D> {
             let mut header = [0u8; NVM_STRIPE_HEADER_BYTES];
             for slot in 0..area.records {
                 let at = area.at(slot);
-                self.inner.nvm_read(at, &mut header)?;
+                self.nvm_wear.read(&mut self.inner, at, &mut header)?;
                 if matches!(NvmStripeHeader::decode(&header), Ok(Some((found, _))) if found.zone == zone) {
-                    self.inner.nvm_write(at, &[0u8; 8])?;
-                    self.inner.nvm_persist(at, 8)?;
+                    self.nvm_wear.write(&mut self.inner, at, &[0u8; 8])?;
+                    self.nvm_wear.persist(&mut self.inner, at, 8)?;
                 }
             }
             area.current.remove(&zone);
@@ -943,7 +953,7 @@ impl<D: FlashDevice> Protected<D> {
     }
 
     pub fn protection_counters(&self) -> ProtectionCounters {
-        self.counters
+        ProtectionCounters { nvm_wear_moves: self.nvm_wear.moves_made(), ..self.counters }
     }
 
     /// The ECC this device's pages carry (`None` when the OOB has no room).
@@ -1731,6 +1741,7 @@ impl<D: FlashDevice> FlashDevice for Protected<D> {
             geometry.block_pages -= self.parity.block_parity_pages;
             geometry.zone_blocks -= self.parity.zone_parity_blocks;
         }
+        geometry.nvm_size_bytes = self.nvm_wear.logical_bytes(geometry.nvm_size_bytes);
         geometry
     }
 
@@ -1880,15 +1891,15 @@ impl<D: FlashDevice> FlashDevice for Protected<D> {
     }
 
     fn nvm_read(&mut self, offset: u64, buffer: &mut [u8]) -> Result<()> {
-        self.inner.nvm_read(offset, buffer)
+        self.nvm_wear.read(&mut self.inner, offset, buffer)
     }
 
     fn nvm_write(&mut self, offset: u64, data: &[u8]) -> Result<()> {
-        self.inner.nvm_write(offset, data)
+        self.nvm_wear.write(&mut self.inner, offset, data)
     }
 
     fn nvm_persist(&mut self, offset: u64, length: u64) -> Result<()> {
-        self.inner.nvm_persist(offset, length)
+        self.nvm_wear.persist(&mut self.inner, offset, length)
     }
 
     fn counters(&self) -> Counters {
@@ -1944,7 +1955,8 @@ mod tests {
         };
         let mut device = Protected::new(MemoryFlash::memory(geometry, DeviceOptions::default()).unwrap());
         device.set_parity(ParityLayout { block_parity_pages: 1, zone_parity_blocks: 0 }).unwrap();
-        let header = NvmHeader::for_region(UUID, 1 << 20, device.nvm_stripe_record_bytes()).encode();
+        let header =
+            NvmHeader::for_region(UUID, device.geometry().nvm_size_bytes, device.nvm_stripe_record_bytes()).encode();
         device.nvm_write(0, &header).unwrap();
         device.nvm_persist(0, header.len() as u64).unwrap();
         device.open_nvm_stripes(UUID).unwrap();

@@ -101,12 +101,16 @@ fn without_the_records_the_same_damage_is_past_repair() {
         if wipe {
             // The stripe area zeroed, the rest of NVM (the log) kept.
             let mut bytes = vec![0u8; NVM_HEADER_BYTES];
-            flash.nvm_read(0, &mut bytes).unwrap();
-            let NvmHeaderState::Valid(header) = NvmHeader::decode(&bytes, NVM_BYTES) else { panic!("the NVM header") };
+            common::nvm(&mut flash).nvm_read(0, &mut bytes).unwrap();
+            let NvmHeaderState::Valid(header) =
+                NvmHeader::decode(&bytes, common::nvm(&mut flash.clone()).geometry().nvm_size_bytes)
+            else {
+                panic!("the NVM header")
+            };
             let area = header.slots_offset() - header.stripe_offset();
             assert!(area > 0);
-            flash.nvm_write(header.stripe_offset(), &vec![0u8; area as usize]).unwrap();
-            flash.nvm_persist(header.stripe_offset(), area).unwrap();
+            common::nvm(&mut flash).nvm_write(header.stripe_offset(), &vec![0u8; area as usize]).unwrap();
+            common::nvm(&mut flash).nvm_persist(header.stripe_offset(), area).unwrap();
         }
         let damaged = destroy_a_page_of_each_open_block(&mut flash);
         assert!(damaged >= 2, "{damaged}");
@@ -229,11 +233,15 @@ fn noise_in_the_stripe_area_is_no_record_and_no_panic() {
     let flash = written_then_cut(NVM_BYTES, &clock);
     let mut bytes = vec![0u8; NVM_HEADER_BYTES];
     let mut probe = flash.clone();
-    probe.nvm_read(0, &mut bytes).unwrap();
-    let NvmHeaderState::Valid(header) = NvmHeader::decode(&bytes, NVM_BYTES) else { panic!("the NVM header") };
+    common::nvm(&mut probe).nvm_read(0, &mut bytes).unwrap();
+    let NvmHeaderState::Valid(header) =
+        NvmHeader::decode(&bytes, common::nvm(&mut flash.clone()).geometry().nvm_size_bytes)
+    else {
+        panic!("the NVM header")
+    };
     let (start, length) = (header.stripe_offset(), header.slots_offset() - header.stripe_offset());
     let mut pristine = vec![0u8; length as usize];
-    probe.nvm_read(start, &mut pristine).unwrap();
+    common::nvm(&mut probe).nvm_read(start, &mut pristine).unwrap();
     for trial in 0..24u64 {
         let mut flash = flash.clone();
         let mut damaged = pristine.clone();
@@ -249,8 +257,8 @@ fn noise_in_the_stripe_area_is_no_record_and_no_panic() {
                 damaged[at] ^= 1 << (trial % 8);
             }
         }
-        flash.nvm_write(start, &damaged).unwrap();
-        flash.nvm_persist(start, length).unwrap();
+        common::nvm(&mut flash).nvm_write(start, &damaged).unwrap();
+        common::nvm(&mut flash).nvm_persist(start, length).unwrap();
         let counters = read_back(flash, clock.clone()).unwrap_or_else(|error| panic!("trial {trial}: {error}"));
         assert_eq!(counters.pages_unrepairable, 0, "trial {trial}: {counters:?}");
     }

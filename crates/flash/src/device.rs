@@ -420,6 +420,12 @@ impl<B: Backend> FlashEmulator<B> {
         self.buffer.len()
     }
 
+    /// Writes each 8-byte NVM word has taken since this device was opened,
+    /// by word (saturating); empty before any NVM write.
+    pub fn nvm_word_writes(&self) -> &[u32] {
+        &self.nvm_word_writes
+    }
+
     /// The most writes any 8-byte NVM word has taken since this device was
     /// opened, and which word (by byte offset). `None` before any NVM write.
     pub fn nvm_hottest_word(&self) -> Option<(u64, u64)> {

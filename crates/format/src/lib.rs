@@ -25,6 +25,7 @@ mod page;
 pub mod protection;
 mod record;
 mod superblock;
+mod wear;
 
 /// Noise for the unit tests: xorshift64, deterministic from its state.
 #[cfg(test)]
@@ -74,10 +75,14 @@ pub use record::{
 pub use superblock::{
     DeviceShape, Superblock, CHECKPOINT_ZONES, FIRST_DYNAMIC_ZONE, SUPERBLOCK_BYTES, SUPERBLOCK_MAGIC, SUPERBLOCK_ZONES,
 };
+pub use wear::{
+    decode_nvm_wear_record, encode_nvm_wear_record, NvmWearLayout, NVM_WEAR_LINE_BYTES, NVM_WEAR_MOVES_MAX,
+    NVM_WEAR_RING_RECORDS_MIN, NVM_WEAR_WRITES_PER_MOVE,
+};
 
 /// The on-flash format version this build reads and writes. An image of
 /// another version is refused with a message naming both.
-pub const FORMAT_VERSION: u16 = 10;
+pub const FORMAT_VERSION: u16 = 11;
 
 /// Why some bytes are not a valid structure.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]

@@ -266,7 +266,7 @@ pub fn nvm_commit_word(uuid: &[u8; 16], epoch: u64, batch: u64, crc: u32) -> u64
 }
 
 /// splitmix64's finalizer: every input bit moves every output bit.
-fn mix64(value: u64) -> u64 {
+pub(crate) fn mix64(value: u64) -> u64 {
     let mut value = value.wrapping_add(0x9E37_79B9_7F4A_7C15);
     value = (value ^ (value >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     value = (value ^ (value >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);

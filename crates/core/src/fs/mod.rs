@@ -361,14 +361,17 @@ impl<D: FlashDevice> Fs<D> {
     pub fn format(device: D, options: &MkfsOptions, clock: Box<dyn Clock>) -> Result<D> {
         let mut device = device;
         crate::volume::mkfs(&mut device, options)?;
-        if device.geometry().nvm_size_bytes >= flintfs_format::NVM_HEADER_BYTES as u64 {
+        // Through the protection layer, whose wear levelling places the
+        // engine's NVM offsets.
+        let mut view = crate::protect::Protected::new(&mut device);
+        if view.geometry().nvm_size_bytes >= flintfs_format::NVM_HEADER_BYTES as u64 {
             // A new volume starts its NVM afresh: with the header gone,
             // the mount below writes a new one and clears the log ring, so
             // no frame of what the device held before is read as this
             // volume's.
             let blank = [0u8; flintfs_format::NVM_HEADER_BYTES];
-            device.nvm_write(0, &blank)?;
-            device.nvm_persist(0, blank.len() as u64)?;
+            view.nvm_write(0, &blank)?;
+            view.nvm_persist(0, blank.len() as u64)?;
         }
         let (volume, _) = Volume::mount(device)?;
         let mut fs = Fs::assemble(volume, FsOptions::default(), clock)?;

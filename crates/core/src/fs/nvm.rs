@@ -1339,20 +1339,25 @@ mod tests {
         }
         let mut device = fs.unmount().unwrap();
         let (committed, kept) = device_checkpoint(&mut device, &clock);
-        let header = NvmHeader::for_region([3; 16], 256 << 10, 4288);
-        let mut store = NvmStore::open(&mut device, &header, PAGE, committed, kept, true).unwrap().unwrap();
-        // The map page's key, holding a bucket: whatever reads the map
-        // would index into it as a map. Written for the next checkpoint,
-        // then its word made to name the landed one, so it is in force.
-        assert_eq!(
-            store.store(&mut device, NodeKey::Map(0), &map(1, 60), Pointer::NULL, committed + 1).unwrap(),
-            Keep::Kept
-        );
-        store.persist(&mut device).unwrap();
-        let slot = &store.slots[store.by_key[&NodeKey::Map(0)]];
-        let word = NvmSlotWord { generation: committed, ..slot.word };
-        device.nvm_write(slot.offset + NVM_SLOT_WORD_OFFSET, &word.encode().to_le_bytes()).unwrap();
-        device.nvm_persist(slot.offset + NVM_SLOT_WORD_OFFSET, 8).unwrap();
+        {
+            // The engine's NVM offsets are the wear levelling's logical
+            // ones: the store here works through the same layer.
+            let mut view = crate::protect::Protected::new(&mut device);
+            let header = NvmHeader::for_region([3; 16], view.geometry().nvm_size_bytes, 4288);
+            let mut store = NvmStore::open(&mut view, &header, PAGE, committed, kept, true).unwrap().unwrap();
+            // The map page's key, holding a bucket: whatever reads the map
+            // would index into it as a map. Written for the next checkpoint,
+            // then its word made to name the landed one, so it is in force.
+            assert_eq!(
+                store.store(&mut view, NodeKey::Map(0), &map(1, 60), Pointer::NULL, committed + 1).unwrap(),
+                Keep::Kept
+            );
+            store.persist(&mut view).unwrap();
+            let slot = &store.slots[store.by_key[&NodeKey::Map(0)]];
+            let word = NvmSlotWord { generation: committed, ..slot.word };
+            view.nvm_write(slot.offset + NVM_SLOT_WORD_OFFSET, &word.encode().to_le_bytes()).unwrap();
+            view.nvm_persist(slot.offset + NVM_SLOT_WORD_OFFSET, 8).unwrap();
+        }
         let (mut fs, _) = Fs::mount(device, keep, Box::new(clock)).unwrap();
         let mut refused = 0;
         for index in 0..20 {

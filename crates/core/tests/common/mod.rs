@@ -2,7 +2,8 @@
 //! run on, file contents that do not compress, and damage past the ECC.
 #![allow(dead_code)]
 
-use flintfs_flash::{Geometry, PageFault};
+use flintfs_core::protect::Protected;
+use flintfs_flash::{Geometry, MemoryFlash, PageFault};
 
 /// 4 KiB pages, 16-page blocks, 4-block zones: small enough that every
 /// head has blocks open and zones fill within a test.
@@ -33,4 +34,10 @@ pub fn contents(index: u32) -> Vec<u8> {
 /// Noise that no ECC corrects: a tenth of the page's bits flipped.
 pub fn destroyed(seed: u64) -> PageFault {
     PageFault::Disturbed { seed, rate_ppm: 100_000 }
+}
+
+/// The NVM region as the engine sees it: its offsets are the wear
+/// levelling's logical ones, placed on the device by the protection layer.
+pub fn nvm(flash: &mut MemoryFlash) -> Protected<&mut MemoryFlash> {
+    Protected::new(flash)
 }

@@ -1,0 +1,294 @@
+//! Start-gap wear levelling of the NVM region, under every NVM structure
+//! (`flintfs_format::NvmWearLayout` has the scheme and its arithmetic).
+//!
+//! The engine's structures rotate their own hot words where they can (the
+//! log ring's start moves with the epoch, a node moves to another slot
+//! after a few writes, stripe records go round their area), but some words
+//! stay hotter than the rest: a slot's header copy and selection word take
+//! every write of the slot, while its sub-blocks take only the ones that
+//! change them, and the slots of one size take most writes. This layer
+//! moves every line of the region over every physical line in the course
+//! of the device's life, so no physical word stays under a hot logical
+//! one.
+//!
+//! Persist ordering is unchanged for the engine: a move copies a line's
+//! current bytes into the gap and persists them before the ring word that
+//! makes the move count, so after a cut the line reads either from its old
+//! place (the move not counted: what was persisted there) or from the new
+//! one (what the line held when it moved, which includes every persisted
+//! word; an unpersisted word it carried may survive, as it may anyway).
+
+use flintfs_flash::{DeviceError, FlashDevice, Result};
+use flintfs_format::{
+    decode_nvm_wear_record, encode_nvm_wear_record, NvmWearLayout, NVM_WEAR_LINE_BYTES, NVM_WEAR_MOVES_MAX,
+    NVM_WEAR_WRITES_PER_MOVE,
+};
+
+/// Ring words read at a time when the ring is scanned.
+const RING_READ_WORDS: usize = 4096;
+
+/// The levelling's state for one device.
+#[derive(Debug)]
+pub(crate) struct NvmWear {
+    /// `None` when the device has no NVM region or one too small to level:
+    /// the engine then sees the physical region as it is.
+    layout: Option<NvmWearLayout>,
+    /// Moves done, read from the ring at the first NVM access.
+    moves: Option<u64>,
+    /// Line writes since the last move.
+    writes_since_move: u64,
+    /// Moves made since this layer was opened (a counter for reports).
+    moves_made: u64,
+    /// Why the layer is out of use: a move failed part way, so the moves
+    /// in memory and on NVM may differ and no line may be trusted.
+    failed: Option<String>,
+}
+
+impl NvmWear {
+    pub fn new(physical_bytes: u64) -> NvmWear {
+        NvmWear {
+            layout: NvmWearLayout::for_region(physical_bytes),
+            moves: None,
+            writes_since_move: 0,
+            moves_made: 0,
+            failed: None,
+        }
+    }
+
+    /// Bytes of NVM the engine sees in a physical region of
+    /// `physical_bytes`.
+    pub fn logical_bytes(&self, physical_bytes: u64) -> u64 {
+        self.layout.map_or(physical_bytes, |layout| layout.logical_bytes())
+    }
+
+    /// Gap moves made since the layer was opened.
+    pub fn moves_made(&self) -> u64 {
+        self.moves_made
+    }
+
+    /// Moves done on this region, reading the ring the first time: the
+    /// largest move number a ring word records where it belongs; 0 for a
+    /// blank ring.
+    fn moves<D: FlashDevice>(&mut self, device: &mut D, layout: NvmWearLayout) -> Result<u64> {
+        if let Some(why) = &self.failed {
+            return Err(DeviceError::Image {
+                path: "NVM region".into(),
+                reason: format!("wear levelling is out of use: {why}"),
+            });
+        }
+        if let Some(moves) = self.moves {
+            return Ok(moves);
+        }
+        let mut newest = 0;
+        let mut bytes = vec![0u8; RING_READ_WORDS * 8];
+        let mut index = 0;
+        while index < layout.ring_records {
+            let words = (layout.ring_records - index).min(RING_READ_WORDS as u64) as usize;
+            device.nvm_read(index * 8, &mut bytes[..words * 8])?;
+            for (offset, word) in bytes[..words * 8].chunks_exact(8).enumerate() {
+                let word = u64::from_le_bytes(word.try_into().expect("8 bytes"));
+                if let Some(moves) = decode_nvm_wear_record(word, index + offset as u64, layout.ring_records) {
+                    newest = newest.max(moves);
+                }
+            }
+            index += words as u64;
+        }
+        self.moves = Some(newest);
+        Ok(newest)
+    }
+
+    /// Calls `visit(physical offset, buffer start, length)` for each run of
+    /// the logical range `[offset, offset + length)` that is contiguous on
+    /// the device, in order (a run at a time, not a line at a time).
+    fn for_each_run<D: FlashDevice>(
+        &mut self,
+        device: &mut D,
+        offset: u64,
+        length: u64,
+        mut visit: impl FnMut(&mut D, u64, usize, usize) -> Result<()>,
+    ) -> Result<()> {
+        let Some(layout) = self.layout else { return visit(device, offset, 0, length as usize) };
+        let logical_bytes = layout.logical_bytes();
+        if offset.checked_add(length).is_none_or(|end| end > logical_bytes) {
+            return Err(DeviceError::OutOfRange {
+                what: format!("NVM bytes {offset}..+{length}"),
+                limit: format!("the levelled region has {logical_bytes} bytes"),
+            });
+        }
+        if length == 0 {
+            return visit(device, offset, 0, 0);
+        }
+        let moves = self.moves(device, layout)?;
+        let mut done = 0u64;
+        while done < length {
+            let at = offset + done;
+            let line = at / NVM_WEAR_LINE_BYTES;
+            let within = at % NVM_WEAR_LINE_BYTES;
+            let lines_wanted = (within + length - done).div_ceil(NVM_WEAR_LINE_BYTES);
+            let (physical, lines) = layout.physical_run(moves, line, lines_wanted);
+            let chunk = (lines * NVM_WEAR_LINE_BYTES - within).min(length - done);
+            visit(device, physical + within, done as usize, chunk as usize)?;
+            done += chunk;
+        }
+        Ok(())
+    }
+
+    pub fn read<D: FlashDevice>(&mut self, device: &mut D, offset: u64, buffer: &mut [u8]) -> Result<()> {
+        self.for_each_run(device, offset, buffer.len() as u64, |device, physical, start, length| {
+            device.nvm_read(physical, &mut buffer[start..start + length])
+        })
+    }
+
+    /// Writes `data`, then moves the gap if enough lines were written
+    /// since the last move.
+    pub fn write<D: FlashDevice>(&mut self, device: &mut D, offset: u64, data: &[u8]) -> Result<()> {
+        self.for_each_run(device, offset, data.len() as u64, |device, physical, start, length| {
+            device.nvm_write(physical, &data[start..start + length])
+        })?;
+        let Some(layout) = self.layout else { return Ok(()) };
+        if !data.is_empty() {
+            let first = offset / NVM_WEAR_LINE_BYTES;
+            let end = (offset + data.len() as u64).div_ceil(NVM_WEAR_LINE_BYTES);
+            self.writes_since_move += end - first;
+        }
+        while self.writes_since_move >= NVM_WEAR_WRITES_PER_MOVE {
+            self.writes_since_move -= NVM_WEAR_WRITES_PER_MOVE;
+            if let Err(error) = self.move_gap(device, layout) {
+                self.failed.get_or_insert_with(|| format!("a move of the gap failed: {error}"));
+                return Err(error);
+            }
+        }
+        Ok(())
+    }
+
+    pub fn persist<D: FlashDevice>(&mut self, device: &mut D, offset: u64, length: u64) -> Result<()> {
+        self.for_each_run(device, offset, length, |device, physical, _, length| {
+            device.nvm_persist(physical, length as u64)
+        })
+    }
+
+    /// One move: the line below the gap (or the last, with the gap at the
+    /// first line) is copied into the gap and persisted, then the ring
+    /// word of the move is written and persisted.
+    fn move_gap<D: FlashDevice>(&mut self, device: &mut D, layout: NvmWearLayout) -> Result<()> {
+        let moves = self.moves(device, layout)?;
+        if moves >= NVM_WEAR_MOVES_MAX {
+            // Past any device's life (`NVM_WEAR_MOVES_MAX`): the lines stay.
+            return Ok(());
+        }
+        let (from, to) = layout.move_after(moves);
+        let mut line = [0u8; NVM_WEAR_LINE_BYTES as usize];
+        device.nvm_read(from, &mut line)?;
+        device.nvm_write(to, &line)?;
+        device.nvm_persist(to, NVM_WEAR_LINE_BYTES)?;
+        let next = moves + 1;
+        let record = layout.record_offset(next);
+        device.nvm_write(record, &encode_nvm_wear_record(next).to_le_bytes())?;
+        device.nvm_persist(record, 8)?;
+        self.moves = Some(next);
+        self.moves_made += 1;
+        debug_assert_eq!(layout.physical_line_offset(next, 0) % NVM_WEAR_LINE_BYTES, 0);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use flintfs_flash::{DeviceOptions, Geometry, MemoryFlash};
+
+    fn device(nvm_size_bytes: u64) -> MemoryFlash {
+        let geometry = Geometry {
+            page_size_bytes: 4096,
+            oob_size_bytes: 128,
+            block_pages: 4,
+            zone_blocks: 2,
+            zone_count: 4,
+            open_zones_max: 4,
+            nvm_size_bytes,
+        };
+        MemoryFlash::memory(geometry, DeviceOptions::default()).unwrap()
+    }
+
+    /// Logical contents survive any number of moves, through reopening
+    /// (the ring read again), and one hot logical word's writes spread
+    /// over many physical words.
+    #[test]
+    fn contents_survive_moves_and_a_hot_word_spreads() {
+        let size = 64 << 10;
+        let mut flash = device(size);
+        let mut wear = NvmWear::new(size);
+        let logical = wear.logical_bytes(size);
+        let pattern: Vec<u8> = (0..logical).map(|byte| (byte * 7 % 251) as u8).collect();
+        wear.write(&mut flash, 0, &pattern).unwrap();
+        wear.persist(&mut flash, 0, logical).unwrap();
+        // Hammer one word, well past a whole cycle of the gap.
+        let layout = NvmWearLayout::for_region(size).unwrap();
+        let hot_writes = 4 * (layout.lines + 1) * NVM_WEAR_WRITES_PER_MOVE;
+        for round in 0..hot_writes {
+            wear.write(&mut flash, 8, &round.to_le_bytes()).unwrap();
+        }
+        wear.persist(&mut flash, 8, 8).unwrap();
+        let mut expected = pattern.clone();
+        expected[8..16].copy_from_slice(&(hot_writes - 1).to_le_bytes());
+        let mut back = vec![0u8; logical as usize];
+        wear.read(&mut flash, 0, &mut back).unwrap();
+        assert!(wear.moves_made() >= 4 * (layout.lines + 1), "{} moves", wear.moves_made());
+        assert!(back == expected, "contents after {} moves", wear.moves_made());
+        let mut again = NvmWear::new(size);
+        again.read(&mut flash, 0, &mut back).unwrap();
+        assert!(back == expected, "contents read through a reopened layer");
+        let (_, hottest) = flash.nvm_hottest_word().unwrap();
+        assert!(
+            hottest * 3 < hot_writes,
+            "the hot word's {hot_writes} writes stayed on one physical word: {hottest} there"
+        );
+    }
+
+    /// A power cut at every device operation of a run of writes, persists
+    /// and moves: every persisted word then reads back, the write in
+    /// flight may or may not be there, and nothing reads older.
+    #[test]
+    fn a_cut_anywhere_in_a_move_keeps_every_persisted_word() {
+        let size = 20 << 10;
+        let writes = 200u64;
+        let mut cut = 0;
+        loop {
+            let mut flash = device(size);
+            let mut wear = NvmWear::new(size);
+            let logical = wear.logical_bytes(size);
+            let words = logical / 8;
+            let seed = 0x5EED ^ cut;
+            flash.schedule_power_cut(flash.mutating_operations() + cut, seed).unwrap();
+            let mut persisted = vec![0u64; words as usize];
+            let mut in_flight = None;
+            for round in 1..=writes {
+                let word = (round * 37) % words;
+                let outcome = wear
+                    .write(&mut flash, word * 8, &round.to_le_bytes())
+                    .and_then(|()| wear.persist(&mut flash, word * 8, 8));
+                if outcome.is_err() {
+                    in_flight = Some((word, round));
+                    break;
+                }
+                persisted[word as usize] = round;
+            }
+            let Some((word_in_flight, round_in_flight)) = in_flight else { break };
+            flash.power_on();
+            let mut reopened = NvmWear::new(size);
+            let mut back = vec![0u8; logical as usize];
+            reopened.read(&mut flash, 0, &mut back).unwrap();
+            for (word, bytes) in back.chunks_exact(8).enumerate() {
+                let value = u64::from_le_bytes(bytes.try_into().unwrap());
+                let allowed = value == persisted[word] || (word as u64 == word_in_flight && value == round_in_flight);
+                assert!(
+                    allowed,
+                    "seed {seed}, cut at operation {cut}: word {word} reads {value}, persisted {}",
+                    persisted[word]
+                );
+            }
+            cut += 1;
+        }
+        assert!(cut > writes * 2, "the run took {cut} operations");
+    }
+}
