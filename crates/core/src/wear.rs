@@ -245,6 +245,61 @@ mod tests {
         );
     }
 
+    /// What the bench projects (`add_levelled_wear` in the bench: a
+    /// physical word ends at the average, over the lines, of the logical
+    /// writes at its offset in a line) holds once every line has passed
+    /// every physical line: a skewed load, a fifth of its writes on ten
+    /// hot words at one offset (as slot selection words are), the rest on
+    /// random words, leaves no physical word far above that projection
+    /// after one pass, and far below the hottest logical word.
+    #[test]
+    fn after_a_pass_every_physical_word_is_near_its_offset_average() {
+        let size = 16_640;
+        let layout = NvmWearLayout::for_region(size).unwrap();
+        let words_per_line = (NVM_WEAR_LINE_BYTES / 8) as usize;
+        let mut flash = device(size);
+        let mut wear = NvmWear::new(size);
+        let logical_words = (layout.lines as usize) * words_per_line;
+        let mut logical = vec![0u64; logical_words];
+        let hot: Vec<usize> =
+            (0..10).map(|number| (number * 25 % layout.lines as usize) * words_per_line + 1).collect();
+        let mut state = 0x9E37_79B9_7F4A_7C15u64;
+        let pass = layout.lines * (layout.lines + 1);
+        while wear.moves_made() < pass {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            let word = if state.is_multiple_of(5) {
+                hot[(state >> 8) as usize % hot.len()]
+            } else {
+                (state >> 8) as usize % logical_words
+            };
+            logical[word] += 1;
+            wear.write(&mut flash, word as u64 * 8, &state.to_le_bytes()).unwrap();
+        }
+        let projection = (0..words_per_line)
+            .map(|offset| (offset..logical_words).step_by(words_per_line).map(|word| logical[word]).sum::<u64>())
+            .max()
+            .unwrap() as f64
+            / layout.lines as f64;
+        let physical = flash.nvm_word_writes();
+        let ring_words = layout.ring_records as usize;
+        let levelled_max = physical[ring_words..ring_words + (layout.lines as usize + 1) * words_per_line]
+            .iter()
+            .copied()
+            .max()
+            .unwrap();
+        let logical_max = *logical.iter().max().unwrap();
+        assert!(
+            f64::from(levelled_max) < 1.25 * projection,
+            "hottest physical word {levelled_max} against the projection {projection:.0}"
+        );
+        assert!(
+            u64::from(levelled_max) * 10 < logical_max,
+            "hottest physical word {levelled_max} against the hottest logical {logical_max}"
+        );
+    }
+
     /// A power cut at every device operation of a run of writes, persists
     /// and moves: every persisted word then reads back, the write in
     /// flight may or may not be there, and nothing reads older.
