@@ -695,7 +695,7 @@ pub fn stat(arguments: StatArguments) -> Outcome<ExitCode> {
 }
 
 /// The protection layer's counters, by the names `stat --json` gives them.
-pub fn protection_fields(counters: &flintfs_core::ProtectionCounters) -> [(&'static str, u64); 15] {
+pub fn protection_fields(counters: &flintfs_core::ProtectionCounters) -> [(&'static str, u64); 16] {
     [
         ("pages_corrected_ecc", counters.pages_corrected_ecc),
         ("bits_corrected_ecc", counters.bits_corrected_ecc),
@@ -712,6 +712,7 @@ pub fn protection_fields(counters: &flintfs_core::ProtectionCounters) -> [(&'sta
         ("blocks_retired", counters.blocks_retired),
         ("pages_worn", counters.pages_worn),
         ("pages_read_again", counters.pages_read_again),
+        ("nvm_wear_moves", counters.nvm_wear_moves),
     ]
 }
 
