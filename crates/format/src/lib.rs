@@ -77,7 +77,7 @@ pub use superblock::{
 };
 pub use wear::{
     decode_nvm_wear_record, encode_nvm_wear_record, NvmWearLayout, NVM_WEAR_LINE_BYTES, NVM_WEAR_MOVES_MAX,
-    NVM_WEAR_RING_RECORDS_MIN, NVM_WEAR_WRITES_PER_MOVE,
+    NVM_WEAR_RING_RECORDS_MIN, NVM_WEAR_WORD_WRITES_PER_MOVE,
 };
 
 /// The on-flash format version this build reads and writes. An image of

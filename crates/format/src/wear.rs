@@ -6,41 +6,45 @@
 //! others. So the region the engine sees (its *logical* region) is not laid
 //! on the physical one fixed: it is cut into 64-byte lines, and one physical
 //! line more than there are logical ones is kept free, the *gap*. Every
-//! [`NVM_WEAR_WRITES_PER_MOVE`] line writes the gap moves down by one line
-//! (the line below it is copied into it); once it has reached the first
-//! line it wraps to the last, and every logical line has then moved up by
-//! one. Over a device's life every logical line passes over every physical
-//! line, so every physical word ends near the region's average, whatever
-//! the structures above do (Qureshi et al., "Enhancing Lifetime and Security
-//! of PCM-Based Main Memory with Start-Gap Wear Leveling", MICRO 2009).
+//! [`NVM_WEAR_WORD_WRITES_PER_MOVE`] word writes the gap moves down by one
+//! line (the line below it is copied into it); once it has reached the
+//! first line it wraps to the last, and every logical line has then moved
+//! up by one. Over a device's life every logical line passes over every
+//! physical line, so every physical word ends near the average of the
+//! words at its offset in a line, whatever the structures above do
+//! (Qureshi et al., "Enhancing Lifetime and Security of PCM-Based Main
+//! Memory with Start-Gap Wear Leveling", MICRO 2009).
 //!
 //! The state is one number: the moves done so far. Each move, once its line
 //! is copied and persisted, writes its number into a ring of 8-byte words at
 //! the region's start ([`encode_nvm_wear_record`]) and persists it; a mount
-//! takes the largest number found. A cut before that word is persisted
-//! leaves the move undone, its copy in the gap unused; after it, the move
-//! done. The ring has a word per [`NVM_WEAR_WRITES_PER_MOVE`] / 2 lines of
-//! the region, so each of its words is written about half as often as the
-//! region's average word.
+//! takes the largest number found. Until that word is written the move
+//! counts as undone, its copy in the gap unused; once written, a cut may
+//! keep or drop it, and once persisted the move is done. Both outcomes are
+//! sound, since the copy was persisted first. The ring has a word per 32
+//! lines of the region, so each of its words is written half as often as
+//! the region's average word.
 
 /// Bytes of a line: what moves, and the device's cost unit.
 pub const NVM_WEAR_LINE_BYTES: u64 = 64;
-/// Line writes between two moves of the gap. At 64, a region written to
-/// 1e8 writes a word sees every line move past every physical line about
-/// 1.5 times (1e8 / 64 lines' worth of moves per line), at a cost of one
-/// line copy and two persists per 64 line writes.
-pub const NVM_WEAR_WRITES_PER_MOVE: u64 = 64;
+/// Word writes (8-byte words, each counted once per write that touches
+/// it) between two moves of the gap: one line copy and two persists per
+/// 512 words written, under 2% more writes. Over a life of 1e8 writes a
+/// word, a region of N lines takes 1e8 x 8 N / 512 = 1.6e6 N moves, so
+/// every line moves by 1.6 million lines: past every physical line of a 64
+/// MiB region (about a million) more than once.
+pub const NVM_WEAR_WORD_WRITES_PER_MOVE: u64 = 512;
 /// Ring words, at least.
 pub const NVM_WEAR_RING_RECORDS_MIN: u64 = 8;
-/// Moves a record can name: 48 bits, past any device's life (1e8 writes a
-/// word over 2^48 / 2^20 lines' worth of moves is far beyond a region's
-/// life at 64 writes a move).
+/// Moves a record can name: 48 bits, 2.8e14. A region of N lines takes
+/// about 1.6e6 N moves over its life, so any region up to 10 GiB stays
+/// under it; once a count reaches it the lines stay where they are.
 pub const NVM_WEAR_MOVES_MAX: u64 = (1 << 48) - 1;
 const NVM_WEAR_CHECK_SALT: u64 = 0x5741_4552_4C45_5645;
 
 const _: () = assert!(NVM_WEAR_LINE_BYTES.is_multiple_of(8));
 const _: () = assert!((NVM_WEAR_RING_RECORDS_MIN * 8).is_multiple_of(NVM_WEAR_LINE_BYTES));
-const _: () = assert!(NVM_WEAR_WRITES_PER_MOVE >= 2);
+const _: () = assert!(NVM_WEAR_WORD_WRITES_PER_MOVE >= NVM_WEAR_LINE_BYTES / 8);
 
 /// Where the ring and the levelled lines of a region are, and how many
 /// logical lines the engine sees.
@@ -57,7 +61,9 @@ impl NvmWearLayout {
     /// levelled, it would not hold [`crate::NVM_SIZE_BYTES_MIN`].
     pub fn for_region(nvm_size_bytes: u64) -> Option<NvmWearLayout> {
         let physical_lines = nvm_size_bytes / NVM_WEAR_LINE_BYTES;
-        let ring_records = (2 * physical_lines).div_ceil(NVM_WEAR_WRITES_PER_MOVE).max(NVM_WEAR_RING_RECORDS_MIN);
+        // A ring word per 32 lines: the ring takes moves / R writes a word,
+        // the region's average word 512 moves / (8 lines), twice as many.
+        let ring_records = (16 * physical_lines).div_ceil(NVM_WEAR_WORD_WRITES_PER_MOVE).max(NVM_WEAR_RING_RECORDS_MIN);
         let ring_records = ring_records.next_multiple_of(NVM_WEAR_LINE_BYTES / 8);
         let ring_lines = ring_records * 8 / NVM_WEAR_LINE_BYTES;
         let levelled = physical_lines.checked_sub(ring_lines)?;
