@@ -198,11 +198,13 @@ impl NvmWear {
         device.nvm_persist(to, NVM_WEAR_LINE_BYTES)?;
         let next = moves + 1;
         let record = layout.record_offset(next);
-        device.nvm_write(record, &encode_nvm_wear_record(next).to_le_bytes())?;
+        let word = encode_nvm_wear_record(next);
+        // The word a mount will take for this move, where it goes.
+        debug_assert_eq!(decode_nvm_wear_record(word, record / 8, layout.ring_records), Some(next));
+        device.nvm_write(record, &word.to_le_bytes())?;
         device.nvm_persist(record, 8)?;
         self.moves = Some(next);
         self.moves_made += 1;
-        debug_assert_eq!(layout.physical_line_offset(next, 0) % NVM_WEAR_LINE_BYTES, 0);
         Ok(())
     }
 }

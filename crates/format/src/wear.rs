@@ -92,13 +92,7 @@ impl NvmWearLayout {
 
     /// The physical byte offset of logical line `line` after `moves` moves.
     pub fn physical_line_offset(&self, moves: u64, line: u64) -> u64 {
-        assert!(line < self.lines, "logical line {line} of {}", self.lines);
-        let (gap, start) = self.gap_and_start(moves);
-        let mut physical = (line + start) % self.lines;
-        if physical >= gap {
-            physical += 1;
-        }
-        self.ring_bytes() + physical * NVM_WEAR_LINE_BYTES
+        self.physical_run(moves, line, 1).0
     }
 
     /// Where logical line `line` is after `moves` moves, and how many lines
