@@ -351,6 +351,52 @@ pub fn mount(arguments: MountArguments) -> Outcome<ExitCode> {
     fail!("{}", if message.is_empty() { "the mount daemon stopped before mounting" } else { message })
 }
 
+/// The longest a mount waits for the previous daemon of its mount point
+/// to finish its unmount and exit.
+const PREVIOUS_DAEMON_WAIT_MAX: Duration = Duration::from_secs(120);
+
+/// Waits while a daemon still listens on `socket` (see `run_daemon`).
+fn wait_for_previous_daemon(socket: &Path) {
+    let started = Instant::now();
+    let mut said = false;
+    while UnixStream::connect(socket).is_ok() {
+        if started.elapsed() > PREVIOUS_DAEMON_WAIT_MAX {
+            tracing::warn!("the previous daemon of this mount point still runs; mounting anyway");
+            return;
+        }
+        if !said {
+            tracing::info!("waiting for the previous daemon of this mount point to finish its unmount");
+            said = true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The control socket this daemon bound, known by its inode: a daemon
+/// that outlives its mount (finishing its unmount checkpoint) must not
+/// remove the socket a new daemon for the same mount point has bound in
+/// the meantime, or `flintfs stat`, `sync` and `powercut` lose the new
+/// mount.
+struct OwnSocket {
+    path: PathBuf,
+    inode: Option<u64>,
+}
+
+impl OwnSocket {
+    fn of(path: &Path) -> OwnSocket {
+        use std::os::unix::fs::MetadataExt;
+        OwnSocket { path: path.to_path_buf(), inode: std::fs::symlink_metadata(path).ok().map(|found| found.ino()) }
+    }
+
+    fn remove(&self) {
+        use std::os::unix::fs::MetadataExt;
+        let now = std::fs::symlink_metadata(&self.path).ok().map(|found| found.ino());
+        if now.is_some() && now == self.inode {
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
+}
+
 fn check_mountpoint(mountpoint: &Path) -> Outcome {
     let metadata = std::fs::metadata(mountpoint).map_err(|error| format!("{}: {error}", mountpoint.display()))?;
     if !metadata.is_dir() {
@@ -398,10 +444,15 @@ fn run_daemon(arguments: MountArguments) -> Outcome<ExitCode> {
     let socket = socket_path(&directory, &canonical);
     // Nothing can be mounted at this mount point now (checked above), so a
     // socket for it is a killed daemon's, or one still finishing its
-    // unmount checkpoint after the kernel let go: either way not ours to
-    // keep. The old daemon's listener is left answering nobody.
+    // unmount checkpoint after the kernel let go. The latter's FUSE
+    // session, as it ends, unmounts the mount point by its path (fuser's
+    // Mount, on drop): a mount made here before it exits would be
+    // unmounted under its new daemon. So wait while the socket answers
+    // (its process lives), then take its place.
+    wait_for_previous_daemon(&socket);
     let _ = std::fs::remove_file(&socket);
     let listener = UnixListener::bind(&socket).map_err(|error| format!("{}: {error}", socket.display()))?;
+    let socket_bound = OwnSocket::of(&socket);
 
     // A parent gone before "ready" must not kill the daemon with SIGPIPE:
     // the mount is up by then, and needs its daemon.
@@ -459,13 +510,13 @@ fn run_daemon(arguments: MountArguments) -> Outcome<ExitCode> {
                 }
             }
         }
-        let _ = std::fs::remove_file(&socket);
+        socket_bound.remove();
         detach(&canonical);
         tracing::info!("stopped by {}", if cut.load(Ordering::SeqCst) { "a power cut" } else { "a signal" });
         std::process::exit(if code == ExitCode::SUCCESS { 0 } else { 1 });
     }
     let ended = session.join();
-    let _ = std::fs::remove_file(&socket);
+    socket_bound.remove();
     if let Err(error) = ended {
         tracing::warn!("the FUSE session ended with: {error}");
     }
