@@ -80,7 +80,7 @@ struct MountOptions {
     allow_other: bool,
     /// The kernel's own flags, from [`flintfs_fuse::KERNEL_FLAGS`].
     kernel_flags: Vec<String>,
-    /// `writeback_cache` turns the kernel's writeback cache on.
+    /// The kernel's writeback cache: on unless `nowriteback_cache`.
     writeback_cache: bool,
     /// FUSE's io_uring transport (flintfs_fuse::ring): by default, used
     /// when the kernel offers it (the fuse module's `enable_uring` on);
@@ -125,7 +125,7 @@ fn parse_options(options: &[String]) -> Outcome<MountOptions> {
         fault_seed: crate::faults::FAULT_SEED_DEFAULT,
         allow_other: root,
         kernel_flags: Vec::new(),
-        writeback_cache: false,
+        writeback_cache: true,
         io_uring: None,
     };
     for option in options.iter().filter(|option| !option.is_empty()) {
@@ -195,8 +195,9 @@ fn parse_options(options: &[String]) -> Outcome<MountOptions> {
             // mount reads them from NVM, and the image needs its NVM.
             "nvm_keep" if value.is_none() => parsed.fs.nvm_keep = true,
             "nonvm_keep" if value.is_none() => parsed.fs.nvm_keep = false,
-            // The kernel's writeback cache (off by default: see
-            // flintfs_fuse's account of ENOSPC under it).
+            // The kernel's writeback cache (on by default: flintfs_fuse's
+            // account says what it changes, and how ENOSPC still stops a
+            // writer).
             "writeback_cache" if value.is_none() => parsed.writeback_cache = true,
             "nowriteback_cache" if value.is_none() => parsed.writeback_cache = false,
             // FUSE over io_uring (Linux 6.14+): a request is answered on
@@ -205,7 +206,7 @@ fn parse_options(options: &[String]) -> Outcome<MountOptions> {
             "noio_uring" if value.is_none() => parsed.io_uring = Some(false),
             _ => fail!(
                 "unknown mount option {option:?} (known: node_cache=SIZE, data_buffer=SIZE, read_cache=SIZE, \
-                 checkpoint_interval=SECONDS, scrub_rate=PAGES, compress=none|lz4|zstd[:LEVEL], faults=PRESET|FILE, fault_seed=N, fsync=wp-check|ordered|unchecked, nobarrier, nvm_keep, writeback_cache, io_uring, allow_other, private, noallow_other, \
+                 checkpoint_interval=SECONDS, scrub_rate=PAGES, compress=none|lz4|zstd[:LEVEL], faults=PRESET|FILE, fault_seed=N, fsync=wp-check|ordered|unchecked, nobarrier, nvm_keep, nowriteback_cache, io_uring, allow_other, private, noallow_other, \
                  and the kernel's {})",
                 flintfs_fuse::KERNEL_FLAGS.join(", ")
             ),

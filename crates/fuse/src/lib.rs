@@ -33,32 +33,43 @@
 //! - **No open, no opendir, no flush** (the kernel's zero-message open):
 //!   `open`, `opendir` and `flush` answer ENOSYS, after which the kernel
 //!   sends none of them, nor `release`. None of them has work to do here
-//!   (a file is ready once looked up; a write reaches the engine when it
-//!   is made, so close makes nothing more durable). Opening and closing a
+//!   (a file is ready once looked up, and the kernel writes a file's
+//!   dirty pages back before the FLUSH it would send, so close has
+//!   nothing left to do here). Opening and closing a
 //!   file then costs no request, where it cost three. The kernel then
 //!   keeps each file's page cache across opens, and caches directory
 //!   listings, dropping a listing whenever an entry changes through the
 //!   mount: both are never stale, for the reason above. A kernel that
 //!   does not offer this (before Linux 4.14 for files, 5.1 for
 //!   directories) gets handles that keep the caches instead.
-//! - **No writeback cache unless asked** (`-o writeback_cache`). With it a
-//!   write(2) returns once its bytes are in the kernel's page cache, and
-//!   the kernel sends them on in requests of up to [`MAX_WRITE_BYTES`]
-//!   when it writes back: at fsync and fdatasync (before the FSYNC
-//!   request, so the engine's fsync covers them), at close(2) (the kernel
-//!   writes a file's dirty pages back before the FLUSH it then does not
-//!   send), at syncfs(2) (`flintfs sync` calls it before its checkpoint),
-//!   at unmount, and on the kernel's own timer. Sequential 4 KiB writes
-//!   then run about twice as fast (227 against 120 MB/s with dd). It is
-//!   not the default because the kernel takes a write into its cache
-//!   without asking the file system: on a full device write(2) keeps
-//!   succeeding and the bytes are dropped at write-back, reported only by
-//!   close(2) or fsync. `dd if=/dev/zero` onto a full mount never ends.
-//!   A kernel file system reserves space at write(2) (delayed allocation)
-//!   and says ENOSPC there; FUSE has no request to do that with. Without
-//!   the cache every write(2) is one WRITE request (the kernel then asks
-//!   for nothing else: see FUSE_HANDLE_KILLPRIV_V2 in `init`), and a write
-//!   that returned is in the engine, as `docs/SEMANTICS.md` states.
+//! - **The kernel's writeback cache** (`-o nowriteback_cache` turns it
+//!   off). A write(2) returns once its bytes are in the kernel's page
+//!   cache, and the kernel sends them on in requests of up to
+//!   [`MAX_WRITE_BYTES`] when it writes back: at fsync and fdatasync
+//!   (before the FSYNC request, so the engine's fsync covers them), at
+//!   close(2) (the kernel writes a file's dirty pages back before the
+//!   FLUSH it then does not send, and close returns a refusal), at
+//!   syncfs(2) (`flintfs sync` calls it before its checkpoint), at
+//!   unmount, and on its own timer. Small writes then cost a copy, not a
+//!   round trip each. `docs/SEMANTICS.md` ("What a mount adds") says
+//!   which promises move with it, and why they still hold at every
+//!   persistence point a program makes.
+//! - **ENOSPC under the writeback cache.** The kernel takes a write into
+//!   its cache without asking the file system, so a full device refuses
+//!   the write-back, not the write(2). The kernel reports that refusal at
+//!   close(2), fsync and fdatasync only: `dd if=/dev/zero` onto a full
+//!   mount would never end. So a refusal for want of space is remembered
+//!   for the file, and the kernel told to drop the file's cached
+//!   attributes (FUSE_NOTIFY_INVAL_INODE, the attributes only). Before its
+//!   next write(2) the kernel must then ask for them, with the file's
+//!   handle (FUSE_GETATTR_FH), and that GETATTR answers ENOSPC, once:
+//!   write(2) fails there as it would on a kernel file system, a little
+//!   later (what the kernel held dirty when the refusal came, at most the
+//!   mount's dirty limit, 1% of the system's, is lost and reported by
+//!   close and fsync too). Without the cache every write(2) is one WRITE
+//!   request (the kernel then asks for nothing else: see
+//!   FUSE_HANDLE_KILLPRIV_V2 in `init`), and a write that returned is in
+//!   the engine.
 
 pub mod ring;
 
@@ -126,10 +137,22 @@ pub struct Shared<D: FlashDevice> {
     /// next request's thread applies them first, under the engine's lock.
     forgets_pending: Mutex<Vec<(u64, u64)>>,
     forgets_pending_count: std::sync::atomic::AtomicUsize,
+    /// Files whose write-back the engine refused for want of space, under
+    /// the kernel's writeback cache: the next write(2) to each (or fstat)
+    /// is told ENOSPC (see [`FlintFuse::write_back_refused`]). At most
+    /// [`WRITE_BACKS_REFUSED_MAX`].
+    write_backs_refused: Mutex<std::collections::HashSet<u64>>,
+    write_backs_refused_count: std::sync::atomic::AtomicUsize,
+    /// How the daemon tells the kernel to drop what it caches of a file,
+    /// set once the session exists.
+    notifier: std::sync::OnceLock<fuser::Notifier>,
 }
 
 /// FORGETs held back at most; past this the reading thread applies them.
 pub const FORGETS_PENDING_MAX: usize = 1024;
+/// Files remembered at most as having had a write-back refused; past this
+/// a refusal is reported by close(2) and fsync only, as before.
+pub const WRITE_BACKS_REFUSED_MAX: usize = 4096;
 
 impl<D: FlashDevice> Shared<D> {
     pub fn new(fs: Fs<D>) -> Arc<Shared<D>> {
@@ -140,7 +163,45 @@ impl<D: FlashDevice> Shared<D> {
             ring_requests: AtomicU64::new(0),
             forgets_pending: Mutex::new(Vec::new()),
             forgets_pending_count: std::sync::atomic::AtomicUsize::new(0),
+            write_backs_refused: Mutex::new(std::collections::HashSet::new()),
+            write_backs_refused_count: std::sync::atomic::AtomicUsize::new(0),
+            notifier: std::sync::OnceLock::new(),
         })
+    }
+
+    /// Remembers that a write-back of `ino` was refused with ENOSPC, and
+    /// has the kernel drop its cached attributes of it, so that the next
+    /// write(2) to it asks for them (FUSE_GETATTR_FH) and is told.
+    fn refuse_write_back(&self, ino: u64) {
+        {
+            let mut refused = self.write_backs_refused.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            if refused.len() >= WRITE_BACKS_REFUSED_MAX && !refused.contains(&ino) {
+                return;
+            }
+            refused.insert(ino);
+            self.write_backs_refused_count.store(refused.len(), Ordering::Release);
+        }
+        if let Some(notifier) = self.notifier.get() {
+            // An offset below 0 drops the attributes only, not the pages
+            // (whose write-back this very request is): nothing here waits
+            // on the kernel. A file the kernel no longer holds is ENOENT,
+            // and then there is no writer to tell.
+            if let Err(error) = notifier.inval_inode(INodeNo(ino), -1, 0) {
+                tracing::debug!("dropping the kernel's attributes of inode {ino}: {error}");
+            }
+        }
+    }
+
+    /// Whether a write-back of `ino` was refused since its writer was last
+    /// told; forgets it when `take`.
+    fn write_back_refused(&self, ino: u64, take: bool) -> bool {
+        if self.write_backs_refused_count.load(Ordering::Acquire) == 0 {
+            return false;
+        }
+        let mut refused = self.write_backs_refused.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let found = if take { refused.remove(&ino) } else { refused.contains(&ino) };
+        self.write_backs_refused_count.store(refused.len(), Ordering::Release);
+        found
     }
 
     fn lock(&self) -> MutexGuard<'_, Option<Fs<D>>> {
@@ -285,8 +346,9 @@ impl<D: FlashDevice + 'static> FlintFuse<D> {
         }
     }
 
-    /// Whether to ask for the kernel's writeback cache (not the default;
-    /// see the module's account of what it changes).
+    /// Whether to ask for the kernel's writeback cache (`flintfs mount`
+    /// does unless `-o nowriteback_cache`; see the module's account of
+    /// what it changes).
     pub fn with_writeback_cache(mut self, on: bool) -> FlintFuse<D> {
         self.writeback_cache = on;
         self
@@ -400,9 +462,51 @@ impl<D: FlashDevice + Send + 'static> FlintFuse<D> {
 
     /// The kernel flags a write whose writer lacks CAP_FSETID (with
     /// FUSE_HANDLE_KILLPRIV_V2); an unflagged one keeps the bits.
-    pub(crate) fn write_flagged(&self, ino: u64, offset: u64, data: &[u8], kill_set_id: bool) -> Result<u32, Errno> {
+    /// `write_back` says the kernel is writing back its cache
+    /// (FUSE_WRITE_CACHE), not a write(2) that waits for this answer.
+    pub(crate) fn write_flagged(
+        &self,
+        ino: u64,
+        offset: u64,
+        data: &[u8],
+        kill_set_id: bool,
+        write_back: bool,
+    ) -> Result<u32, Errno> {
         let set_id = if kill_set_id { SetIdOnWrite::ClearBoth } else { SetIdOnWrite::Keep };
-        self.call(|fs| fs.write_with(ino, offset, data, set_id)).map(|written| written as u32)
+        let written = self.call(|fs| fs.write_with(ino, offset, data, set_id)).map(|written| written as u32);
+        // A write-back writes what write(2) already took. Its refusal for
+        // want of space is remembered until the writer hears of it at its
+        // next write (the module's account), even if a later write-back
+        // fits: the refused pages are lost, and a writer told only at
+        // close(2) would have gone on writing into a full device
+        // meanwhile. A write(2) that waits (O_DIRECT, or one the kernel
+        // sends through to clear set-ID bits) hears its own ENOSPC.
+        if write_back && matches!(&written, Err(errno) if errno.code() == libc::ENOSPC) {
+            self.shared.refuse_write_back(ino);
+        }
+        written
+    }
+
+    /// FORGET: the kernel let the inode go (it is held back for the next
+    /// request: see `forgets_pending`).
+    pub(crate) fn forget_with(&self, ino: u64, count: u64) {
+        self.shared.forgets.fetch_add(1, Ordering::Relaxed);
+        self.shared.requests.fetch_add(1, Ordering::Relaxed);
+        // No writer of it is left to tell of a refused write-back.
+        self.shared.write_back_refused(ino, true);
+        self.shared.forget_later(ino, count);
+    }
+
+    /// GETATTR. One made for an open file (FUSE_GETATTR_FH: the kernel
+    /// asks so before a write(2) once its attributes were dropped) of
+    /// which a write-back was refused for want of space answers ENOSPC,
+    /// once: write(2) then fails, and a program writing until the device
+    /// is full stops, as it would on a kernel file system.
+    pub(crate) fn getattr_for(&self, ino: u64, open_file: bool) -> Result<Attributes, Errno> {
+        if open_file && self.shared.write_back_refused(ino, true) {
+            return Err(Errno::ENOSPC);
+        }
+        self.call(|fs| fs.getattr(ino))
     }
 
     pub(crate) fn setxattr_with(
@@ -647,13 +751,11 @@ impl<D: FlashDevice + Send + 'static> Filesystem for FlintFuse<D> {
     }
 
     fn forget(&self, _request: &Request, ino: INodeNo, count: u64) {
-        self.shared.forgets.fetch_add(1, Ordering::Relaxed);
-        self.shared.requests.fetch_add(1, Ordering::Relaxed);
-        self.shared.forget_later(ino.0, count);
+        self.forget_with(ino.0, count);
     }
 
-    fn getattr(&self, _request: &Request, ino: INodeNo, _handle: Option<FileHandle>, reply: ReplyAttr) {
-        match self.call(|fs| fs.getattr(ino.0)) {
+    fn getattr(&self, _request: &Request, ino: INodeNo, handle: Option<FileHandle>, reply: ReplyAttr) {
+        match self.getattr_for(ino.0, handle.is_some()) {
             Ok(attributes) => reply.attr(&ATTRIBUTE_TTL, &attr_of(&attributes)),
             Err(errno) => reply.error(errno),
         }
@@ -806,7 +908,8 @@ impl<D: FlashDevice + Send + 'static> Filesystem for FlintFuse<D> {
         reply: ReplyWrite,
     ) {
         let kill_set_id = write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID);
-        match self.write_flagged(ino.0, offset, data, kill_set_id) {
+        let write_back = write_flags.contains(WriteFlags::FUSE_WRITE_CACHE);
+        match self.write_flagged(ino.0, offset, data, kill_set_id, write_back) {
             Ok(written) => reply.written(written),
             Err(errno) => reply.error(errno),
         }
@@ -1023,6 +1126,7 @@ pub fn spawn<D: FlashDevice + Send + 'static>(
 ) -> std::io::Result<BackgroundSession> {
     let handler = filesystem.handler();
     let session = fuser::Session::new(filesystem, mountpoint, &config(fs_name, allow_other, kernel_flags))?;
+    let _ = handler.shared.notifier.set(session.notifier());
     if handler.io_uring_taken.load(Ordering::Relaxed) {
         use std::os::fd::AsFd;
         match ring::start(handler, session.as_fd()) {
@@ -1086,6 +1190,83 @@ mod tests {
         shared.forget_later(ino, 1);
         let mut fs = shared.take().expect("the engine");
         assert!(fs.getattr(ino).is_err(), "take() left a FORGET unapplied");
+    }
+
+    /// A device of `size_bytes`, formatted and mounted, behind an adapter
+    /// that asks for the kernel's writeback cache.
+    fn adapter(size_bytes: u64) -> FlintFuse<MemoryFlash> {
+        let geometry = Geometry::with_size_bytes(size_bytes);
+        let clock = ManualClock::new(1_700_000_000_000_000_000);
+        let options = DeviceOptions { faults: FaultConfig::none(1), ..DeviceOptions::default() };
+        let flash = MemoryFlash::memory(geometry, options).unwrap();
+        let flash = Fs::format(flash, &MkfsOptions::new([7; 16], 0), Box::new(clock.clone())).unwrap();
+        let (fs, _) = Fs::mount(flash, FsOptions::default(), Box::new(clock)).unwrap();
+        FlintFuse::new(Shared::new(fs)).0.with_writeback_cache(true)
+    }
+
+    /// Writes noise (which does not compress) to a new file until the
+    /// engine refuses a write for want of space, as write-backs of the
+    /// kernel's cache (`write_back`) or as write(2)s; the file's inode.
+    fn fill(adapter: &FlintFuse<MemoryFlash>, write_back: bool) -> u64 {
+        let ino = adapter.make_as(false, ROOT_INO, b"fill", 0o644, 0, 0, 0).unwrap().ino;
+        let mut state = 0x9e37_79b9_7f4a_7c15_u64;
+        let mut block = vec![0u8; 256 << 10];
+        for offset in (0..).step_by(block.len()) {
+            for byte in block.iter_mut() {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                *byte = state as u8;
+            }
+            match adapter.write_flagged(ino, offset, &block, false, write_back) {
+                Ok(_) => assert!(offset < 1 << 30, "a 96 MiB device took a GiB"),
+                Err(errno) => {
+                    assert_eq!(errno.code(), libc::ENOSPC, "the fill ended in another error");
+                    return ino;
+                }
+            }
+        }
+        unreachable!()
+    }
+
+    #[test]
+    fn a_write_back_refused_for_space_fails_the_writers_next_write_once() {
+        let adapter = adapter(96 << 20);
+        let ino = fill(&adapter, true);
+        // A stat by name (no handle) is not the writer: it is answered.
+        assert!(adapter.getattr_for(ino, false).is_ok());
+        // The GETATTR the kernel makes before the writer's next write(2)
+        // carries the handle: ENOSPC, once.
+        let told = adapter.getattr_for(ino, true).expect_err("the writer was not told");
+        assert_eq!(told.code(), libc::ENOSPC);
+        assert!(adapter.getattr_for(ino, true).is_ok(), "told twice");
+        // A file whose write-backs all fit is never told.
+        let other = adapter.make_as(false, ROOT_INO, b"small", 0o644, 0, 0, 0).unwrap().ino;
+        assert!(adapter.getattr_for(other, true).is_ok());
+        // A refusal the kernel's FORGET overtakes has no writer to tell.
+        assert!(adapter.write_flagged(ino, 1 << 30, &[1; 1 << 20], false, true).is_err());
+        assert!(adapter.shared.write_back_refused(ino, false));
+        adapter.forget_with(ino, 1);
+        assert!(!adapter.shared.write_back_refused(ino, false), "a FORGET left the refusal");
+    }
+
+    #[test]
+    fn a_write_refused_while_its_writer_waits_is_told_at_once_only() {
+        // O_DIRECT under the writeback cache (or no cache): write(2)
+        // itself was refused, and heard it: nothing to tell later.
+        let adapter = adapter(96 << 20);
+        let ino = fill(&adapter, false);
+        assert!(adapter.getattr_for(ino, true).is_ok());
+    }
+
+    #[test]
+    fn refusals_remembered_are_bounded() {
+        let adapter = adapter(96 << 20);
+        for ino in 0..WRITE_BACKS_REFUSED_MAX as u64 + 10 {
+            adapter.shared.refuse_write_back(1_000_000 + ino);
+        }
+        assert_eq!(adapter.shared.write_backs_refused_count.load(Ordering::Acquire), WRITE_BACKS_REFUSED_MAX);
+        assert!(!adapter.shared.write_back_refused(1_000_000 + WRITE_BACKS_REFUSED_MAX as u64, false));
     }
 
     #[test]

@@ -103,6 +103,11 @@ const FATTR_ATIME: u32 = 1 << 4;
 const FATTR_MTIME: u32 = 1 << 5;
 const FATTR_ATIME_NOW: u32 = 1 << 7;
 const FATTR_MTIME_NOW: u32 = 1 << 8;
+/// fuse_getattr_in.getattr_flags: asked for an open file (fstat, or a
+/// write(2) under the writeback cache).
+const FUSE_GETATTR_FH: u32 = 1 << 0;
+/// fuse_write_in.write_flags: a write-back of the kernel's cache.
+const FUSE_WRITE_CACHE: u32 = 1 << 0;
 /// fuse_write_in.write_flags: the writer lacks CAP_FSETID.
 const FUSE_WRITE_KILL_SUIDGID: u32 = 1 << 2;
 /// fuse_open_out.open_flags.
@@ -274,7 +279,8 @@ impl<D: FlashDevice + Send + 'static> FlintFuse<D> {
                 out.entry(&self.call(|fs| fs.lookup(ino, name))?);
             }
             GETATTR => {
-                let attributes = self.call(|fs| fs.getattr(ino))?;
+                let open_file = u32_at(arguments, 0) & FUSE_GETATTR_FH != 0;
+                let attributes = self.getattr_for(ino, open_file)?;
                 attr_out(out, &attributes);
             }
             SETATTR => {
@@ -353,8 +359,10 @@ impl<D: FlashDevice + Send + 'static> FlintFuse<D> {
             WRITE => {
                 let (offset, size) = (u64_at(arguments, 8), u32_at(arguments, 16) as usize);
                 let data = payload.get(..size).ok_or(Errno::EINVAL)?;
-                let kill_set_id = u32_at(arguments, 20) & FUSE_WRITE_KILL_SUIDGID != 0;
-                let written = self.write_flagged(ino, offset, data, kill_set_id)?;
+                let write_flags = u32_at(arguments, 20);
+                let kill_set_id = write_flags & FUSE_WRITE_KILL_SUIDGID != 0;
+                let write_back = write_flags & FUSE_WRITE_CACHE != 0;
+                let written = self.write_flagged(ino, offset, data, kill_set_id, write_back)?;
                 out.u32(written);
                 out.u32(0);
             }
