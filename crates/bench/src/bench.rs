@@ -1271,6 +1271,14 @@ fn io_uring_forbidden() -> bool {
 /// The fuse module's switch for its io_uring transport.
 pub(crate) const ENABLE_URING: &str = "/sys/module/fuse/parameters/enable_uring";
 
+/// More `-o` options for every FUSE mount of flintfs the bench makes, from
+/// `FLINTFS_BENCH_MOUNT_OPTIONS` (for instance `nowriteback_cache`, to
+/// measure a default against its alternative on the same machine). The
+/// configuration line says when it is set.
+fn extra_mount_options() -> Option<String> {
+    std::env::var("FLINTFS_BENCH_MOUNT_OPTIONS").ok().filter(|options| !options.is_empty())
+}
+
 /// A FUSE run; `flintfs-uring` mounts with `-o io_uring` (which turns the
 /// kernel's switch on), and the switch is put back as it was after.
 fn run_fuse(workload: &str, target: &str, size: Size, seed: u64, directory: &Path) -> Outcome<Value> {
@@ -1285,6 +1293,8 @@ fn run_fuse(workload: &str, target: &str, size: Size, seed: u64, directory: &Pat
 fn run_fuse_mounted(workload: &str, target: &str, size: Size, seed: u64, directory: &Path) -> Outcome<Value> {
     let Some(flintfs) = flintfs_binary() else { fail!("{}", NO_FLINTFS_BINARY) };
     let transport: &[&str] = if target == "flintfs-uring" { &["-o", "io_uring"] } else { &["-o", "noio_uring"] };
+    let more_options: Vec<String> =
+        extra_mount_options().map(|options| vec!["-o".to_string(), options]).unwrap_or_default();
     let image = directory.join("bench.img");
     let mountpoint = directory.join("mnt");
     std::fs::create_dir_all(&mountpoint)?;
@@ -1299,7 +1309,13 @@ fn run_fuse_mounted(workload: &str, target: &str, size: Size, seed: u64, directo
     }
     let lifetime = Command::new(&flintfs).arg("stat").arg(&image).arg("--json").output()?;
     let before: Value = serde_json::from_slice(&lifetime.stdout)?;
-    let status = Command::new(&flintfs).arg("mount").arg(&image).arg(&mountpoint).args(transport).status()?;
+    let status = Command::new(&flintfs)
+        .arg("mount")
+        .arg(&image)
+        .arg(&mountpoint)
+        .args(transport)
+        .args(&more_options)
+        .status()?;
     if !status.success() {
         fail!("mount for the FUSE run failed");
     }
@@ -1331,7 +1347,15 @@ fn run_fuse_mounted(workload: &str, target: &str, size: Size, seed: u64, directo
             }
             let output = Command::new(&flintfs).arg("stat").arg(&image).arg("--json").output()?;
             *at_mount.borrow_mut() = counters_of(&serde_json::from_slice(&output.stdout)?)?;
-            if !Command::new(&flintfs).arg("mount").arg(&image).arg(&mountpoint).args(transport).status()?.success() {
+            if !Command::new(&flintfs)
+                .arg("mount")
+                .arg(&image)
+                .arg(&mountpoint)
+                .args(transport)
+                .args(&more_options)
+                .status()?
+                .success()
+            {
                 fail!("mount for a remount failed");
             }
             let output = Command::new(&flintfs).arg("stat").arg(&mountpoint).arg("--json").output()?;
@@ -1744,6 +1768,10 @@ pub fn bench(arguments: BenchArguments) -> Outcome<ExitCode> {
         size.device_bytes >> 20,
         arguments.seed
     );
+    let configuration = match extra_mount_options() {
+        Some(options) => format!("{configuration}, FUSE mounts with -o {options}"),
+        None => configuration,
+    };
     eprintln!("bench: {configuration}");
     let started = Instant::now();
     let progress = indicatif::ProgressBar::new((workloads.len() * targets.len()) as u64);
