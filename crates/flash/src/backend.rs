@@ -186,6 +186,26 @@ impl MemoryBackend {
         }
     }
 
+    /// Allocates every zone's slots and touches each page of them now, so
+    /// that the kernel's page fault and zeroing of a page, which the
+    /// emulator otherwise pays at the first write of each slot, fall here
+    /// rather than in what runs after (a real device's flash is there
+    /// before it is written; its host pays no fault for it).
+    pub fn prefault(&mut self) {
+        const TOUCH_STRIDE_BYTES: usize = 4096;
+        let zone_bytes = self.geometry.zone_pages() as usize * self.slot_bytes;
+        for slots in self.zone_slots.iter_mut() {
+            let slots = slots.get_or_insert_with(|| zone_memory(zone_bytes));
+            for offset in (0..slots.len()).step_by(TOUCH_STRIDE_BYTES) {
+                // Volatile: a store of the zero the allocator already gave
+                // may otherwise be dropped, and with it the fault.
+                // SAFETY: `offset` is within the slice; u8 has no invalid
+                // values and no alignment.
+                unsafe { std::ptr::write_volatile(slots.as_mut_ptr().add(offset), 0) };
+            }
+        }
+    }
+
     fn locate(&self, physical: u64) -> (usize, usize) {
         let zone_pages = self.geometry.zone_pages();
         let zone = (physical / zone_pages) as usize;

@@ -19,6 +19,25 @@ fn never_written_page_reads_erased_and_says_so() {
 }
 
 #[test]
+fn a_prefaulted_device_reads_and_writes_as_a_fresh_one() {
+    let geometry = small_geometry();
+    let mut device = memory(geometry, FaultConfig::none(1));
+    device.prefault_memory();
+    // Memory touched, not written: every page still reads erased.
+    let (state, data, oob) = read(&mut device, 3, 0);
+    assert_eq!(state, PageState::Erased);
+    assert!(data.iter().all(|&byte| byte == 0xFF) && oob.iter().all(|&byte| byte == 0xFF));
+    program(&mut device, 3, 0, 7);
+    device.flush().unwrap();
+    let (state, data, _) = read(&mut device, 3, 0);
+    assert_eq!(state, PageState::Programmed);
+    assert_eq!(data, page_bytes(&geometry, PageAddress::new(3, 0), 7).0);
+    let (state, _, _) = read(&mut device, 3, 1);
+    assert_eq!(state, PageState::Erased, "a page past the write pointer reads erased");
+    assert_eq!(device.counters().pages_programmed, 1, "prefaulting programmed nothing");
+}
+
+#[test]
 fn programs_go_strictly_in_order_and_errors_name_zone_page_and_write_pointer() {
     let geometry = small_geometry();
     let mut device = memory(geometry, FaultConfig::none(1));
