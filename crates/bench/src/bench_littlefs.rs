@@ -51,7 +51,7 @@ impl<const BLOCKS: usize> LittleStorage<BLOCKS> {
             ..Geometry::default()
         };
         let oob = vec![0xff; geometry.oob_size_bytes as usize];
-        Ok(LittleStorage { device: MemoryFlash::memory(geometry, DeviceOptions::default())?, oob })
+        Ok(LittleStorage { device: crate::bench::bench_device(geometry, DeviceOptions::default())?, oob })
     }
 
     fn address(offset: usize) -> PageAddress {

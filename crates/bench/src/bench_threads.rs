@@ -226,7 +226,7 @@ pub fn run(workload: &str, size: Size, seed: u64) -> Outcome<Value> {
     let (files_per_writer, reads_total) = work(size);
     let reads_per_reader = reads_total / threads;
     let geometry = Geometry::with_size_bytes(crate::bench::device_bytes(size, workload));
-    let device = MemoryFlash::memory(geometry, DeviceOptions::default())?;
+    let device = crate::bench::bench_device(geometry, DeviceOptions::default())?;
     let clock = flintfs_core::ManualClock::new(1_700_000_000_000_000_000);
     let device = Fs::format(device, &MkfsOptions::new([9; 16], 0), Box::new(clock.clone())).map_err(engine_error)?;
     let (mut fs, _) = Fs::mount(device, FsOptions::default(), Box::new(clock.clone())).map_err(engine_error)?;
