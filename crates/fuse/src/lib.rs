@@ -150,6 +150,10 @@ pub struct Shared<D: FlashDevice> {
 
 /// FORGETs held back at most; past this the reading thread applies them.
 pub const FORGETS_PENDING_MAX: usize = 1024;
+/// ENOSPC refusals logged as warnings: the first, then one in this many.
+pub const ENOSPC_WARNING_EVERY: u64 = 1024;
+/// ENOSPC refusals since the daemon started (see [`errno_of`]).
+static ENOSPC_REFUSALS: AtomicU64 = AtomicU64::new(0);
 /// Files remembered at most as having had a write-back refused; past this
 /// a refusal is reported by close(2) and fsync only, as before.
 pub const WRITE_BACKS_REFUSED_MAX: usize = 4096;
@@ -602,7 +606,18 @@ impl<D: FlashDevice + Send + 'static> FlintFuse<D> {
 
 /// The kernel's errno for a core error.
 pub fn errno_of(error: &Error) -> Errno {
-    if error.errno == flintfs_core::errno::EIO || error.errno == flintfs_core::errno::ENOSPC {
+    if error.errno == flintfs_core::errno::ENOSPC {
+        // A full device refuses every write-back the kernel still holds
+        // (under the writeback cache, up to the mount's dirty limit at
+        // once): the first refusal and every ENOSPC_WARNING_EVERY-th are
+        // warnings, with the count, so a fill does not fill the log too.
+        let refusals = ENOSPC_REFUSALS.fetch_add(1, Ordering::Relaxed) + 1;
+        if refusals == 1 || refusals.is_multiple_of(ENOSPC_WARNING_EVERY) {
+            tracing::warn!(errno = error.errno, refusals, "{}", error.message);
+        } else {
+            tracing::debug!(errno = error.errno, refusals, "{}", error.message);
+        }
+    } else if error.errno == flintfs_core::errno::EIO {
         tracing::warn!(errno = error.errno, "{}", error.message);
     } else {
         tracing::debug!(errno = error.errno, "{}", error.message);
