@@ -1328,14 +1328,20 @@ fn run_fuse_mounted(workload: &str, target: &str, size: Size, seed: u64, directo
     }
     let lifetime = Command::new(&flintfs).arg("stat").arg(&image).arg("--json").output()?;
     let before: Value = serde_json::from_slice(&lifetime.stdout)?;
-    let status = Command::new(&flintfs)
-        .arg("mount")
-        .arg(&image)
-        .arg(&mountpoint)
-        .args(transport)
-        .args(&more_options)
-        .status()?;
-    if !status.success() {
+    // Every mount of the run, the first and the remounts, the same way.
+    let mount = {
+        let (flintfs, image, mountpoint) = (flintfs.clone(), image.clone(), mountpoint.clone());
+        move || {
+            Command::new(&flintfs)
+                .arg("mount")
+                .arg(&image)
+                .arg(&mountpoint)
+                .args(transport)
+                .args(&more_options)
+                .status()
+        }
+    };
+    if !mount()?.success() {
         fail!("mount for the FUSE run failed");
     }
     let stat = |target: &Path| -> Outcome<Value> {
@@ -1356,7 +1362,7 @@ fn run_fuse_mounted(workload: &str, target: &str, size: Size, seed: u64, directo
         }
     };
     let remount = {
-        let (flintfs, image, mountpoint) = (flintfs.clone(), image.clone(), mountpoint.clone());
+        let (flintfs, image, mountpoint, mount) = (flintfs.clone(), image.clone(), mountpoint.clone(), mount.clone());
         let at_mount = at_mount.clone();
         let (requests_earlier, live_requests) = (requests_earlier.clone(), live_requests.clone());
         move || -> Outcome<u64> {
@@ -1366,15 +1372,7 @@ fn run_fuse_mounted(workload: &str, target: &str, size: Size, seed: u64, directo
             }
             let output = Command::new(&flintfs).arg("stat").arg(&image).arg("--json").output()?;
             *at_mount.borrow_mut() = counters_of(&serde_json::from_slice(&output.stdout)?)?;
-            if !Command::new(&flintfs)
-                .arg("mount")
-                .arg(&image)
-                .arg(&mountpoint)
-                .args(transport)
-                .args(&more_options)
-                .status()?
-                .success()
-            {
+            if !mount()?.success() {
                 fail!("mount for a remount failed");
             }
             let output = Command::new(&flintfs).arg("stat").arg(&mountpoint).arg("--json").output()?;

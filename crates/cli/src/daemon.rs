@@ -8,6 +8,7 @@
 //! (up to [`IMAGE_WAIT`]) for the old daemon to finish its checkpoint.
 
 use std::io::{BufRead, BufReader, Write};
+use std::os::unix::fs::MetadataExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -385,12 +386,10 @@ struct OwnSocket {
 
 impl OwnSocket {
     fn of(path: &Path) -> OwnSocket {
-        use std::os::unix::fs::MetadataExt;
         OwnSocket { path: path.to_path_buf(), inode: std::fs::symlink_metadata(path).ok().map(|found| found.ino()) }
     }
 
     fn remove(&self) {
-        use std::os::unix::fs::MetadataExt;
         let now = std::fs::symlink_metadata(&self.path).ok().map(|found| found.ino());
         if now.is_some() && now == self.inode {
             let _ = std::fs::remove_file(&self.path);

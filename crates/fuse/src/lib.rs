@@ -197,13 +197,14 @@ impl<D: FlashDevice> Shared<D> {
     }
 
     /// Whether a write-back of `ino` was refused since its writer was last
-    /// told; forgets it when `take`.
-    fn write_back_refused(&self, ino: u64, take: bool) -> bool {
+    /// told, forgetting it: the caller tells the writer now, or there is
+    /// no writer left to tell.
+    fn take_write_back_refused(&self, ino: u64) -> bool {
         if self.write_backs_refused_count.load(Ordering::Acquire) == 0 {
             return false;
         }
         let mut refused = self.write_backs_refused.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        let found = if take { refused.remove(&ino) } else { refused.contains(&ino) };
+        let found = refused.remove(&ino);
         self.write_backs_refused_count.store(refused.len(), Ordering::Release);
         found
     }
@@ -497,7 +498,7 @@ impl<D: FlashDevice + Send + 'static> FlintFuse<D> {
         self.shared.forgets.fetch_add(1, Ordering::Relaxed);
         self.shared.requests.fetch_add(1, Ordering::Relaxed);
         // No writer of it is left to tell of a refused write-back.
-        self.shared.write_back_refused(ino, true);
+        self.shared.take_write_back_refused(ino);
         self.shared.forget_later(ino, count);
     }
 
@@ -507,7 +508,7 @@ impl<D: FlashDevice + Send + 'static> FlintFuse<D> {
     /// once: write(2) then fails, and a program writing until the device
     /// is full stops, as it would on a kernel file system.
     pub(crate) fn getattr_for(&self, ino: u64, open_file: bool) -> Result<Attributes, Errno> {
-        if open_file && self.shared.write_back_refused(ino, true) {
+        if open_file && self.shared.take_write_back_refused(ino) {
             return Err(Errno::ENOSPC);
         }
         self.call(|fs| fs.getattr(ino))
@@ -1260,9 +1261,10 @@ mod tests {
         assert!(adapter.getattr_for(other, true).is_ok());
         // A refusal the kernel's FORGET overtakes has no writer to tell.
         assert!(adapter.write_flagged(ino, 1 << 30, &[1; 1 << 20], false, true).is_err());
-        assert!(adapter.shared.write_back_refused(ino, false));
+        let remembered = |ino| adapter.shared.write_backs_refused.lock().unwrap().contains(&ino);
+        assert!(remembered(ino));
         adapter.forget_with(ino, 1);
-        assert!(!adapter.shared.write_back_refused(ino, false), "a FORGET left the refusal");
+        assert!(!remembered(ino), "a FORGET left the refusal");
     }
 
     #[test]
@@ -1281,7 +1283,12 @@ mod tests {
             adapter.shared.refuse_write_back(1_000_000 + ino);
         }
         assert_eq!(adapter.shared.write_backs_refused_count.load(Ordering::Acquire), WRITE_BACKS_REFUSED_MAX);
-        assert!(!adapter.shared.write_back_refused(1_000_000 + WRITE_BACKS_REFUSED_MAX as u64, false));
+        assert!(!adapter
+            .shared
+            .write_backs_refused
+            .lock()
+            .unwrap()
+            .contains(&(1_000_000 + WRITE_BACKS_REFUSED_MAX as u64)));
     }
 
     #[test]
