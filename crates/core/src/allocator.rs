@@ -110,16 +110,9 @@ impl<D: FlashDevice> Volume<D> {
                     count: meta.count,
                 })
                 .collect();
-            let mut sealed: Vec<(&[u8], Vec<u8>)> = pages
-                .iter()
-                .zip(&headers)
-                .map(|((_, data), header)| {
-                    let mut oob = vec![0u8; geometry.oob_size_bytes as usize];
-                    oob[..flintfs_format::PAGE_HEADER_BYTES].copy_from_slice(&header.encode(data));
-                    (data.as_ref(), oob)
-                })
-                .collect();
-            self.device.seal_pages(&mut sealed);
+            let mut sealed: Vec<(&[u8], Vec<u8>)> =
+                pages.iter().map(|(_, data)| (data.as_ref(), vec![0u8; geometry.oob_size_bytes as usize])).collect();
+            self.device.seal_pages(&mut sealed, &headers);
             let mut addresses = Vec::with_capacity(pages.len());
             for (header, (data, oob)) in headers.iter().zip(&sealed) {
                 let address = PageAddress::new(header.zone, header.page);

@@ -63,7 +63,7 @@ use std::sync::{Arc, Mutex};
 use flintfs_flash::{
     Counters, DeviceError, FlashDevice, Geometry, PageAddress, PageState, Result, ZoneReport, ZoneState,
 };
-use flintfs_format::erasure::{unit_bytes, unit_of, ErasureCode};
+use flintfs_format::erasure::{unit_bytes, unit_into, unit_of, ErasureCode};
 use flintfs_format::protection::{self, EccLayout, OOB_BYTES_MIN, PROTECTED_OOB_BYTES, WORN_MARGIN_FRACTION};
 use flintfs_format::{
     nvm_stripe_crc, NvmHeader, NvmHeaderState, NvmStripeHeader, NVM_HEADER_BYTES, NVM_SIZE_BYTES_MIN,
@@ -388,6 +388,9 @@ pub struct Protected<D: FlashDevice> {
     /// Start-gap wear levelling under every NVM structure: the engine's
     /// NVM offsets are logical, and this layer alone sees physical ones.
     nvm_wear: NvmWear,
+    /// The unit of the page being programmed, kept between programs so
+    /// that the parity's accumulation allocates nothing.
+    unit_scratch: Vec<u8>,
 }
 
 impl<D: FlashDevice> Protected<D> {
@@ -412,6 +415,7 @@ impl<D: FlashDevice> Protected<D> {
             unflushed: false,
             nvm_stripes: None,
             nvm_wear: NvmWear::new(geometry.nvm_size_bytes),
+            unit_scratch: Vec::new(),
         }
     }
 
@@ -1308,27 +1312,31 @@ impl<D: FlashDevice> Protected<D> {
         }
     }
 
-    /// Seals each `(data, oob)` pair in place: its signature and ECC, the
-    /// work `program_page` does first. A run of
-    /// [`SEAL_PARALLEL_PAGES_MIN`] pages or more is split over two threads
-    /// (sealing is a pure function of the page, so the bytes are the same
-    /// either way): the BCH encoder is most of a large write's host time
-    /// (56% of fileserver's, by perf).
-    pub fn seal_pages(&self, pages: &mut [(&[u8], Vec<u8>)]) {
+    /// Seals each `(data, oob)` pair in place: its header (whose CRC-32C
+    /// covers the data), signature and ECC, the work `program_page` does
+    /// first. A run of [`SEAL_PARALLEL_PAGES_MIN`] pages or more is split
+    /// over two threads (sealing is a pure function of the page, so the
+    /// bytes are the same either way): the BCH encoder, the signature and
+    /// the CRC are most of a large write's host time.
+    pub fn seal_pages(&self, pages: &mut [(&[u8], Vec<u8>)], headers: &[PageHeader]) {
+        assert_eq!(pages.len(), headers.len(), "a header for every page sealed");
         let ecc = self.ecc.as_deref();
-        let seal_all = |pages: &mut [(&[u8], Vec<u8>)]| {
-            for (data, oob) in pages.iter_mut() {
+        let seal_all = |pages: &mut [(&[u8], Vec<u8>)], headers: &[PageHeader]| {
+            for ((data, oob), header) in pages.iter_mut().zip(headers) {
+                oob[..flintfs_format::PAGE_HEADER_BYTES].copy_from_slice(&header.encode(data));
                 protection::seal(data, oob, ecc);
             }
         };
         if pages.len() < SEAL_PARALLEL_PAGES_MIN {
-            seal_all(pages);
+            seal_all(pages, headers);
             return;
         }
-        let (first, second) = pages.split_at_mut(pages.len() / 2);
+        let half = pages.len() / 2;
+        let (first, second) = pages.split_at_mut(half);
+        let (first_headers, second_headers) = headers.split_at(half);
         std::thread::scope(|scope| {
-            scope.spawn(|| seal_all(second));
-            seal_all(first);
+            scope.spawn(|| seal_all(second, second_headers));
+            seal_all(first, first_headers);
         });
     }
 
@@ -1350,8 +1358,10 @@ impl<D: FlashDevice> Protected<D> {
         if !in_data {
             return Ok(());
         }
-        let unit = unit_of(data, sealed);
+        let mut unit = std::mem::take(&mut self.unit_scratch);
+        unit_into(&mut unit, data, sealed);
         self.accumulate(address.zone, physical.page, &unit, shape);
+        self.unit_scratch = unit;
         self.note_unprotected();
         let (block, row) = (physical.page / shape.block_pages, physical.page % shape.block_pages);
         if row + 1 == shape.slots {

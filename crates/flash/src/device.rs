@@ -1422,13 +1422,18 @@ impl<B: Backend> FlashDevice for FlashEmulator<B> {
         let entry = &self.zones[zone as usize];
         let first = u64::from(zone) * u64::from(self.geometry.zone_blocks);
         let blocks = &self.blocks[first as usize..(first + u64::from(self.geometry.zone_blocks)) as usize];
+        // One pass over the zone's blocks: the engine asks for a report at
+        // every page it programs into a zone with parity.
+        let (erase_count_max, bad_blocks) = blocks
+            .iter()
+            .fold((0, 0u32), |(erases, bad), block| (erases.max(block.erase_count), bad + u32::from(block.bad)));
         Ok(ZoneReport {
             zone,
             state: entry.state,
             write_pointer: entry.write_pointer,
             capacity_pages: entry.durable.capacity_pages,
-            erase_count_max: blocks.iter().map(|block| block.erase_count).max().unwrap_or(0),
-            bad_blocks: blocks.iter().filter(|block| block.bad).count() as u32,
+            erase_count_max,
+            bad_blocks,
         })
     }
 

@@ -27,10 +27,18 @@ pub fn unit_bytes(page_size_bytes: usize) -> usize {
 
 /// The unit of a page: data, header and signature, zero padded.
 pub fn unit_of(data: &[u8], oob: &[u8]) -> Vec<u8> {
-    let mut unit = vec![0u8; unit_bytes(data.len())];
+    let mut unit = Vec::new();
+    unit_into(&mut unit, data, oob);
+    unit
+}
+
+/// [`unit_of`] into a buffer the caller keeps, so that a page programmed
+/// allocates nothing for its parity.
+pub fn unit_into(unit: &mut Vec<u8>, data: &[u8], oob: &[u8]) {
+    unit.clear();
+    unit.resize(unit_bytes(data.len()), 0);
     unit[..data.len()].copy_from_slice(data);
     unit[data.len()..data.len() + PROTECTED_OOB_BYTES].copy_from_slice(&oob[..PROTECTED_OOB_BYTES]);
-    unit
 }
 
 /// Splits a unit back into page data and the OOB's first 72 bytes.

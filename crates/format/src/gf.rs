@@ -131,6 +131,17 @@ pub fn multiply_add(destination: &mut [u8], source: &[u8], factor: u16) {
         }
         return;
     }
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the processor has AVX2.
+        unsafe { multiply_add_lanes(destination, source, factor) };
+        return;
+    }
+    multiply_add_scalar(destination, source, factor);
+}
+
+/// [`multiply_add`] a symbol at a time through the log and exp tables.
+fn multiply_add_scalar(destination: &mut [u8], source: &[u8], factor: u16) {
     let tables = tables();
     let factor_log = tables.log[factor as usize];
     for (out_chunk, in_chunk) in
@@ -144,6 +155,52 @@ pub fn multiply_add(destination: &mut [u8], source: &[u8], factor: u16) {
             let product = tables.exp[add_logs(tables.log[symbol as usize], factor_log) as usize];
             out_chunk[index] ^= product as u8;
             out_chunk[index + CHUNK_SYMBOLS] ^= (product >> 8) as u8;
+        }
+    }
+}
+
+/// [`multiply_add`] 32 symbols at a time (AVX2), as [`signature_lanes`]
+/// multiplies: the product with a constant is linear over GF(2), so it is
+/// the XOR of four nibble lookups (`vpshufb` on 16-entry tables, one per
+/// nibble place of the symbol, a low and a high output byte each). The
+/// tables are the factor's, made per call (64 products, against 2,048 a
+/// 4 KiB page). The zone parity's rows multiply every page they take: the
+/// scalar rule was 2.6% of a random write's host time.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn multiply_add_lanes(destination: &mut [u8], source: &[u8], factor: u16) {
+    use std::arch::x86_64::{__m256i, _mm256_loadu_si256, _mm256_storeu_si256, _mm256_xor_si256};
+    // The low output bytes at places 0..4, then the high ones, each table
+    // twice (vpshufb looks up within each 128-bit half).
+    let mut doubled = [[0u8; 32]; 8];
+    for place in 0..4 {
+        for value in 0..16u16 {
+            let product = mul(value << (4 * place), factor);
+            for half in [0, 16] {
+                doubled[place][half + value as usize] = product as u8;
+                doubled[4 + place][half + value as usize] = (product >> 8) as u8;
+            }
+        }
+    }
+    // SAFETY (every load and store): 32 bytes inside a table, or inside a
+    // 64-byte chunk of `source` or `destination`.
+    let table: [__m256i; 8] =
+        std::array::from_fn(|index| unsafe { _mm256_loadu_si256(doubled[index].as_ptr().cast()) });
+    for (out_chunk, in_chunk) in
+        destination.chunks_exact_mut(SYMBOL_CHUNK_BYTES).zip(source.chunks_exact(SYMBOL_CHUNK_BYTES))
+    {
+        let (low, high) = unsafe {
+            (
+                _mm256_loadu_si256(in_chunk.as_ptr().cast::<__m256i>()),
+                _mm256_loadu_si256(in_chunk.as_ptr().add(CHUNK_SYMBOLS).cast::<__m256i>()),
+            )
+        };
+        let (product_low, product_high) = times_constant(low, high, &table);
+        unsafe {
+            let out_low = out_chunk.as_mut_ptr().cast::<__m256i>();
+            let out_high = out_chunk.as_mut_ptr().add(CHUNK_SYMBOLS).cast::<__m256i>();
+            _mm256_storeu_si256(out_low, _mm256_xor_si256(_mm256_loadu_si256(out_low), product_low));
+            _mm256_storeu_si256(out_high, _mm256_xor_si256(_mm256_loadu_si256(out_high), product_high));
         }
     }
 }
@@ -209,6 +266,37 @@ fn horner_chunk(
     }
 }
 
+/// 32 symbols (their low bytes, their high bytes) times a constant, from
+/// the constant's nibble tables ([`multiply_add_lanes`]' layout: low
+/// output bytes at nibble places 0..4, then the high ones, each table
+/// twice): the XOR of four `vpshufb` lookups for each output byte.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+#[inline]
+fn times_constant(
+    low: std::arch::x86_64::__m256i,
+    high: std::arch::x86_64::__m256i,
+    tables: &[std::arch::x86_64::__m256i; 8],
+) -> (std::arch::x86_64::__m256i, std::arch::x86_64::__m256i) {
+    use std::arch::x86_64::{
+        _mm256_and_si256, _mm256_set1_epi8, _mm256_shuffle_epi8, _mm256_srli_epi16, _mm256_xor_si256,
+    };
+    let nibble = _mm256_set1_epi8(0x0F);
+    let nibbles = [
+        _mm256_and_si256(low, nibble),
+        _mm256_and_si256(_mm256_srli_epi16::<4>(low), nibble),
+        _mm256_and_si256(high, nibble),
+        _mm256_and_si256(_mm256_srli_epi16::<4>(high), nibble),
+    ];
+    let times = |tables: &[std::arch::x86_64::__m256i]| {
+        _mm256_xor_si256(
+            _mm256_xor_si256(_mm256_shuffle_epi8(tables[0], nibbles[0]), _mm256_shuffle_epi8(tables[1], nibbles[1])),
+            _mm256_xor_si256(_mm256_shuffle_epi8(tables[2], nibbles[2]), _mm256_shuffle_epi8(tables[3], nibbles[3])),
+        )
+    };
+    (times(&tables[..4]), times(&tables[4..]))
+}
+
 /// [`signature`] a chunk at a time, 32 symbols side by side (AVX2).
 ///
 /// Position `p = 32 c + l` (chunk c, lane l), so the signature is
@@ -223,10 +311,7 @@ fn horner_chunk(
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
 unsafe fn signature_lanes(bytes: &[u8]) -> [u16; SIGNATURE_SYMBOLS] {
-    use std::arch::x86_64::{
-        __m256i, _mm256_and_si256, _mm256_loadu_si256, _mm256_set1_epi8, _mm256_setzero_si256, _mm256_shuffle_epi8,
-        _mm256_srli_epi16, _mm256_storeu_si256, _mm256_xor_si256,
-    };
+    use std::arch::x86_64::{__m256i, _mm256_loadu_si256, _mm256_setzero_si256, _mm256_storeu_si256, _mm256_xor_si256};
     let tables = nibble_tables();
     let load = |table: &[u8; 16]| {
         let mut doubled = [0u8; 32];
@@ -241,7 +326,6 @@ unsafe fn signature_lanes(bytes: &[u8]) -> [u16; SIGNATURE_SYMBOLS] {
             *register = load(table);
         }
     }
-    let nibble = _mm256_set1_epi8(0x0F);
     let mut low = [_mm256_setzero_si256(); SIGNATURE_SYMBOLS];
     let mut high = [_mm256_setzero_si256(); SIGNATURE_SYMBOLS];
     let chunk_count = bytes.len().div_ceil(SYMBOL_CHUNK_BYTES);
@@ -263,27 +347,9 @@ unsafe fn signature_lanes(bytes: &[u8]) -> [u16; SIGNATURE_SYMBOLS] {
             )
         };
         for power in 0..SIGNATURE_SYMBOLS {
-            let [low_0, low_1, low_2, low_3, high_0, high_1, high_2, high_3] = constants[power];
-            let nibbles = [
-                _mm256_and_si256(low[power], nibble),
-                _mm256_and_si256(_mm256_srli_epi16::<4>(low[power]), nibble),
-                _mm256_and_si256(high[power], nibble),
-                _mm256_and_si256(_mm256_srli_epi16::<4>(high[power]), nibble),
-            ];
-            let times = |tables: [__m256i; 4]| {
-                _mm256_xor_si256(
-                    _mm256_xor_si256(
-                        _mm256_shuffle_epi8(tables[0], nibbles[0]),
-                        _mm256_shuffle_epi8(tables[1], nibbles[1]),
-                    ),
-                    _mm256_xor_si256(
-                        _mm256_shuffle_epi8(tables[2], nibbles[2]),
-                        _mm256_shuffle_epi8(tables[3], nibbles[3]),
-                    ),
-                )
-            };
-            low[power] = _mm256_xor_si256(times([low_0, low_1, low_2, low_3]), data_low);
-            high[power] = _mm256_xor_si256(times([high_0, high_1, high_2, high_3]), data_high);
+            let (product_low, product_high) = times_constant(low[power], high[power], &constants[power]);
+            low[power] = _mm256_xor_si256(product_low, data_low);
+            high[power] = _mm256_xor_si256(product_high, data_high);
         }
     }
     let mut result = [0u16; SIGNATURE_SYMBOLS];
@@ -386,6 +452,31 @@ pub fn combine_signatures(terms: &[(u16, [u16; SIGNATURE_SYMBOLS])]) -> [u16; SI
 
 #[cfg(test)]
 mod tests {
+    /// The lane rule's products are the log and exp tables' products, for
+    /// factors at both ends of the field and between.
+    #[test]
+    fn the_lane_multiply_add_agrees_with_the_symbol_rule() {
+        let mut state = 0x2F0F_1E3D_5A69_7788u64;
+        for length in [0, 64, 128, 4096 + 128] {
+            for factor in [2u16, 3, 0x8000, 0xFFFF, 0x1234] {
+                let source: Vec<u8> = (0..length).map(|_| crate::test_noise(&mut state) as u8).collect();
+                let start: Vec<u8> = (0..length).map(|_| crate::test_noise(&mut state) as u8).collect();
+                let mut expected = start.clone();
+                super::multiply_add_scalar(&mut expected, &source, factor);
+                let mut out = start.clone();
+                super::multiply_add(&mut out, &source, factor);
+                assert_eq!(out, expected, "{length} bytes, factor {factor:#x}");
+                #[cfg(target_arch = "x86_64")]
+                if std::arch::is_x86_feature_detected!("avx2") {
+                    let mut lanes = start.clone();
+                    // SAFETY: the processor has AVX2.
+                    unsafe { super::multiply_add_lanes(&mut lanes, &source, factor) };
+                    assert_eq!(lanes, expected, "{length} bytes, factor {factor:#x}");
+                }
+            }
+        }
+    }
+
     /// The chunk-wide rule gives the symbol-wide rule's signature, for
     /// whole chunks, a partial last one, and nothing.
     #[test]
