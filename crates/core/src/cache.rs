@@ -355,6 +355,13 @@ impl<K: Ord + Copy + Hash + std::fmt::Debug, V> PageCache<K, V> {
         ordered.range(range).any(wanted)
     }
 
+    /// The greatest key in `range`, whatever its flags. Only a cache made
+    /// with [`PageCache::new_ordered`] answers.
+    pub fn last_key_in(&self, range: impl std::ops::RangeBounds<K>) -> Option<&K> {
+        let ordered = self.ordered.as_ref().expect("last_key_in needs a cache made with new_ordered");
+        ordered.range(range).next_back()
+    }
+
     /// Sets both dirty flags of a cached page without touching its value.
     pub fn mark_dirty(&mut self, key: K) {
         if let Some(&at) = self.index.get(&key) {
