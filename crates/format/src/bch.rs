@@ -502,7 +502,8 @@ impl Bch {
         let mut top_words = [0u64; 2];
         unsafe { _mm_storeu_si128(top_words.as_mut_ptr().cast::<__m128i>(), top) };
         words[REGISTER_WORDS] = top_words[0];
-        self.reduce_aligned(words, tail)
+        // SAFETY: the processor has PCLMULQDQ (this function's features).
+        unsafe { self.reduce_aligned(words, tail) }
     }
 
     /// The remainder 32 bytes a step by 512-bit carry-less multiplies
@@ -602,7 +603,8 @@ impl Bch {
             _mm512_storeu_si512(top_words.as_mut_ptr().cast(), high);
         }
         words[REGISTER_WORDS..].copy_from_slice(&top_words[REGISTER_WORDS - STEP_WORDS..]);
-        self.reduce_aligned(words, tail)
+        // SAFETY: the processor has PCLMULQDQ (this function's features).
+        unsafe { self.reduce_aligned(words, tail) }
     }
 
     /// The remainder from a state congruent to `M x^r' mod g'` whose words
@@ -611,24 +613,22 @@ impl Bch {
     /// then one Barrett step takes the last: over GF(2) the quotient
     /// `t + high(t * barrett)` is exact.
     #[cfg(target_arch = "x86_64")]
-    fn reduce_aligned(&self, mut words: [u64; REGISTER_WORDS + STEP_WORDS], tail: &[u8]) -> Register {
+    #[target_feature(enable = "pclmulqdq")]
+    unsafe fn reduce_aligned(&self, mut words: [u64; REGISTER_WORDS + STEP_WORDS], tail: &[u8]) -> Register {
         for k in (1..STEP_WORDS).rev() {
             let word = std::mem::take(&mut words[REGISTER_WORDS + k]);
             for (index, &constant_word) in self.reductions[k].iter().enumerate() {
-                // SAFETY: only called where the processor has PCLMULQDQ.
-                let (low, high) = unsafe { carryless_multiply(word, constant_word) };
+                let (low, high) = carryless_multiply(word, constant_word);
                 words[index] ^= low;
                 words[index + 1] ^= high;
             }
         }
         let top = words[REGISTER_WORDS];
-        // SAFETY: as above.
-        let quotient = top ^ unsafe { carryless_multiply(top, self.barrett) }.1;
+        let quotient = top ^ carryless_multiply(top, self.barrett).1;
         let mut padded = [0u64; REGISTER_WORDS];
         let mut carry = 0u64;
         for index in 0..REGISTER_WORDS {
-            // SAFETY: as above.
-            let (low, high) = unsafe { carryless_multiply(quotient, self.generator_aligned[index]) };
+            let (low, high) = carryless_multiply(quotient, self.generator_aligned[index]);
             padded[index] = words[index] ^ low ^ carry;
             carry = high;
         }
@@ -894,6 +894,8 @@ mod tests {
             (13, 5, 20),
             (13, 5, 7),
             (13, 5, 8),
+            // t = 32 in GF(2^16): a register of r = 512 bits, no padding.
+            (16, 32, 4168),
         ] {
             let code = Bch::new(field_bits, correctable, message_bytes).unwrap();
             assert!(code.parity_bits() >= 64, "m = {field_bits}, t = {correctable}");
@@ -903,6 +905,7 @@ mod tests {
                 assert_eq!(code.remainder(&message), bytewise, "m = {field_bits}, t = {correctable}");
                 assert_eq!(code.remainder_tables(&message), bytewise, "m = {field_bits}, t = {correctable}");
                 assert_eq!(code.carryless, super::carryless_multiply_available());
+                assert_eq!(code.wide, code.carryless && super::wide_multiply_available());
                 #[cfg(target_arch = "x86_64")]
                 if code.carryless {
                     // SAFETY: the processor has PCLMULQDQ.
