@@ -196,6 +196,32 @@ fn register_xor(left: &mut Register, right: &Register) {
     }
 }
 
+/// `t_k` times the even (`FIRST = 0x00, SECOND = 0x01`) or the odd
+/// (`0x10, 0x11`) words of `folds[k]`, summed over k = 0..4, with
+/// `[t0, t1]` and `[t2, t3]` in every 128-bit lane of the pairs: the
+/// immediate's bit 0 picks t's word, its bit 4 the fold's
+/// ([`Bch::remainder_wide`]).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,vpclmulqdq")]
+#[inline]
+fn fold_products<const FIRST: i32, const SECOND: i32>(
+    low_pair: std::arch::x86_64::__m512i,
+    high_pair: std::arch::x86_64::__m512i,
+    folds: &[std::arch::x86_64::__m512i; STEP_WORDS],
+) -> std::arch::x86_64::__m512i {
+    use std::arch::x86_64::{_mm512_clmulepi64_epi128, _mm512_xor_si512};
+    _mm512_xor_si512(
+        _mm512_xor_si512(
+            _mm512_clmulepi64_epi128::<FIRST>(low_pair, folds[0]),
+            _mm512_clmulepi64_epi128::<SECOND>(low_pair, folds[1]),
+        ),
+        _mm512_xor_si512(
+            _mm512_clmulepi64_epi128::<FIRST>(high_pair, folds[2]),
+            _mm512_clmulepi64_epi128::<SECOND>(high_pair, folds[3]),
+        ),
+    )
+}
+
 impl Bch {
     /// The code over GF(2^`field_bits`) correcting `correctable_bits` errors
     /// in a message of `message_bytes`.
@@ -526,8 +552,8 @@ impl Bch {
     unsafe fn remainder_wide(&self, message: &[u8]) -> Register {
         use std::arch::x86_64::{
             __m256i, __m512i, _mm256_loadu_si256, _mm256_permute4x64_epi64, _mm256_set_epi8, _mm256_shuffle_epi8,
-            _mm512_alignr_epi64, _mm512_clmulepi64_epi128, _mm512_inserti64x4, _mm512_loadu_si512,
-            _mm512_setzero_si512, _mm512_shuffle_i64x2, _mm512_storeu_si512, _mm512_xor_si512,
+            _mm512_alignr_epi64, _mm512_inserti64x4, _mm512_loadu_si512, _mm512_setzero_si512, _mm512_shuffle_i64x2,
+            _mm512_storeu_si512, _mm512_xor_si512,
         };
         // SAFETY (the loads and stores): each names 64 bytes of a register
         // (eight u64) or 32 bytes of a message block of STEP_BYTES.
@@ -559,30 +585,11 @@ impl Bch {
         let mut high = zero;
         for block in blocks {
             debug_assert_eq!(block.len(), STEP_BYTES);
-            // [t0, t1] and [t2, t3] in every 128-bit lane; the immediate
-            // picks t's word (bit 0) and the fold's (bit 4).
+            // [t0, t1] and [t2, t3] in every 128-bit lane.
             let low_pair = _mm512_shuffle_i64x2::<0b1010_1010>(high, high);
             let high_pair = _mm512_shuffle_i64x2::<0b1111_1111>(high, high);
-            let even = _mm512_xor_si512(
-                _mm512_xor_si512(
-                    _mm512_clmulepi64_epi128::<0x00>(low_pair, folds[0]),
-                    _mm512_clmulepi64_epi128::<0x01>(low_pair, folds[1]),
-                ),
-                _mm512_xor_si512(
-                    _mm512_clmulepi64_epi128::<0x00>(high_pair, folds[2]),
-                    _mm512_clmulepi64_epi128::<0x01>(high_pair, folds[3]),
-                ),
-            );
-            let odd = _mm512_xor_si512(
-                _mm512_xor_si512(
-                    _mm512_clmulepi64_epi128::<0x10>(low_pair, folds[0]),
-                    _mm512_clmulepi64_epi128::<0x11>(low_pair, folds[1]),
-                ),
-                _mm512_xor_si512(
-                    _mm512_clmulepi64_epi128::<0x10>(high_pair, folds[2]),
-                    _mm512_clmulepi64_epi128::<0x11>(high_pair, folds[3]),
-                ),
-            );
+            let even = fold_products::<0x00, 0x01>(low_pair, high_pair, &folds);
+            let odd = fold_products::<0x10, 0x11>(low_pair, high_pair, &folds);
             // The message's words as [w3, w2, w1, w0] in words 4..7.
             let loaded = unsafe { _mm256_loadu_si256(block.as_ptr().cast::<__m256i>()) };
             let incoming = _mm512_inserti64x4::<1>(

@@ -160,32 +160,16 @@ fn multiply_add_scalar(destination: &mut [u8], source: &[u8], factor: u16) {
 }
 
 /// [`multiply_add`] 32 symbols at a time (AVX2), as [`signature_lanes`]
-/// multiplies: the product with a constant is linear over GF(2), so it is
-/// the XOR of four nibble lookups (`vpshufb` on 16-entry tables, one per
-/// nibble place of the symbol, a low and a high output byte each). The
-/// tables are the factor's, made per call (64 products, against 2,048 a
-/// 4 KiB page). The zone parity's rows multiply every page they take: the
+/// multiplies ([`times_constant`]). The factor's [`nibble_table`] is made
+/// per call (64 products, against 2,048 a 4 KiB page). The zone parity's rows multiply every page they take: the
 /// scalar rule was 2.6% of a random write's host time.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
 unsafe fn multiply_add_lanes(destination: &mut [u8], source: &[u8], factor: u16) {
     use std::arch::x86_64::{__m256i, _mm256_loadu_si256, _mm256_storeu_si256, _mm256_xor_si256};
-    // The low output bytes at places 0..4, then the high ones, each table
-    // twice (vpshufb looks up within each 128-bit half).
-    let mut doubled = [[0u8; 32]; 8];
-    for place in 0..4 {
-        for value in 0..16u16 {
-            let product = mul(value << (4 * place), factor);
-            for half in [0, 16] {
-                doubled[place][half + value as usize] = product as u8;
-                doubled[4 + place][half + value as usize] = (product >> 8) as u8;
-            }
-        }
-    }
-    // SAFETY (every load and store): 32 bytes inside a table, or inside a
-    // 64-byte chunk of `source` or `destination`.
-    let table: [__m256i; 8] =
-        std::array::from_fn(|index| unsafe { _mm256_loadu_si256(doubled[index].as_ptr().cast()) });
+    let table = nibble_registers(&nibble_table(factor));
+    // SAFETY (every load and store): 32 bytes inside a 64-byte chunk of
+    // `source` or `destination`.
     for (out_chunk, in_chunk) in
         destination.chunks_exact_mut(SYMBOL_CHUNK_BYTES).zip(source.chunks_exact(SYMBOL_CHUNK_BYTES))
     {
@@ -267,9 +251,8 @@ fn horner_chunk(
 }
 
 /// 32 symbols (their low bytes, their high bytes) times a constant, from
-/// the constant's nibble tables ([`multiply_add_lanes`]' layout: low
-/// output bytes at nibble places 0..4, then the high ones, each table
-/// twice): the XOR of four `vpshufb` lookups for each output byte.
+/// the constant's [`nibble_registers`]: the XOR of four `vpshufb` lookups
+/// for each output byte.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
 #[inline]
@@ -313,19 +296,7 @@ fn times_constant(
 unsafe fn signature_lanes(bytes: &[u8]) -> [u16; SIGNATURE_SYMBOLS] {
     use std::arch::x86_64::{__m256i, _mm256_loadu_si256, _mm256_setzero_si256, _mm256_storeu_si256, _mm256_xor_si256};
     let tables = nibble_tables();
-    let load = |table: &[u8; 16]| {
-        let mut doubled = [0u8; 32];
-        doubled[..16].copy_from_slice(table);
-        doubled[16..].copy_from_slice(table);
-        // SAFETY: 32 readable bytes.
-        unsafe { _mm256_loadu_si256(doubled.as_ptr().cast::<__m256i>()) }
-    };
-    let mut constants = [[_mm256_setzero_si256(); 8]; SIGNATURE_SYMBOLS];
-    for (power, registers) in constants.iter_mut().enumerate() {
-        for (register, table) in registers.iter_mut().zip(&tables[power]) {
-            *register = load(table);
-        }
-    }
+    let constants: [[__m256i; 8]; SIGNATURE_SYMBOLS] = std::array::from_fn(|power| nibble_registers(&tables[power]));
     let mut low = [_mm256_setzero_si256(); SIGNATURE_SYMBOLS];
     let mut high = [_mm256_setzero_si256(); SIGNATURE_SYMBOLS];
     let chunk_count = bytes.len().div_ceil(SYMBOL_CHUNK_BYTES);
@@ -372,18 +343,38 @@ unsafe fn signature_lanes(bytes: &[u8]) -> [u16; SIGNATURE_SYMBOLS] {
 fn nibble_tables() -> &'static [[[u8; 16]; 8]; SIGNATURE_SYMBOLS] {
     static NIBBLES: OnceLock<[[[u8; 16]; 8]; SIGNATURE_SYMBOLS]> = OnceLock::new();
     NIBBLES.get_or_init(|| {
-        let mut out = [[[0u8; 16]; 8]; SIGNATURE_SYMBOLS];
-        for (power, tables) in out.iter_mut().enumerate() {
-            let step = power_of_generator((power as u32 + 1) * CHUNK_SYMBOLS as u32);
-            for place in 0..4 {
-                for value in 0..16u16 {
-                    let product = mul(value << (4 * place), step);
-                    tables[place][value as usize] = product as u8;
-                    tables[4 + place][value as usize] = (product >> 8) as u8;
-                }
-            }
+        std::array::from_fn(|power| nibble_table(power_of_generator((power as u32 + 1) * CHUNK_SYMBOLS as u32)))
+    })
+}
+
+/// The product of `constant` with each nibble value at each of a symbol's
+/// four nibble places: the low output bytes (places 0..4), then the high
+/// ones. Multiplying by a constant is linear over GF(2), so a symbol's
+/// product is the XOR of its four nibbles' entries.
+#[cfg(target_arch = "x86_64")]
+fn nibble_table(constant: u16) -> [[u8; 16]; 8] {
+    let mut tables = [[0u8; 16]; 8];
+    for place in 0..4 {
+        for value in 0..16u16 {
+            let product = mul(value << (4 * place), constant);
+            tables[place][value as usize] = product as u8;
+            tables[4 + place][value as usize] = (product >> 8) as u8;
         }
-        out
+    }
+    tables
+}
+
+/// A [`nibble_table`] in vector registers, each 16-entry table twice
+/// (`vpshufb` looks up within each 128-bit half).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn nibble_registers(tables: &[[u8; 16]; 8]) -> [std::arch::x86_64::__m256i; 8] {
+    std::array::from_fn(|index| {
+        let mut doubled = [0u8; 32];
+        doubled[..16].copy_from_slice(&tables[index]);
+        doubled[16..].copy_from_slice(&tables[index]);
+        // SAFETY: 32 readable bytes.
+        unsafe { std::arch::x86_64::_mm256_loadu_si256(doubled.as_ptr().cast()) }
     })
 }
 
