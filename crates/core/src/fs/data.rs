@@ -86,6 +86,9 @@ impl<D: FlashDevice> Fs<D> {
     /// stored blocks.
     pub(crate) fn set_block_pointer(&mut self, ino: u64, block: u64, pointer: Pointer) -> Result<Pointer> {
         let old = self.point_block(ino, block, pointer)?;
+        if old.is_null() != pointer.is_null() {
+            self.dirty_blocks.forget_holes(ino);
+        }
         if old != pointer {
             let added = Stored::of(pointer, self.page_size);
             let freed = Stored::of(old, self.page_size);
@@ -111,10 +114,23 @@ impl<D: FlashDevice> Fs<D> {
     /// flash (a compressed block takes its chunk's size), and the blocks
     /// buffered in memory that it does not point at yet.
     pub(crate) fn sectors_used(&mut self, ino: u64, units_stored: u64) -> Result<u64> {
-        let buffered: Vec<u64> =
-            self.dirty_blocks.range((ino, 0)..=(ino, u64::MAX)).map(|(&(_, block), _)| block).collect();
         let sector_bytes = 512;
-        let unstored = self.holes_among(ino, &buffered)?;
+        let unstored = match self.dirty_blocks.holes(ino) {
+            Some(holes) => {
+                if cfg!(debug_assertions) {
+                    let buffered: Vec<u64> = self.dirty_blocks.blocks_of(ino).collect();
+                    let counted = self.holes_among(ino, &buffered)?;
+                    assert_eq!(holes, counted, "inode {ino}'s memo of buffered blocks not stored");
+                }
+                holes
+            }
+            None => {
+                let buffered: Vec<u64> = self.dirty_blocks.blocks_of(ino).collect();
+                let holes = self.holes_among(ino, &buffered)?;
+                self.dirty_blocks.remember_holes(ino, holes);
+                holes
+            }
+        };
         let bytes = units_stored
             .saturating_mul(u64::from(CHUNK_UNIT_BYTES))
             .saturating_add(unstored.saturating_mul(self.block_bytes()));
@@ -327,6 +343,7 @@ impl<D: FlashDevice> Fs<D> {
         for key in keys {
             self.dirty_blocks.remove(&key);
         }
+        self.dirty_blocks.forget_holes(ino);
         let mut roots = roots;
         let mut freed = Stored::default();
         if height == 0 {
@@ -558,27 +575,24 @@ impl<D: FlashDevice> Fs<D> {
             let piece = &data[source..source + take];
             if take == block_bytes as usize {
                 // A whole block is its own buffer: no zeros first.
-                match self.dirty_blocks.entry((ino, block)) {
-                    std::collections::btree_map::Entry::Occupied(mut buffered) => {
-                        buffered.get_mut().copy_from_slice(piece)
-                    }
-                    std::collections::btree_map::Entry::Vacant(vacant) => {
-                        vacant.insert(piece.to_vec());
-                    }
-                }
+                // Past the end the index points at nothing (a truncate
+                // frees what it cut), which keeps the stat memo exact for
+                // a file being appended.
+                let hole = (block * block_bytes >= size).then_some(true);
+                self.dirty_blocks.write_whole((ino, block), piece, hole);
             } else {
                 if !self.dirty_blocks.contains_key(&(ino, block)) {
-                    let existing = if block * block_bytes >= size {
-                        vec![0u8; block_bytes as usize]
+                    let (existing, hole) = if block * block_bytes >= size {
+                        (vec![0u8; block_bytes as usize], true)
                     } else {
                         let pointer = self.block_pointer(ino, block)?;
                         if pointer.is_null() {
-                            vec![0u8; block_bytes as usize]
+                            (vec![0u8; block_bytes as usize], true)
                         } else {
-                            self.read_block(ino, born, block, pointer)?
+                            (self.read_block(ino, born, block, pointer)?, false)
                         }
                     };
-                    self.dirty_blocks.insert((ino, block), existing);
+                    self.dirty_blocks.insert_new((ino, block), existing, hole);
                 }
                 let buffer = self.dirty_blocks.get_mut(&(ino, block)).expect("inserted");
                 buffer[within..within + take].copy_from_slice(piece);

@@ -24,6 +24,7 @@
 //! caller holds a reference to (from lookup, create, mknod, symlink and
 //! link, released by [`Fs::forget`]) or that have state in memory.
 
+mod buffer;
 mod check;
 mod checkpoint;
 mod cleaner;
@@ -311,7 +312,7 @@ pub struct Fs<D: FlashDevice> {
     /// Files that must stay findable by number.
     pub(crate) known: BTreeMap<u64, Known>,
     /// Buffered file blocks: `(ino, block)` to the whole block.
-    pub(crate) dirty_blocks: BTreeMap<(u64, u64), Vec<u8>>,
+    pub(crate) dirty_blocks: buffer::DataBuffer,
     /// Verified data pages, by where they are.
     pub(crate) read_cache: PageCache<Pointer, data::CachedPage>,
     /// The map's directory pages (from the checkpoint's tree roots), which
@@ -566,7 +567,7 @@ impl<D: FlashDevice> Fs<D> {
             to_flash: std::collections::BTreeSet::new(),
             write_home_all: false,
             known: BTreeMap::new(),
-            dirty_blocks: BTreeMap::new(),
+            dirty_blocks: buffer::DataBuffer::default(),
             map_directory: tree.map_directory,
             slot_count: tree.slot_count,
             free_slot_head: tree.free_slot_head,
