@@ -76,6 +76,7 @@ impl std::fmt::Display for CompressionChoice {
 }
 
 thread_local! {
+    static LZ4_OUTPUT: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
     static ZSTD_COMPRESSOR: std::cell::RefCell<Option<(i32, zstd::bulk::Compressor<'static>)>> =
         const { std::cell::RefCell::new(None) };
     static ZSTD_DECOMPRESSOR: std::cell::RefCell<Option<zstd::bulk::Decompressor<'static>>> =
@@ -89,14 +90,20 @@ pub fn compress(choice: CompressionChoice, input: &[u8], limit_bytes: usize) -> 
     let limit_bytes = limit_bytes.min(input.len());
     match choice.codec {
         Compression::None => None,
-        Compression::Lz4 => {
-            let mut output = vec![0u8; lz4_flex::block::get_maximum_output_size(input.len())];
-            let length = lz4_flex::block::compress_into(input, &mut output).ok()?;
-            (length < limit_bytes).then(|| {
-                output.truncate(length);
-                output
-            })
-        }
+        Compression::Lz4 => LZ4_OUTPUT.with(|cell| {
+            // The worst case's buffer, kept per thread: made per call it was
+            // an allocation and a 4 KiB memset for every block tried, most
+            // of which (noise) give nothing back. What compresses is copied
+            // out at its own length, so a chunk waiting to be packed holds
+            // only its bytes.
+            let mut output = cell.borrow_mut();
+            let needed = lz4_flex::block::get_maximum_output_size(input.len());
+            if output.len() < needed {
+                output.resize(needed, 0);
+            }
+            let length = lz4_flex::block::compress_into(input, &mut output[..needed]).ok()?;
+            (length < limit_bytes).then(|| output[..length].to_vec())
+        }),
         Compression::Zstd => {
             // A buffer of the limit: zstd stops with an error when the frame
             // would not fit, which is the answer "not worth it".
