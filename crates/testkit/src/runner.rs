@@ -80,6 +80,132 @@ fn kind_of(file_type: FileType) -> Kind {
     }
 }
 
+/// Runs one operation on `fs`, every one but a remount (which needs the
+/// engine owned), resolving paths as the kernel does; the references the
+/// lookups took are left in `held` for the caller to let go.
+pub(crate) fn apply_on(fs: &mut Fs<MemoryFlash>, held: &mut Vec<u64>, operation: &Operation) -> Result<Outcome, i32> {
+    let code = |error: flintfs_core::Error| error.errno;
+    match operation {
+        Operation::Create { directory, name } => {
+            let parent = resolve_directory(fs, held, directory)?;
+            let attributes = fs.create(parent, name, 0o644, 0, 0).map_err(code)?;
+            fs.forget(attributes.ino, 1).map_err(code)?;
+        }
+        Operation::Mkfifo { directory, name } => {
+            let parent = resolve_directory(fs, held, directory)?;
+            let attributes = fs.mknod(parent, name, 0o010644, 0, 0, 0).map_err(code)?;
+            fs.forget(attributes.ino, 1).map_err(code)?;
+        }
+        Operation::Symlink { directory, name, target } => {
+            let parent = resolve_directory(fs, held, directory)?;
+            let attributes = fs.symlink(parent, name, target, 0, 0).map_err(code)?;
+            fs.forget(attributes.ino, 1).map_err(code)?;
+        }
+        Operation::Mkdir { directory, name } => {
+            let parent = resolve_directory(fs, held, directory)?;
+            let attributes = fs.mkdir(parent, name, 0o755, 0, 0).map_err(code)?;
+            fs.forget(attributes.ino, 1).map_err(code)?;
+        }
+        Operation::Write { path, offset, length, fill } => {
+            let ino = resolve(fs, held, path)?;
+            fs.write(ino, *offset, &write_pattern(*offset, *length, *fill)).map_err(code)?;
+        }
+        Operation::Truncate { path, size } => {
+            let ino = resolve(fs, held, path)?;
+            let changes = SetAttributes { size: Some(*size), ..SetAttributes::default() };
+            fs.setattr(ino, &changes).map_err(code)?;
+        }
+        Operation::Read { path, offset, length } => {
+            let ino = resolve(fs, held, path)?;
+            return Ok(Outcome::Data(fs.read(ino, *offset, *length).map_err(code)?));
+        }
+        Operation::Unlink { directory, name } => {
+            let parent = resolve_directory(fs, held, directory)?;
+            fs.unlink(parent, name).map_err(code)?;
+        }
+        Operation::Rmdir { directory, name } => {
+            let parent = resolve_directory(fs, held, directory)?;
+            fs.rmdir(parent, name).map_err(code)?;
+        }
+        Operation::Rename { directory, name, new_directory, new_name, no_replace, exchange } => {
+            let parent = resolve_directory(fs, held, directory)?;
+            let new_parent = resolve_directory(fs, held, new_directory)?;
+            let flags = RenameFlags { no_replace: *no_replace, exchange: *exchange };
+            fs.rename(parent, name, new_parent, new_name, flags).map_err(code)?;
+        }
+        Operation::Link { path, directory, name } => {
+            let ino = resolve(fs, held, path)?;
+            let parent = resolve_directory(fs, held, directory)?;
+            let attributes = fs.link(ino, parent, name).map_err(code)?;
+            fs.forget(attributes.ino, 1).map_err(code)?;
+        }
+        Operation::SetXattr { path, name, value } => {
+            let ino = resolve(fs, held, path)?;
+            fs.setxattr(ino, name, value, XattrFlags::default()).map_err(code)?;
+        }
+        Operation::RemoveXattr { path, name } => {
+            let ino = resolve(fs, held, path)?;
+            fs.removexattr(ino, name).map_err(code)?;
+        }
+        Operation::Chmod { path, permissions } => {
+            let ino = resolve(fs, held, path)?;
+            let changes = SetAttributes { permissions: Some(*permissions), ..SetAttributes::default() };
+            fs.setattr(ino, &changes).map_err(code)?;
+        }
+        Operation::Readdir { directory } => {
+            let ino = resolve_directory(fs, held, directory)?;
+            let mut names = list(fs, ino).map_err(code)?;
+            names.sort();
+            return Ok(Outcome::Names(names));
+        }
+        Operation::Fsync { path, data_only } => {
+            let ino = resolve(fs, held, path)?;
+            fs.fsync(ino, *data_only).map_err(code)?;
+        }
+        Operation::Sync => fs.sync().map_err(code)?,
+        Operation::Remount => unreachable!("a remount needs the engine owned"),
+    }
+    Ok(Outcome::Done)
+}
+
+/// The inode at `path`; each lookup's reference goes into `held`.
+pub(crate) fn resolve(fs: &mut Fs<MemoryFlash>, held: &mut Vec<u64>, path: &[Vec<u8>]) -> Result<u64, i32> {
+    let mut ino = 1;
+    for name in path {
+        let attributes = fs.lookup(ino, name).map_err(|error| error.errno)?;
+        held.push(attributes.ino);
+        ino = attributes.ino;
+    }
+    Ok(ino)
+}
+
+fn resolve_directory(fs: &mut Fs<MemoryFlash>, held: &mut Vec<u64>, path: &[Vec<u8>]) -> Result<u64, i32> {
+    let ino = resolve(fs, held, path)?;
+    let attributes = fs.getattr(ino).map_err(|error| error.errno)?;
+    if attributes.file_type != FileType::Directory {
+        return Err(errno::ENOTDIR);
+    }
+    Ok(ino)
+}
+
+/// A directory's entries (not "." and ".."), a few at a time as a kernel
+/// would ask.
+fn list(fs: &mut Fs<MemoryFlash>, ino: u64) -> flintfs_core::Result<Vec<(Vec<u8>, Kind)>> {
+    let mut names = Vec::new();
+    let mut cookie = 0;
+    loop {
+        let entries = fs.readdir(ino, cookie, 3)?;
+        let Some(last) = entries.last() else { break };
+        cookie = last.offset;
+        for entry in entries {
+            if entry.name != b"." && entry.name != b".." {
+                names.push((entry.name, kind_of(entry.file_type)));
+            }
+        }
+    }
+    Ok(names)
+}
+
 impl Subject {
     pub fn mount(flash: MemoryFlash, clock: ManualClock, options: FsOptions) -> Result<Subject, String> {
         let (fs, _) = Fs::mount(flash, options.clone(), Box::new(clock.clone())).map_err(|error| error.to_string())?;
@@ -93,27 +219,6 @@ impl Subject {
 
     pub fn fs(&mut self) -> &mut Fs<MemoryFlash> {
         self.fs.as_mut().expect("mounted")
-    }
-
-    /// The inode at `path`, holding no reference afterwards.
-    fn resolve(&mut self, path: &[Vec<u8>]) -> Result<u64, i32> {
-        let mut ino = 1;
-        let fs = self.fs.as_mut().expect("mounted");
-        for name in path {
-            let attributes = fs.lookup(ino, name).map_err(|error| error.errno)?;
-            self.held.push(attributes.ino);
-            ino = attributes.ino;
-        }
-        Ok(ino)
-    }
-
-    fn resolve_directory(&mut self, path: &[Vec<u8>]) -> Result<u64, i32> {
-        let ino = self.resolve(path)?;
-        let attributes = self.fs().getattr(ino).map_err(|error| error.errno)?;
-        if attributes.file_type != FileType::Directory {
-            return Err(errno::ENOTDIR);
-        }
-        Ok(ino)
     }
 
     /// Runs one operation on the engine.
@@ -138,83 +243,6 @@ impl Subject {
     fn apply_inner(&mut self, operation: &Operation) -> Result<Outcome, i32> {
         let code = |error: flintfs_core::Error| error.errno;
         match operation {
-            Operation::Create { directory, name } => {
-                let parent = self.resolve_directory(directory)?;
-                let attributes = self.fs().create(parent, name, 0o644, 0, 0).map_err(code)?;
-                self.fs().forget(attributes.ino, 1).map_err(code)?;
-            }
-            Operation::Mkfifo { directory, name } => {
-                let parent = self.resolve_directory(directory)?;
-                let attributes = self.fs().mknod(parent, name, 0o010644, 0, 0, 0).map_err(code)?;
-                self.fs().forget(attributes.ino, 1).map_err(code)?;
-            }
-            Operation::Symlink { directory, name, target } => {
-                let parent = self.resolve_directory(directory)?;
-                let attributes = self.fs().symlink(parent, name, target, 0, 0).map_err(code)?;
-                self.fs().forget(attributes.ino, 1).map_err(code)?;
-            }
-            Operation::Mkdir { directory, name } => {
-                let parent = self.resolve_directory(directory)?;
-                let attributes = self.fs().mkdir(parent, name, 0o755, 0, 0).map_err(code)?;
-                self.fs().forget(attributes.ino, 1).map_err(code)?;
-            }
-            Operation::Write { path, offset, length, fill } => {
-                let ino = self.resolve(path)?;
-                self.fs().write(ino, *offset, &write_pattern(*offset, *length, *fill)).map_err(code)?;
-            }
-            Operation::Truncate { path, size } => {
-                let ino = self.resolve(path)?;
-                let changes = SetAttributes { size: Some(*size), ..SetAttributes::default() };
-                self.fs().setattr(ino, &changes).map_err(code)?;
-            }
-            Operation::Read { path, offset, length } => {
-                let ino = self.resolve(path)?;
-                return Ok(Outcome::Data(self.fs().read(ino, *offset, *length).map_err(code)?));
-            }
-            Operation::Unlink { directory, name } => {
-                let parent = self.resolve_directory(directory)?;
-                self.fs().unlink(parent, name).map_err(code)?;
-            }
-            Operation::Rmdir { directory, name } => {
-                let parent = self.resolve_directory(directory)?;
-                self.fs().rmdir(parent, name).map_err(code)?;
-            }
-            Operation::Rename { directory, name, new_directory, new_name, no_replace, exchange } => {
-                let parent = self.resolve_directory(directory)?;
-                let new_parent = self.resolve_directory(new_directory)?;
-                let flags = RenameFlags { no_replace: *no_replace, exchange: *exchange };
-                self.fs().rename(parent, name, new_parent, new_name, flags).map_err(code)?;
-            }
-            Operation::Link { path, directory, name } => {
-                let ino = self.resolve(path)?;
-                let parent = self.resolve_directory(directory)?;
-                let attributes = self.fs().link(ino, parent, name).map_err(code)?;
-                self.fs().forget(attributes.ino, 1).map_err(code)?;
-            }
-            Operation::SetXattr { path, name, value } => {
-                let ino = self.resolve(path)?;
-                self.fs().setxattr(ino, name, value, XattrFlags::default()).map_err(code)?;
-            }
-            Operation::RemoveXattr { path, name } => {
-                let ino = self.resolve(path)?;
-                self.fs().removexattr(ino, name).map_err(code)?;
-            }
-            Operation::Chmod { path, permissions } => {
-                let ino = self.resolve(path)?;
-                let changes = SetAttributes { permissions: Some(*permissions), ..SetAttributes::default() };
-                self.fs().setattr(ino, &changes).map_err(code)?;
-            }
-            Operation::Readdir { directory } => {
-                let ino = self.resolve_directory(directory)?;
-                let mut names = self.list(ino).map_err(code)?;
-                names.sort();
-                return Ok(Outcome::Names(names));
-            }
-            Operation::Fsync { path, data_only } => {
-                let ino = self.resolve(path)?;
-                self.fs().fsync(ino, *data_only).map_err(code)?;
-            }
-            Operation::Sync => self.fs().sync().map_err(code)?,
             Operation::Remount => {
                 for ino in std::mem::take(&mut self.held) {
                     self.fs().forget(ino, 1).map_err(code)?;
@@ -233,26 +261,12 @@ impl Subject {
                 let (fs, _) = Fs::mount(flash, self.options.clone(), Box::new(self.clock.clone())).map_err(code)?;
                 self.fs = Some(fs);
             }
-        }
-        Ok(Outcome::Done)
-    }
-
-    /// A directory's entries (not "." and ".."), a few at a time as a
-    /// kernel would ask.
-    fn list(&mut self, ino: u64) -> flintfs_core::Result<Vec<(Vec<u8>, Kind)>> {
-        let mut names = Vec::new();
-        let mut cookie = 0;
-        loop {
-            let entries = self.fs().readdir(ino, cookie, 3)?;
-            let Some(last) = entries.last() else { break };
-            cookie = last.offset;
-            for entry in entries {
-                if entry.name != b"." && entry.name != b".." {
-                    names.push((entry.name, kind_of(entry.file_type)));
-                }
+            _ => {
+                let fs = self.fs.as_mut().expect("mounted");
+                return apply_on(fs, &mut self.held, operation);
             }
         }
-        Ok(names)
+        Ok(Outcome::Done)
     }
 
     /// The whole tree as the engine shows it.
@@ -275,7 +289,7 @@ impl Subject {
                 xattrs.insert(name, value);
             }
             if kind == Kind::Directory {
-                for (name, _) in self.list(ino).map_err(|error| format!("{path:?}: {error}"))? {
+                for (name, _) in list(self.fs(), ino).map_err(|error| format!("{path:?}: {error}"))? {
                     let child = self.fs().lookup(ino, &name).map_err(|error| format!("{path:?}/{name:?}: {error}"))?;
                     held.push(child.ino);
                     let mut child_path = path.clone();
@@ -300,6 +314,13 @@ impl Subject {
             Err(format!("the checker found: {:#?}", report.findings))
         }
     }
+}
+
+/// The device operation of cut `cut` of `cuts` spread over a run of
+/// `device_operations`, offset by the seed so seeds cut at different
+/// places.
+pub fn spread_cut(device_operations: u64, cut: u64, cuts: u64, seed: u64) -> u64 {
+    (device_operations * cut / (cuts + 1) + seed * 7) % device_operations.max(1)
 }
 
 /// How a model run went.
@@ -467,24 +488,37 @@ pub fn run_power_cut(setup: &Setup, seed: u64, operations: u64, cut_at: u64) -> 
         report.device_operations = subject.fs().device().mutating_operations() - start;
         return Ok(report);
     }
-    // The cut: power comes back, and the file system must be one of the
-    // states it may have made durable.
     let flash = match subject.fs.take() {
         Some(fs) => fs.into_device(),
         None => return Err(fail("the file system was lost in a remount that the cut broke".into())),
     };
-    let mut flash = flash;
+    recover_after_cut(setup, seed, flash, clock, &start_model, &applied, returned).map_err(fail)?;
+    Ok(report)
+}
+
+/// After a cut that fell in the last of `applied` (which `returned`, or
+/// did not): power comes back, and the file system must be one of the
+/// states it may have made durable, pass the checker, and keep working
+/// (operations generated over the state whose namespace was recovered
+/// return what the model returns; reads apart, as a file may hold older
+/// data than that state's, as allowed).
+pub(crate) fn recover_after_cut(
+    setup: &Setup,
+    seed: u64,
+    mut flash: MemoryFlash,
+    clock: ManualClock,
+    start_model: &Model,
+    applied: &[Operation],
+    returned: bool,
+) -> Result<(), String> {
     flash.power_on();
-    let mut recovered = Subject::mount(flash, clock, setup.options.clone()).map_err(fail)?;
-    recovered.check().map_err(fail)?;
-    let snapshot = recovered.snapshot().map_err(fail)?;
+    let mut recovered = Subject::mount(flash, clock, setup.options.clone())?;
+    recovered.check()?;
+    let snapshot = recovered.snapshot()?;
     let completed = applied.len() - 1;
-    let state = crate::crashtest::judge_recovery(&start_model, applied.clone(), completed, returned, &snapshot)
-        .map_err(|error| fail(format!("after recovery, {error}")))?;
-    // And it keeps working from there: operations generated over the state
-    // whose namespace was recovered return what the model returns (reads
-    // apart: a file may hold older data than that state's, as allowed).
-    let mut model = start_model;
+    let state = crate::crashtest::judge_recovery(start_model, applied.to_vec(), completed, returned, &snapshot)
+        .map_err(|error| format!("after recovery, {error}"))?;
+    let mut model = start_model.clone();
     for operation in &applied[..state] {
         model.apply(operation);
     }
@@ -494,11 +528,10 @@ pub fn run_power_cut(setup: &Setup, seed: u64, operations: u64, cut_at: u64) -> 
         let expected = model.apply(&operation);
         let actual = recovered.apply(&operation);
         if !matches!(operation, Operation::Read { .. }) && actual != expected {
-            return Err(fail(format!(
+            return Err(format!(
                 "after recovery, operation {step} {operation:?}: engine {actual:?}, model {expected:?}"
-            )));
+            ));
         }
     }
-    recovered.check().map_err(fail)?;
-    Ok(report)
+    recovered.check()
 }

@@ -6,11 +6,8 @@
 //! over 50 seeds) is
 //! `FLINTFS_MODEL_SEEDS=50 FLINTFS_MODEL_OPERATIONS=10000 cargo test --release -p flintfs-testkit --test model`.
 
-use flintfs_testkit::runner::{run_model, run_power_cut, Setup};
-
-fn from_env(name: &str, default: u64) -> u64 {
-    std::env::var(name).ok().and_then(|value| value.parse().ok()).unwrap_or(default)
-}
+use flintfs_testkit::from_env;
+use flintfs_testkit::runner::{run_model, run_power_cut, spread_cut, Setup};
 
 #[test]
 fn random_workloads_match_the_model() {
@@ -114,8 +111,7 @@ fn power_cuts_at_random_points_of_long_workloads() {
     for seed in 100..100 + seeds {
         let total = run_power_cut(&setup, seed, operations, u64::MAX / 2).unwrap_or_else(|failure| panic!("{failure}"));
         for cut in 1..=cuts {
-            // Spread over the workload, offset by the seed.
-            let cut_at = (total.device_operations * cut / (cuts + 1) + seed * 7) % total.device_operations.max(1);
+            let cut_at = spread_cut(total.device_operations, cut, cuts, seed);
             run_power_cut(&setup, seed, operations, cut_at).unwrap_or_else(|failure| panic!("{failure}"));
         }
         eprintln!("seed {seed}: {} device operations, {cuts} cuts", total.device_operations);
