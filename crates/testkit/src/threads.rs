@@ -13,7 +13,8 @@
 //!
 //! Turns are whole operations, so the engine sees the calls of several
 //! threads interleaved but never two at once (it is one mutex, and an
-//! fsync's halves are not split by another thread here). The finer
+//! fsync's halves are not split by another thread here): each commit
+//! carries the one fsync that led it. The finer
 //! interleavings of group commit, with other fsyncs prepared between a
 //! leader's prepare and its commit, are `crates/core/tests/group_commit.rs`'s.
 //!
@@ -53,7 +54,8 @@ struct Turns {
     /// Set when the power went, or the checker found something: no more
     /// turns.
     stopped: bool,
-    /// What the checker found, after which operation, on which thread.
+    /// What the checker found (or a failure or panic), after which
+    /// operation, on which thread.
     findings: Option<(usize, usize, String)>,
     outcomes: Vec<Option<Outcome>>,
 }
@@ -123,18 +125,37 @@ pub fn run_model_threads(
                 // nanosecond for the operation.
                 clock.advance(setup.step_ns);
                 clock.advance(1);
-                let outcome = run_shared(shared, &plan[index].0);
-                let powered_off = shared.run(|fs| Ok(fs.device().is_powered_off())).unwrap_or(true);
-                // The checker, in the same turn, on the state this thread
-                // left (a cut leaves nothing to check until recovery).
-                let findings = if !powered_off && check_every > 0 && (index as u64).is_multiple_of(check_every) {
-                    match shared.run(|fs| fs.check()) {
-                        Ok(report) if report.is_clean() => None,
-                        Ok(report) => Some(format!("{:#?}", report.findings)),
-                        Err(error) => Some(error.to_string()),
+                // A panic in the engine (an assertion) ends the run with
+                // the seed, instead of leaving every other thread waiting
+                // for a turn that never passes.
+                let turn = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    let outcome = run_shared(shared, &plan[index].0);
+                    let powered_off = shared.run(|fs| Ok(fs.device().is_powered_off()))?;
+                    // The checker, in the same turn, on the state this
+                    // thread left (a cut leaves nothing to check until
+                    // recovery).
+                    let findings = if !powered_off && check_every > 0 && (index as u64).is_multiple_of(check_every) {
+                        match shared.run(|fs| fs.check()) {
+                            Ok(report) if report.is_clean() => None,
+                            Ok(report) => Some(format!("{:#?}", report.findings)),
+                            Err(error) => Some(error.to_string()),
+                        }
+                    } else {
+                        None
+                    };
+                    Ok::<_, flintfs_core::Error>((outcome, powered_off, findings))
+                }));
+                let (outcome, powered_off, findings) = match turn {
+                    Ok(Ok(done)) => done,
+                    Ok(Err(error)) => (Outcome::Error(error.errno), false, Some(format!("the engine failed: {error}"))),
+                    Err(panic) => {
+                        let message = panic
+                            .downcast_ref::<String>()
+                            .cloned()
+                            .or_else(|| panic.downcast_ref::<&str>().map(|text| text.to_string()))
+                            .unwrap_or_default();
+                        (Outcome::Error(errno::EIO), false, Some(format!("panicked: {message}")))
                     }
-                } else {
-                    None
                 };
                 let mut state = turns.lock().expect("no thread panics holding the turns");
                 state.outcomes[index] = Some(outcome);
