@@ -48,6 +48,20 @@ impl<D: FlashDevice> Volume<D> {
         })
     }
 
+    /// Programs pages that stand alone (whole data blocks, each named by
+    /// its own inverted index) consecutively in the zone of `role`'s head,
+    /// and returns where each went. Unlike [`Volume::append_run`], a failed
+    /// program is not tried again whole in a fresh zone: only a zone with
+    /// as much room could take it, and a long run's search would pass
+    /// over (and use up until the next checkpoint) every zone that retired
+    /// blocks have shortened. The error comes back instead, and the caller
+    /// places the pages one by one.
+    pub fn append_run_once(&mut self, role: ZoneRole, pages: &[(PageMeta, &[u8])]) -> Result<Vec<PageAddress>> {
+        self.append_pages_tried(role, pages.len() as u32, 1, |_| {
+            pages.iter().map(|(meta, data)| (*meta, std::borrow::Cow::Borrowed(*data))).collect()
+        })
+    }
+
     /// Programs `needed` pages consecutively in one zone of `role`'s head,
     /// built by `build` from the sequence number the first will carry (a
     /// record's header names it), and returns where each went.
@@ -55,8 +69,21 @@ impl<D: FlashDevice> Volume<D> {
         &mut self,
         role: ZoneRole,
         needed: u32,
+        build: impl FnMut(u64) -> Vec<(PageMeta, std::borrow::Cow<'a, [u8]>)>,
+    ) -> Result<Vec<PageAddress>> {
+        self.append_pages_tried(role, needed, PROGRAM_ATTEMPTS, build)
+    }
+
+    /// [`Volume::append_pages`], with the run tried in at most `attempts`
+    /// zones.
+    fn append_pages_tried<'a>(
+        &mut self,
+        role: ZoneRole,
+        needed: u32,
+        attempts: u32,
         mut build: impl FnMut(u64) -> Vec<(PageMeta, std::borrow::Cow<'a, [u8]>)>,
     ) -> Result<Vec<PageAddress>> {
+        debug_assert!((1..=PROGRAM_ATTEMPTS).contains(&attempts));
         if !role.is_log_head() {
             return Err(Error::invalid(format!("{role:?} has no log head")));
         }
@@ -123,22 +150,28 @@ impl<D: FlashDevice> Volume<D> {
                 self.set_head_write_pointer(role, address.page + 1);
                 match self.device.program_sealed(address, data, oob) {
                     Ok(()) => {}
-                    Err(flintfs_flash::DeviceError::ProgramFailed { .. }) if attempt < PROGRAM_ATTEMPTS => {
+                    Err(error @ flintfs_flash::DeviceError::ProgramFailed { .. }) => {
                         self.program_failures += 1;
-                        continue 'run;
+                        if attempt < attempts {
+                            continue 'run;
+                        }
+                        return Err(error.into());
                     }
                     // A parity page that failed to program after an earlier
                     // page of this run left the zone read-only: the run
                     // starts again in a fresh zone, as after a failed
-                    // program of its own.
-                    Err(_)
-                        if attempt < PROGRAM_ATTEMPTS
-                            && self
-                                .device
-                                .report_zone(address.zone)
-                                .is_ok_and(|report| report.state == ZoneState::ReadOnly) =>
+                    // program of its own, and with no attempt left ends as
+                    // one (EIO, a failure of the medium).
+                    Err(error)
+                        if self
+                            .device
+                            .report_zone(address.zone)
+                            .is_ok_and(|report| report.state == ZoneState::ReadOnly) =>
                     {
-                        continue 'run;
+                        if attempt < attempts {
+                            continue 'run;
+                        }
+                        return Err(Error::corrupt(format!("a zone went read-only under a run: {error}")));
                     }
                     Err(error) => return Err(error.into()),
                 }

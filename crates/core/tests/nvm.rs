@@ -42,15 +42,7 @@ fn assert_clean(fs: &mut Fs<MemoryFlash>) {
 
 /// A block that does not compress away, so the buffer fills.
 fn text_block(seed: u64) -> Vec<u8> {
-    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..4096)
-        .map(|_| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state as u8
-        })
-        .collect()
+    common::noise(seed, 4096)
 }
 
 fn name(index: usize) -> Vec<u8> {

@@ -721,12 +721,10 @@ impl<D: FlashDevice> Fs<D> {
     fn program_blocks(&mut self, whole: &mut Vec<WholeBlock>) -> Result<()> {
         let page_size = self.page_size;
         let run: Vec<(PageMeta, &[u8])> = whole.iter().map(|block| (block.meta, block.buffer.as_slice())).collect();
-        let addresses = match self.volume.append_run(ZoneRole::HotData, &run) {
+        let addresses = match self.volume.append_run_once(ZoneRole::HotData, &run) {
             Ok(addresses) => addresses,
-            // A run starts again whole in a fresh zone when one of its
-            // programs fails, a bounded number of times, so on a medium
-            // failing many programs a long run can run out of attempts.
-            // Block by block, each gets its own (what the pages of the run
+            // A failed program of the run: block by block, each fits any
+            // zone and gets its own attempts (what the pages of the run
             // that did program hold is referenced by nothing).
             Err(error) if error.errno == errno::EIO => {
                 let mut addresses = Vec::with_capacity(run.len());
@@ -1081,12 +1079,14 @@ impl<D: FlashDevice> Fs<D> {
 
 /// Most whole blocks one run programs: a zone's worth on the default
 /// geometry. A run is sealed on two threads (`Protected::seal_pages`), and
-/// the second costs about 25 µs to start and join, the sealing of 17
-/// pages, so short runs paid it often. large_rand_write in process, medians
-/// of five alternating runs: 220,295 ops/s at 64 pages, 265,835 at 256,
-/// 286,245 at 1,024. A run's buffers are moved out of the data buffer, not
-/// copied, so a long run holds no more memory than the buffer did, besides
-/// its sealed spare areas (128 bytes a page).
+/// the second costs about 25 µs to start and join, the sealing of 16
+/// pages, so short runs paid it often. large_rand_write in process,
+/// medians of five alternating runs: 220,295 ops/s at 64 pages, 265,835 at
+/// 256, 286,245 at 1,024. A run whose program fails is not tried again
+/// whole (`Volume::append_run_once`): only a zone with no retired block
+/// could take a zone's worth. A run's buffers are moved out of the data
+/// buffer, not copied, so a long run holds no more memory than the buffer
+/// did, besides its sealed spare areas (128 bytes a page).
 pub const DATA_RUN_PAGES_MAX: u64 = 1024;
 
 /// The xattr that sets a file's compression (`none`, `lz4`, `zstd`,

@@ -31,6 +31,20 @@ pub fn contents(index: u32) -> Vec<u8> {
         .collect()
 }
 
+/// `length_bytes` of xorshift noise from `seed`: nothing compresses, so
+/// every 4 KiB block is a page of its own.
+pub fn noise(seed: u64, length_bytes: usize) -> Vec<u8> {
+    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..length_bytes)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state as u8
+        })
+        .collect()
+}
+
 /// Noise that no ECC corrects: a tenth of the page's bits flipped.
 pub fn destroyed(seed: u64) -> PageFault {
     PageFault::Disturbed { seed, rate_ppm: 100_000 }
