@@ -171,7 +171,9 @@ impl<D: FlashDevice> Volume<D> {
                         if attempt < attempts {
                             continue 'run;
                         }
-                        return Err(Error::corrupt(format!("a zone went read-only under a run: {error}")));
+                        // EIO as a failed program's, without the damage
+                        // mark: nothing stored is lost.
+                        return Err(Error::new(errno::EIO, format!("a zone went read-only under a run: {error}")));
                     }
                     Err(error) => return Err(error.into()),
                 }
@@ -432,11 +434,21 @@ impl<D: FlashDevice> Volume<D> {
         self.checkpoint.unindexed.len().saturating_sub(self.unindexed_used)
     }
 
-    /// Pages `role`'s head can still program in its current zone.
+    /// Pages `role`'s head can still program in its current zone: none
+    /// when the zone takes no more programs where the head would put them
+    /// (the test [`Volume::head_with_room`] makes). After a failed program
+    /// the head is left on a read-only zone, one page past the failure;
+    /// its room counted from the capacity sized the next run of data
+    /// blocks to a zone that is gone, and only a zone as roomy could take
+    /// it.
     pub fn head_free_pages(&self, role: ZoneRole) -> u64 {
         let Some(head) = self.checkpoint.heads.iter().find(|head| head.role == role) else { return 0 };
-        let capacity = self.device.report_zone(head.zone).map(|report| report.capacity_pages).unwrap_or(0);
-        u64::from(capacity.saturating_sub(head.write_pointer))
+        let Ok(report) = self.device.report_zone(head.zone) else { return 0 };
+        let writable = matches!(report.state, ZoneState::Empty | ZoneState::Open | ZoneState::Closed);
+        if !writable || report.write_pointer != head.write_pointer {
+            return 0;
+        }
+        u64::from(report.capacity_pages.saturating_sub(head.write_pointer))
     }
 
     /// Free zones a head could still be given (declared or not), and their

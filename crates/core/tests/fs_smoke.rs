@@ -334,5 +334,6 @@ fn long_runs_of_blocks_survive_short_zones_and_failing_programs() {
         }
         fs.sync().unwrap_or_else(|error| panic!("round {round}: {error}"));
     }
+    assert!(fs.counters().data_runs_placed_one_by_one > 0, "a run's program failed, and its blocks went one by one");
     survives_a_remount(fs, clock, expected.iter().map(|(name, data)| (name, data)));
 }

@@ -121,14 +121,14 @@ pub fn run_model_threads(
                     }
                     state.next
                 };
-                // As the single-threaded run moves it: a step, and a
-                // nanosecond for the operation.
-                clock.advance(setup.step_ns);
-                clock.advance(1);
-                // A panic in the engine (an assertion) ends the run with
-                // the seed, instead of leaving every other thread waiting
-                // for a turn that never passes.
+                // A panic in the turn (an engine assertion) ends the run
+                // with the seed, instead of leaving every other thread
+                // waiting for a turn that never passes.
                 let turn = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    // As the single-threaded run moves it: a step, and a
+                    // nanosecond for the operation.
+                    clock.advance(setup.step_ns);
+                    clock.advance(1);
                     let outcome = run_shared(shared, &plan[index].0);
                     let powered_off = shared.run(|fs| Ok(fs.device().is_powered_off()))?;
                     // The checker, in the same turn, on the state this

@@ -21,7 +21,7 @@ fn random_workloads_from_several_threads_match_the_model() {
             let report = run_model_threads(&setup, seed, threads, operations, 1, None)
                 .unwrap_or_else(|failure| panic!("{failure}"));
             assert_eq!(report.operations, operations, "seed {seed}: every operation ran");
-            assert!(!report.fired);
+            assert!(!report.fired, "seed {seed}, {threads} threads: no cut was asked for, yet one fired");
             assert!(
                 report.operations_by_thread.iter().all(|&ran| ran > 0),
                 "seed {seed}: every thread ran operations: {:?}",

@@ -727,6 +727,7 @@ impl<D: FlashDevice> Fs<D> {
             // zone and gets its own attempts (what the pages of the run
             // that did program hold is referenced by nothing).
             Err(error) if error.errno == errno::EIO => {
+                self.counters.data_runs_placed_one_by_one += 1;
                 let mut addresses = Vec::with_capacity(run.len());
                 for (meta, data) in &run {
                     addresses.push(self.volume.append(ZoneRole::HotData, *meta, data)?);

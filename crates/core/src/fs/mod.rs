@@ -264,6 +264,9 @@ pub struct FsCounters {
     pub nodes_sent_home: u64,
     pub node_pages_read: u64,
     pub data_pages_written: u64,
+    /// Runs of whole data blocks a failed program sent back to be placed
+    /// one by one (`Volume::append_run_once`).
+    pub data_runs_placed_one_by_one: u64,
     pub chunks_written: u64,
     /// Blocks stored as compressed chunks, blocks a codec was tried on,
     /// and files marked incompressible.
