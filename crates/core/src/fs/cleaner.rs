@@ -216,7 +216,14 @@ impl<D: FlashDevice> Fs<D> {
                 report.zone >= FIRST_DYNAMIC_ZONE
                     && matches!(usage.role, ZoneRole::HotData | ZoneRole::ColdData | ZoneRole::Node)
                     && !checkpoint.heads.iter().any(|head| head.zone == report.zone)
-                    && matches!(report.state, ZoneState::Full | ZoneState::Closed | ZoneState::Open)
+                    // Read-only too: a failed program leaves its zone so,
+                    // and a reset (once its data has moved) takes it back,
+                    // less the retired block. Left out, every failed
+                    // program kept a zone out of use for good.
+                    && matches!(
+                        report.state,
+                        ZoneState::Full | ZoneState::Closed | ZoneState::Open | ZoneState::ReadOnly
+                    )
                     && report.capacity_pages > 0
                     && usage.valid_bytes > 0
                     && !self.cleaner_stuck.contains(&report.zone)
