@@ -43,9 +43,7 @@ impl<D: FlashDevice> Volume<D> {
     /// Programs pages consecutively in one zone of `role`'s head (a
     /// multi-page record must not straddle zones) and returns where each went.
     pub fn append_run(&mut self, role: ZoneRole, pages: &[(PageMeta, &[u8])]) -> Result<Vec<PageAddress>> {
-        self.append_pages(role, pages.len() as u32, |_| {
-            pages.iter().map(|(meta, data)| (*meta, std::borrow::Cow::Borrowed(*data))).collect()
-        })
+        self.append_run_tried(role, pages, PROGRAM_ATTEMPTS)
     }
 
     /// Programs pages that stand alone (whole data blocks, each named by
@@ -57,7 +55,18 @@ impl<D: FlashDevice> Volume<D> {
     /// blocks have shortened. The error comes back instead, and the caller
     /// places the pages one by one.
     pub fn append_run_once(&mut self, role: ZoneRole, pages: &[(PageMeta, &[u8])]) -> Result<Vec<PageAddress>> {
-        self.append_pages_tried(role, pages.len() as u32, 1, |_| {
+        self.append_run_tried(role, pages, 1)
+    }
+
+    /// [`Volume::append_run`], with the run tried in at most `attempts`
+    /// zones.
+    fn append_run_tried(
+        &mut self,
+        role: ZoneRole,
+        pages: &[(PageMeta, &[u8])],
+        attempts: u32,
+    ) -> Result<Vec<PageAddress>> {
+        self.append_pages_tried(role, pages.len() as u32, attempts, |_| {
             pages.iter().map(|(meta, data)| (*meta, std::borrow::Cow::Borrowed(*data))).collect()
         })
     }
@@ -199,12 +208,7 @@ impl<D: FlashDevice> Volume<D> {
                 continue;
             }
             let needed = slots - filled;
-            let report = self.device.report_zone(head.zone)?;
-            let writable = matches!(report.state, ZoneState::Empty | ZoneState::Open | ZoneState::Closed);
-            if !writable
-                || report.write_pointer != head.write_pointer
-                || head.write_pointer + needed > report.capacity_pages
-            {
+            if self.head_room_pages(&head)? < needed {
                 continue;
             }
             let empty = vec![0u8; geometry.page_size_bytes as usize];
@@ -245,15 +249,7 @@ impl<D: FlashDevice> Volume<D> {
         loop {
             let current = self.checkpoint.heads.iter().find(|head| head.role == role).copied();
             if let Some(head) = current {
-                // A head can only append to a zone that takes programs: after
-                // a crash its zone may have been finished (durably) or have
-                // gone read-only.
-                let report = self.device.report_zone(head.zone)?;
-                let writable = matches!(report.state, ZoneState::Empty | ZoneState::Open | ZoneState::Closed);
-                if writable
-                    && report.write_pointer == head.write_pointer
-                    && head.write_pointer + needed <= report.capacity_pages
-                {
+                if self.head_room_pages(&head)? >= needed {
                     return Ok(head);
                 }
             }
@@ -434,21 +430,28 @@ impl<D: FlashDevice> Volume<D> {
         self.checkpoint.unindexed.len().saturating_sub(self.unindexed_used)
     }
 
-    /// Pages `role`'s head can still program in its current zone: none
-    /// when the zone takes no more programs where the head would put them
-    /// (the test [`Volume::head_with_room`] makes). After a failed program
-    /// the head is left on a read-only zone, one page past the failure;
-    /// its room counted from the capacity sized the next run of data
+    /// Pages `role`'s head can still program in its current zone
+    /// ([`Volume::head_room_pages`]). Counted from the capacity alone, the
+    /// room of a head left on a read-only zone sized the next run of data
     /// blocks to a zone that is gone, and only a zone as roomy could take
     /// it.
     pub fn head_free_pages(&self, role: ZoneRole) -> u64 {
         let Some(head) = self.checkpoint.heads.iter().find(|head| head.role == role) else { return 0 };
-        let Ok(report) = self.device.report_zone(head.zone) else { return 0 };
+        u64::from(self.head_room_pages(head).unwrap_or(0))
+    }
+
+    /// Pages `head` can still append in its zone. A head appends only to a
+    /// zone that takes programs at the head's own write pointer: after a
+    /// crash its zone may have been finished (durably), and a failed
+    /// program leaves it read-only with the head one page past the
+    /// failure. Such a zone has no room.
+    fn head_room_pages(&self, head: &LogHead) -> Result<u32> {
+        let report = self.device.report_zone(head.zone)?;
         let writable = matches!(report.state, ZoneState::Empty | ZoneState::Open | ZoneState::Closed);
         if !writable || report.write_pointer != head.write_pointer {
-            return 0;
+            return Ok(0);
         }
-        u64::from(report.capacity_pages.saturating_sub(head.write_pointer))
+        Ok(report.capacity_pages.saturating_sub(head.write_pointer))
     }
 
     /// Free zones a head could still be given (declared or not), and their
