@@ -736,6 +736,48 @@ impl<D: FlashDevice> Volume<D> {
         }
         self.declare_unindexed(&mut next)?;
         let page_count = checkpoint_record_page_count(next.encode().len(), geometry.page_size_bytes) as u32;
+        // A program that fails leaves its zone read-only, with the record
+        // (or its fillers) cut short: the record goes again, whole, to the
+        // other checkpoint zone, as when this one is full. The previous
+        // record stays where it was, whole and durable, until then.
+        let mut attempt = 0;
+        let zone = loop {
+            attempt += 1;
+            let mut tried = self.checkpoint_zone;
+            match self.place_checkpoint_record(&mut next, page_count, &mut tried) {
+                Ok(zone) => break zone,
+                Err(error)
+                    if attempt < crate::allocator::PROGRAM_ATTEMPTS
+                        && self.device.report_zone(tried).is_ok_and(|report| report.state == ZoneState::ReadOnly) =>
+                {
+                    tracing::warn!(
+                        attempt,
+                        "a checkpoint record's program failed, so it goes to the other zone: {error}"
+                    );
+                }
+                Err(error) => return Err(error),
+            }
+        };
+        self.device.flush()?;
+        self.checkpoint = next;
+        self.recount_valid_bytes();
+        self.checkpoint_zone = zone;
+        self.unindexed_used = 0;
+        self.undeclared_zones_taken = 0;
+        Ok(self.checkpoint.number)
+    }
+
+    /// Programs `next` (of `page_count` pages) in the current checkpoint
+    /// zone, or, when that zone cannot take it, in the other one, reset
+    /// first (it holds only older checkpoints); returns the zone. `tried`
+    /// is the zone it programs in, for the caller to look at on an error.
+    fn place_checkpoint_record(
+        &mut self,
+        next: &mut flintfs_format::Checkpoint,
+        page_count: u32,
+        tried: &mut u32,
+    ) -> Result<u32> {
+        let geometry = self.device.geometry();
         // Where the record goes comes from the device, not from memory: a
         // failed attempt may have programmed pages.
         let mut zone = self.checkpoint_zone;
@@ -747,6 +789,7 @@ impl<D: FlashDevice> Volume<D> {
                 self.device.finish_zone(zone)?;
             }
             zone = if zone == CHECKPOINT_ZONES[0] { CHECKPOINT_ZONES[1] } else { CHECKPOINT_ZONES[0] };
+            *tried = zone;
             self.device.reset_zone(zone)?;
             let usage = &mut next.zones[zone as usize];
             usage.generation = usage.generation.wrapping_add(1);
@@ -783,13 +826,7 @@ impl<D: FlashDevice> Volume<D> {
         // failure part way never lets a later page reuse one.
         next.sequence_next += u64::from(page_count);
         self.checkpoint.sequence_next = next.sequence_next;
-        write_checkpoint_record(&mut self.device, &next, zone, write_pointer)?;
-        self.device.flush()?;
-        self.checkpoint = next;
-        self.recount_valid_bytes();
-        self.checkpoint_zone = zone;
-        self.unindexed_used = 0;
-        self.undeclared_zones_taken = 0;
-        Ok(self.checkpoint.number)
+        write_checkpoint_record(&mut self.device, next, zone, write_pointer)?;
+        Ok(zone)
     }
 }

@@ -33,6 +33,8 @@ pub struct Setup {
     pub unindexed_segments: u32,
     /// Nanoseconds the clock moves per operation (checkpoint timer).
     pub step_ns: i64,
+    /// The device's faults; each run seeds them with its own seed.
+    pub faults: FaultConfig,
 }
 
 impl Setup {
@@ -52,11 +54,27 @@ impl Setup {
             options: FsOptions { checkpoint_interval_ns: 50_000_000, ..FsOptions::smallest(512) },
             unindexed_segments: 4,
             step_ns: 1_000_000,
+            faults: FaultConfig::none(0),
         }
     }
 
+    /// [`Setup::small`] on flash that fails: a twentieth of its blocks
+    /// bad from the factory, and one program in 1,000 failing whatever the
+    /// wear. Each failed program retires its block and leaves its zone
+    /// read-only, so runs of data blocks go one by one, heads move on, and
+    /// the cleaner empties read-only zones for a reset to take back.
+    pub fn small_failing() -> Setup {
+        let faults = FaultConfig {
+            factory_bad_block_fraction: 0.05,
+            program_failure_probability_at_endurance: 0.001,
+            failure_growth_exponent: 0.0,
+            ..FaultConfig::none(0)
+        };
+        Setup { faults, ..Setup::small() }
+    }
+
     pub fn device(&self, seed: u64) -> MemoryFlash {
-        let options = DeviceOptions { faults: FaultConfig::none(seed), ..DeviceOptions::default() };
+        let options = DeviceOptions { faults: FaultConfig { seed, ..self.faults.clone() }, ..DeviceOptions::default() };
         MemoryFlash::memory(self.geometry, options).expect("a valid geometry")
     }
 
@@ -343,6 +361,8 @@ pub struct RunReport {
     /// whole run (with NVM).
     pub nvm_log_batches_written: u64,
     pub nodes_parked: u64,
+    /// Programs the device failed, over its whole life.
+    pub program_failures: u64,
 }
 
 /// Runs `operations` generated operations from `seed` on the engine and
@@ -401,6 +421,7 @@ pub fn run_model(setup: &Setup, seed: u64, operations: u64, check_every: u64) ->
     report.blocks_embedded = earlier.blocks_embedded + now.blocks_embedded;
     report.nvm_log_batches_written = earlier.nvm_log_batches_written + now.nvm_log_batches_written;
     report.nodes_parked = earlier.nodes_parked + now.nodes_parked;
+    report.program_failures = subject.fs().device().lifetime_counters().program_failures_injected;
     Ok(report)
 }
 
@@ -440,6 +461,8 @@ pub struct CutReport {
     pub device_operations: u64,
     /// Whether the cut fired before the workload ended.
     pub fired: bool,
+    /// Programs the device failed in the workload without a cut.
+    pub program_failures: u64,
 }
 
 /// Runs `operations` operations from `seed` with a power cut at device
@@ -486,6 +509,7 @@ pub fn run_power_cut(setup: &Setup, seed: u64, operations: u64, cut_at: u64) -> 
     }
     if !report.fired {
         report.device_operations = subject.fs().device().mutating_operations() - start;
+        report.program_failures = subject.fs().device().lifetime_counters().program_failures_injected;
         return Ok(report);
     }
     let flash = match subject.fs.take() {

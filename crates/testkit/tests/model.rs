@@ -117,3 +117,53 @@ fn power_cuts_at_random_points_of_long_workloads() {
         eprintln!("seed {seed}: {} device operations, {cuts} cuts", total.device_operations);
     }
 }
+
+/// The model workloads on flash whose programs fail (`Setup::small_failing`):
+/// every result, the checker after every operation, the whole tree at
+/// every remount and at the end.
+#[test]
+fn random_workloads_on_failing_flash_match_the_model() {
+    let seeds = from_env("FLINTFS_FAILING_SEEDS", 4);
+    let operations = from_env("FLINTFS_MODEL_OPERATIONS", 1500);
+    let setup = Setup::small_failing();
+    let mut failures = 0;
+    for seed in 1..=seeds {
+        let report = run_model(&setup, seed, operations, 1).unwrap_or_else(|failure| panic!("{failure}"));
+        eprintln!("seed {seed}: {} programs failed, {} zones cleaned", report.program_failures, report.zones_cleaned);
+        failures += report.program_failures;
+    }
+    assert!(failures > 0, "no program failed in {seeds} seeds: the test tests nothing");
+}
+
+/// Power cuts on flash whose programs fail: at every device operation of
+/// a short workload, and spread over longer ones, each recovery judged
+/// against the model by crashtest's oracle.
+#[test]
+fn power_cuts_on_failing_flash_recover_as_promised() {
+    let seeds = from_env("FLINTFS_FAILING_CUT_SEEDS", 2);
+    let setup = Setup::small_failing();
+    let mut failures = 0;
+    for seed in 300..300 + seeds {
+        let short = from_env("FLINTFS_CUT_OPERATIONS", 200);
+        let total = run_power_cut(&setup, seed, short, u64::MAX / 2).unwrap_or_else(|failure| panic!("{failure}"));
+        for cut_at in 0..=total.device_operations {
+            run_power_cut(&setup, seed, short, cut_at).unwrap_or_else(|failure| panic!("{failure}"));
+        }
+        let long = from_env("FLINTFS_LONG_CUT_OPERATIONS", 1500);
+        let cuts = from_env("FLINTFS_LONG_CUTS_PER_SEED", 8);
+        let total_long = run_power_cut(&setup, seed, long, u64::MAX / 2).unwrap_or_else(|failure| panic!("{failure}"));
+        for cut in 1..=cuts {
+            let cut_at = spread_cut(total_long.device_operations, cut, cuts, seed);
+            run_power_cut(&setup, seed, long, cut_at).unwrap_or_else(|failure| panic!("{failure}"));
+        }
+        eprintln!(
+            "seed {seed}: cuts at each of {} device operations ({} programs failed), {cuts} over {} ({} failed)",
+            total.device_operations + 1,
+            total.program_failures,
+            total_long.device_operations,
+            total_long.program_failures
+        );
+        failures += total.program_failures + total_long.program_failures;
+    }
+    assert!(failures > 0, "no program failed: the cuts met no failing flash");
+}
