@@ -151,6 +151,7 @@ pub use geometry::{
 pub use image::{
     decode_block_record, decode_overlay, decode_zone_record, encode_block_record, encode_overlay, encode_zone_record,
     ImageBackend, ImageFlash, ImageHeader, ImageLayout, HEADER_SLOT_BYTES, IMAGE_FORMAT_VERSION, IMAGE_MAGIC,
+    PENDING_SLOTS_MAX,
 };
 pub use timing::{TimingConfig, CHANNELS_MAX, DIES_PER_CHANNEL_MAX};
 
