@@ -4,7 +4,7 @@
 #![no_main]
 
 use flintfs_format::{
-    decode_inode_pack, encode_inode_pack, parse_packed, Checkpoint, ChunkHeader, LogBatch, Node, PageHeader, RecordAssembler,
+    decode_inode_pack, decode_inode_pack_record, encode_inode_pack, parse_packed, Checkpoint, ChunkHeader, LogBatch, Node, PageHeader, RecordAssembler,
     RecordKind, Superblock,
 };
 use libfuzzer_sys::fuzz_target;
@@ -42,7 +42,12 @@ fuzz_target!(|bytes: &[u8]| {
         let (page, _) = node.encode(data.len());
         assert_eq!(Node::decode(&page), Ok(node));
     }
+    // One record alone: what the whole pack's decode gives, where that
+    // succeeds.
+    let index = (bytes[0] % 8) as usize;
+    let one = decode_inode_pack_record(data, index);
     if let Ok(files) = decode_inode_pack(data) {
+        assert_eq!(one, Ok(files.get(index).cloned()));
         let (page, _, _) = encode_inode_pack(&files, data.len());
         assert_eq!(decode_inode_pack(&page), Ok(files));
     }

@@ -220,7 +220,7 @@ pub fn parse_packed(data: &[u8], length: u32, count: u32) -> Result<Vec<(ChunkHe
     if position != length {
         return Err(error(format!("{} bytes after the last chunk", length - position)));
     }
-    if data[length..].iter().any(|&byte| byte != 0) {
+    if !crate::codec::all_zero(&data[length..]) {
         return Err(error("padding after the chunks is not zero".into()));
     }
     Ok(chunks)

@@ -4,6 +4,15 @@
 
 use crate::DecodeError;
 
+/// Whether every byte is zero. Eight bytes a step, with no early exit, so
+/// the compiler can vectorise it: a node page's zero tail, checked byte by
+/// byte with an early exit, was a tenth of an unlink's host time.
+pub fn all_zero(bytes: &[u8]) -> bool {
+    let mut words = bytes.chunks_exact(8);
+    let folded = words.by_ref().fold(0u64, |acc, word| acc | u64::from_ne_bytes(word.try_into().expect("8 bytes")));
+    folded == 0 && words.remainder().iter().all(|&byte| byte == 0)
+}
+
 /// Reads fields in order from a byte slice.
 pub struct Reader<'a> {
     structure: &'static str,
@@ -66,7 +75,7 @@ impl<'a> Reader<'a> {
     /// format, never silently ignored.
     pub fn zeros(&mut self, length: usize) -> Result<(), DecodeError> {
         let offset = self.position;
-        if self.take(length)?.iter().any(|&byte| byte != 0) {
+        if !all_zero(self.take(length)?) {
             return Err(self.error(format!("reserved bytes {offset}..{} are not zero", offset + length)));
         }
         Ok(())

@@ -43,20 +43,20 @@ pub use checkpoint::{
 pub use chunk::{
     parse_packed, ChunkHeader, ChunkKind, Compression, PackedPage, CHUNK_HEADER_BYTES, CHUNK_LOGICAL_BYTES_MAX,
 };
-pub use codec::{Reader, Writer};
+pub use codec::{all_zero, Reader, Writer};
 pub use compress::{compress, decompress, CompressionChoice, ZSTD_LEVEL_DEFAULT, ZSTD_LEVEL_MAX, ZSTD_LEVEL_MIN};
 pub use log::{
     EmbeddedBlock, LogBatch, LogOperation, LogRecord, SetAttributes, LOG_BATCH_HEADER_BYTES, LOG_BLOCKS_PER_RECORD_MAX,
     LOG_CONTENT_BYTES_MAX, LOG_EMBEDDED_HEADER_BYTES, LOG_RECORD_HEADER_BYTES,
 };
 pub use node::{
-    array_capacity, bucket_area_bytes, decode_inode_pack, directory_area_bytes, encode_inode_pack, index_fits_record,
-    inline_bytes_max, inode_record_bytes, is_inode_pack, name_hash, validate_name, xattr_bytes_max, DirectoryContent,
-    Entry, FileContent, FileType, Inode, Node, NodeKind, Pointer, Target, ARRAY_HEADER_BYTES, BUCKET_HEADER_BYTES,
-    CHUNK_UNIT_BYTES, DIRECTORY_HEADER_BYTES, ENTRY_FIXED_BYTES, FILE_BLOCKS_MAX, GLOBAL_DEPTH_MAX, INDEX_HEIGHT_MAX,
-    INDEX_IN_INODE_BYTES, INDEX_RECORD_FIXED_BYTES, INDEX_RECORD_SLOT, INDEX_ROOTS, INLINE_BYTES_CAP,
-    INODE_FIXED_BYTES, INODE_RECORD_HEADER_BYTES, NAME_BYTES_MAX, NODE_HEADER_BYTES, SLOT_NONE, XATTR_BYTES_CAP,
-    XATTR_NAME_BYTES_MAX,
+    array_capacity, bucket_area_bytes, decode_inode_pack, decode_inode_pack_record, directory_area_bytes,
+    encode_inode_pack, index_fits_record, inline_bytes_max, inode_record_bytes, is_inode_pack, name_hash,
+    validate_name, xattr_bytes_max, DirectoryContent, Entry, FileContent, FileType, Inode, Node, NodeKind, Pointer,
+    Target, ARRAY_HEADER_BYTES, BUCKET_HEADER_BYTES, CHUNK_UNIT_BYTES, DIRECTORY_HEADER_BYTES, ENTRY_FIXED_BYTES,
+    FILE_BLOCKS_MAX, GLOBAL_DEPTH_MAX, INDEX_HEIGHT_MAX, INDEX_IN_INODE_BYTES, INDEX_RECORD_FIXED_BYTES,
+    INDEX_RECORD_SLOT, INDEX_ROOTS, INLINE_BYTES_CAP, INODE_FIXED_BYTES, INODE_RECORD_HEADER_BYTES, NAME_BYTES_MAX,
+    NODE_HEADER_BYTES, SLOT_NONE, XATTR_BYTES_CAP, XATTR_NAME_BYTES_MAX,
 };
 pub use nvm::{
     decode_nvm_frame_header, decode_nvm_slot_prefix, encode_nvm_frame, nvm_commit_word, nvm_crc, nvm_frame_bytes,

@@ -1107,7 +1107,7 @@ impl<'a> RawNodeHeader<'a> {
         if body > page_size_bytes - NODE_HEADER_BYTES {
             return Err(reader.error(format!("a body of {body} bytes is past the page")));
         }
-        if page[NODE_HEADER_BYTES + body..].iter().any(|&byte| byte != 0) {
+        if !crate::codec::all_zero(&page[NODE_HEADER_BYTES + body..]) {
             return Err(reader.error("bytes after the body are not zero"));
         }
         Ok(RawNodeHeader { kind, owner, position, version, body: &page[NODE_HEADER_BYTES..NODE_HEADER_BYTES + body] })
@@ -1200,7 +1200,37 @@ pub fn encode_inode_pack(files: &[Node], page_size_bytes: usize) -> (Vec<u8>, u3
 
 /// Decodes an inode pack page (the whole page).
 pub fn decode_inode_pack(page: &[u8]) -> Result<Vec<Node>, DecodeError> {
-    let page_size_bytes = page.len();
+    let mut files = Vec::new();
+    walk_inode_pack(page, |_, slot, record| {
+        files.push(decode_inode_record(record, slot, page.len())?);
+        Ok(())
+    })?;
+    Ok(files)
+}
+
+/// Decodes record `index` (from 0) of an inode pack page, or `None` when
+/// the pack has fewer records. The page's framing is checked whole (its
+/// header, every record's length, nothing after the last), but only the
+/// record asked for is decoded: a read of one file's inode decoded all of
+/// its pack's, a third of an unlink's host time. The others are decoded,
+/// and checked, when they are read.
+pub fn decode_inode_pack_record(page: &[u8], index: usize) -> Result<Option<Node>, DecodeError> {
+    let mut found = None;
+    walk_inode_pack(page, |position, slot, record| {
+        if position == index {
+            found = Some(decode_inode_record(record, slot, page.len())?);
+        }
+        Ok(())
+    })?;
+    Ok(found)
+}
+
+/// Checks an inode pack page's header and framing, and hands each record
+/// (its position, slot field and bytes) to `visit`.
+fn walk_inode_pack<'a>(
+    page: &'a [u8],
+    mut visit: impl FnMut(usize, u32, &'a [u8]) -> Result<(), DecodeError>,
+) -> Result<(), DecodeError> {
     let RawNodeHeader { kind, owner, position: count, version, body } = RawNodeHeader::decode("inode pack", page)?;
     let mut reader = Reader::new("inode pack", body);
     if kind != INODE_PACK_KIND {
@@ -1209,28 +1239,31 @@ pub fn decode_inode_pack(page: &[u8]) -> Result<Vec<Node>, DecodeError> {
     if owner != 0 || version != 0 || count == 0 || count > u64::from(Pointer::CHUNKS_MAX) {
         return Err(reader.error(format!("{count} records, owner {owner}, version {version}")));
     }
-    let body = body.len();
-    let mut files = Vec::with_capacity(count as usize);
-    for _ in 0..count {
+    for position in 0..count as usize {
         let length = reader.u32()? as usize;
         let slot = reader.u32()?;
         let record = reader.take(length)?;
-        let mut record_reader = Reader::new("inode record", record);
-        let file = if slot == INDEX_RECORD_SLOT {
-            decode_index_record(&mut record_reader, page_size_bytes)?
-        } else {
-            decode_file_body(&mut record_reader, slot, page_size_bytes)?
-        };
-        if record_reader.position() != length {
-            return Err(reader.error("an inode record with bytes left over"));
-        }
-        file.validate(page_size_bytes).map_err(|reason| DecodeError { structure: "inode record", reason })?;
-        files.push(file);
+        visit(position, slot, record)?;
     }
-    if reader.position() != body {
+    if reader.position() != body.len() {
         return Err(reader.error("bytes after the last record"));
     }
-    Ok(files)
+    Ok(())
+}
+
+/// One inode pack record: a file's inode or an index page, whole.
+fn decode_inode_record(record: &[u8], slot: u32, page_size_bytes: usize) -> Result<Node, DecodeError> {
+    let mut record_reader = Reader::new("inode record", record);
+    let file = if slot == INDEX_RECORD_SLOT {
+        decode_index_record(&mut record_reader, page_size_bytes)?
+    } else {
+        decode_file_body(&mut record_reader, slot, page_size_bytes)?
+    };
+    if record_reader.position() != record.len() {
+        return Err(record_reader.error("an inode record with bytes left over"));
+    }
+    file.validate(page_size_bytes).map_err(|reason| DecodeError { structure: "inode record", reason })?;
+    Ok(file)
 }
 
 /// An index page kept as a pack record: its identity, then its pointers up

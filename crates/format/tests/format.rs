@@ -498,3 +498,81 @@ fn index_pages_pack_as_records() {
     bytes[last..last + 8].fill(0);
     assert!(decode_inode_pack(&bytes).is_err());
 }
+
+/// One small file's inode, as a pack holds it.
+fn packed_file(ino: u64, slot: u32, inline: Vec<u8>) -> flintfs_format::Node {
+    let inode = flintfs_format::Inode {
+        ino,
+        born: 1,
+        current: 1,
+        mode: 0o100_644,
+        nlink: 1,
+        size: inline.len() as u64,
+        parent: 1,
+        name_hash: ino.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 1,
+        ..flintfs_format::Inode::default()
+    };
+    flintfs_format::Node::File { slot, inode, content: flintfs_format::FileContent::Inline(inline) }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, failure_persistence: None, ..ProptestConfig::default() })]
+
+    /// A pack's record read alone is the record the whole pack's decode
+    /// gives, and past the last record there is none.
+    #[test]
+    fn one_record_of_a_pack_decodes_as_the_whole_pack_gives_it(
+        sizes in proptest::collection::vec(0usize..120, 1..12),
+        slot_none in any::<bool>(),
+    ) {
+        use flintfs_format::{decode_inode_pack, decode_inode_pack_record, encode_inode_pack, SLOT_NONE};
+        let files: Vec<_> = sizes
+            .iter()
+            .enumerate()
+            .map(|(index, &size)| {
+                let slot = if slot_none { SLOT_NONE } else { index as u32 * 3 };
+                packed_file(100 + index as u64, slot, vec![index as u8 ^ 0x5A; size])
+            })
+            .collect();
+        let (page, _, _) = encode_inode_pack(&files, 4096);
+        prop_assert_eq!(decode_inode_pack(&page), Ok(files.clone()));
+        for (index, file) in files.iter().enumerate() {
+            prop_assert_eq!(decode_inode_pack_record(&page, index), Ok(Some(file.clone())));
+        }
+        prop_assert_eq!(decode_inode_pack_record(&page, files.len()), Ok(None));
+        // Damage to the framing (the first record's length) is caught
+        // whichever record is asked for.
+        let mut damaged = page.clone();
+        damaged[flintfs_format::NODE_HEADER_BYTES] ^= 1;
+        prop_assert!(decode_inode_pack(&damaged).is_err());
+        for index in 0..=files.len() {
+            prop_assert!(decode_inode_pack_record(&damaged, index).is_err(), "record {} of a misframed pack", index);
+        }
+    }
+
+    /// Any bytes: a record or an error, never a panic, and a record the
+    /// whole decode accepts is the one it gives.
+    #[test]
+    fn one_record_decoding_is_total(bytes in proptest::collection::vec(any::<u8>(), 0..700), index in 0usize..8) {
+        use flintfs_format::{decode_inode_pack, decode_inode_pack_record};
+        let one = decode_inode_pack_record(&bytes, index);
+        if let Ok(all) = decode_inode_pack(&bytes) {
+            prop_assert_eq!(one, Ok(all.get(index).cloned()));
+        }
+    }
+}
+
+/// The zero test of reserved bytes and page tails, at every length and
+/// every position of a stray byte.
+#[test]
+fn zero_tails_are_told_from_any_stray_byte() {
+    for length in 0..40 {
+        let zeros = vec![0u8; length];
+        assert!(flintfs_format::all_zero(&zeros));
+        for position in 0..length {
+            let mut bytes = zeros.clone();
+            bytes[position] = 1 << (position % 8);
+            assert!(!flintfs_format::all_zero(&bytes), "length {length}, stray byte at {position}");
+        }
+    }
+}

@@ -474,13 +474,10 @@ impl<D: FlashDevice> Fs<D> {
             }
             Node::decode(&data).map_err(|error| Error::corrupt(format!("{home}: {error}")))?
         } else {
-            let mut records =
-                flintfs_format::decode_inode_pack(&data).map_err(|error| Error::corrupt(format!("{home}: {error}")))?;
             let index = home.chunk() as usize - 1;
-            if index >= records.len() {
-                return Err(Error::corrupt(format!("{key:?} points at {home}, past the pack's records")));
-            }
-            records.swap_remove(index)
+            flintfs_format::decode_inode_pack_record(&data, index)
+                .map_err(|error| Error::corrupt(format!("{home}: {error}")))?
+                .ok_or_else(|| Error::corrupt(format!("{key:?} points at {home}, past the pack's records")))?
         };
         if !self.node_is(&node, key) {
             return Err(Error::corrupt(format!("{home} holds {:?}, not {key:?}: a stray pointer", node.kind())));
