@@ -5,14 +5,16 @@
 //! device, read and written with direct I/O (`O_DIRECT`) where the device
 //! allows it; `flush` is `fdatasync`, which the kernel turns into the
 //! device's cache flush. Device time is the real time its I/O took.
+//! Programs of consecutive slots of one zone are gathered and written
+//! together, up to [`BLOCK_PENDING_SLOTS_MAX`], before any flush.
 //!
 //! ## Layout (`docs/BLOCK-DEVICE.md` has every field)
 //! Two header copies, two copies of the zone table, then the zones: zone
 //! `z`, page `p` is slot `z * zone_pages + p`. A slot is the page's data,
 //! then its spare area padded to whole sectors, which ends with the slot
 //! trailer. The spare area sits beside the data in the same write:
-//! - one write per program puts a page and its header on the device
-//!   together, with no second I/O and no sector shared between pages;
+//! - a page and its header reach the device in the same write, with no
+//!   second I/O and no sector shared between pages;
 //! - the cost is the padding: 384 bytes per 4 KiB page on 512-byte
 //!   sectors (a slot of 4608 bytes, 8.3% of the device).
 //!
@@ -43,7 +45,8 @@
 //!   fdatasync. A torn sector can therefore only damage one copy, and the
 //!   other still holds every zone's last durable record.
 //! - A reset that did not return may or may not have happened.
-//! - Killing the process loses nothing a flush made durable.
+//! - Killing the process loses nothing a flush made durable (programs
+//!   still gathered are a suffix of their zone, as a drive's cache is).
 
 use std::collections::BTreeSet;
 use std::fs::File;
@@ -68,6 +71,10 @@ pub const BLOCK_TRAILER_BYTES: usize = 32;
 pub const BLOCK_SUMMARY_BYTES: u64 = 4096;
 /// Memory alignment of I/O buffers: what direct I/O asks on any device.
 const BUFFER_ALIGNMENT_BYTES: usize = 4096;
+/// Most slots a program gathers before they go to the device in one write:
+/// consecutive slots of one zone, held as a device's write cache holds
+/// them (a flush writes them first; a read of one is served from here).
+pub const BLOCK_PENDING_SLOTS_MAX: usize = 64;
 /// The sector a regular file is aligned to (a block device says its own).
 const FILE_SECTOR_BYTES: u32 = 512;
 /// The largest sector a device may have.
@@ -185,6 +192,10 @@ impl std::ops::DerefMut for AlignedBuffer {
     }
 }
 
+// SAFETY: the buffer owns its allocation alone; nothing else points into
+// it, so it may move to another thread as a Vec may.
+unsafe impl Send for AlignedBuffer {}
+
 impl Drop for AlignedBuffer {
     fn drop(&mut self) {
         let layout = std::alloc::Layout::from_size_align(self.length.max(1), BUFFER_ALIGNMENT_BYTES).expect("as made");
@@ -230,6 +241,13 @@ pub struct BlockFlash {
     idle_ns: u64,
     /// Pages read at open to find the write pointers.
     pub open_pages_read: u64,
+    /// Programmed slots not yet written: `pending_slots` consecutive slots
+    /// of `pending_zone` from `pending_first_page`, in `pending` (made at
+    /// the first program, [`BLOCK_PENDING_SLOTS_MAX`] slots long).
+    pending: Option<AlignedBuffer>,
+    pending_zone: u32,
+    pending_first_page: u32,
+    pending_slots: usize,
 }
 
 /// The facts `BlockFlash::create` needs beyond the geometry's page shape.
@@ -431,7 +449,39 @@ impl BlockFlash {
             busy_ns: 0,
             idle_ns: 0,
             open_pages_read: 0,
+            pending: None,
+            pending_zone: 0,
+            pending_first_page: 0,
+            pending_slots: 0,
         }
+    }
+
+    /// Writes the gathered slots in one write. On an error they stay
+    /// gathered, to be tried again: nothing that makes them durable (a
+    /// flush, a zone marked full) has happened yet.
+    fn write_pending(&mut self) -> Result<()> {
+        if self.pending_slots == 0 {
+            return Ok(());
+        }
+        let offset =
+            self.layout.slot_offset(&self.geometry, PageAddress::new(self.pending_zone, self.pending_first_page));
+        let length = self.pending_slots * self.layout.slot_bytes as usize;
+        let buffer = self.pending.take().expect("slots gathered in the buffer");
+        let written = self.timed(|device| device.file.write_all_at(&buffer[..length], offset));
+        self.pending = Some(buffer);
+        written.map_err(io_error(&self.path, "writing pages"))?;
+        self.pending_slots = 0;
+        Ok(())
+    }
+
+    /// The gathered slot of `address`, if it is one.
+    fn pending_slot(&self, address: PageAddress) -> Option<&[u8]> {
+        let index = address.page.checked_sub(self.pending_first_page)? as usize;
+        if address.zone != self.pending_zone || index >= self.pending_slots {
+            return None;
+        }
+        let slot_bytes = self.layout.slot_bytes as usize;
+        self.pending.as_deref().map(|buffer| &buffer[index * slot_bytes..(index + 1) * slot_bytes])
     }
 
     /// Whether `path` starts with a block-backend header.
@@ -732,6 +782,15 @@ fn read_at(file: &File, buffer: &mut [u8], offset: u64) -> std::io::Result<()> {
     file.read_exact_at(buffer, offset)
 }
 
+impl Drop for BlockFlash {
+    /// Gathered slots go to the device, best effort, as a drive's cache
+    /// drains when the host lets go of it; a killed process loses them,
+    /// which no flush had promised.
+    fn drop(&mut self) {
+        let _ = self.write_pending();
+    }
+}
+
 impl FlashDevice for BlockFlash {
     fn geometry(&self) -> Geometry {
         self.geometry
@@ -747,11 +806,16 @@ impl FlashDevice for BlockFlash {
             oob.fill(0xFF);
             return Ok(PageState::Erased);
         }
+        let page_bytes = data.len();
+        if let Some(slot) = self.pending_slot(address) {
+            data.copy_from_slice(&slot[..page_bytes]);
+            oob.copy_from_slice(&slot[page_bytes..page_bytes + oob.len()]);
+            return Ok(PageState::Programmed);
+        }
         let mut slot = AlignedBuffer::zeroed(self.layout.slot_bytes as usize);
         let offset = self.layout.slot_offset(&self.geometry, address);
         self.timed(|device| read_at(&device.file, &mut slot, offset))
             .map_err(io_error(&self.path, "reading a page"))?;
-        let page_bytes = data.len();
         data.copy_from_slice(&slot[..page_bytes]);
         oob.copy_from_slice(&slot[page_bytes..page_bytes + oob.len()]);
         Ok(PageState::Programmed)
@@ -764,6 +828,11 @@ impl FlashDevice for BlockFlash {
         if address.page >= self.zones[address.zone as usize].write_pointer {
             oob.fill(0xFF);
             return Ok(PageState::Erased);
+        }
+        if let Some(slot) = self.pending_slot(address) {
+            let page_bytes = self.geometry.page_size_bytes as usize;
+            oob.copy_from_slice(&slot[page_bytes..page_bytes + oob.len()]);
+            return Ok(PageState::Programmed);
         }
         let mut spare = AlignedBuffer::zeroed(self.layout.spare_area_bytes as usize);
         let offset = self.layout.slot_offset(&self.geometry, address) + u64::from(self.geometry.page_size_bytes);
@@ -799,15 +868,29 @@ impl FlashDevice for BlockFlash {
                 });
             }
         }
-        let mut slot = AlignedBuffer::zeroed(self.layout.slot_bytes as usize);
+        // Gathered with the slots before it when it follows them in its
+        // zone: a run of pages is one write, not one a page.
+        let follows = self.pending_zone == address.zone
+            && address.page == self.pending_first_page + self.pending_slots as u32
+            && self.pending_slots < BLOCK_PENDING_SLOTS_MAX;
+        if self.pending_slots > 0 && !follows {
+            self.write_pending()?;
+        }
+        if self.pending_slots == 0 {
+            (self.pending_zone, self.pending_first_page) = (address.zone, address.page);
+        }
+        let slot_bytes = self.layout.slot_bytes as usize;
+        let trailer = self.trailer(address, oob);
+        let buffer = self.pending.get_or_insert_with(|| AlignedBuffer::zeroed(BLOCK_PENDING_SLOTS_MAX * slot_bytes));
+        let slot = &mut buffer[self.pending_slots * slot_bytes..(self.pending_slots + 1) * slot_bytes];
         let page_bytes = data.len();
         slot[..page_bytes].copy_from_slice(data);
         slot[page_bytes..page_bytes + oob.len()].copy_from_slice(oob);
-        let trailer = self.trailer(address, oob);
-        let slot_bytes = slot.len();
+        // The padding between the spare area and the trailer: zeros, as a
+        // fresh slot's were.
+        slot[page_bytes + oob.len()..slot_bytes - BLOCK_TRAILER_BYTES].fill(0);
         slot[slot_bytes - BLOCK_TRAILER_BYTES..].copy_from_slice(&trailer);
-        let offset = self.layout.slot_offset(&self.geometry, address);
-        self.timed(|device| device.file.write_all_at(&slot, offset)).map_err(io_error(&self.path, "writing a page"))?;
+        self.pending_slots += 1;
         self.counters.pages_programmed += 1;
         self.counters.data_bytes_programmed += page_bytes as u64;
         self.counters.oob_bytes_programmed += oob.len() as u64;
@@ -829,6 +912,10 @@ impl FlashDevice for BlockFlash {
 
     fn reset_zone(&mut self, zone: u32) -> Result<()> {
         self.geometry.check_zone(zone)?;
+        if self.pending_zone == zone {
+            // Pages of the zone being erased are moot.
+            self.pending_slots = 0;
+        }
         let state = &mut self.zones[zone as usize];
         state.generation += 1;
         state.erase_count = state.erase_count.saturating_add(1);
@@ -858,6 +945,9 @@ impl FlashDevice for BlockFlash {
 
     fn finish_zone(&mut self, zone: u32) -> Result<()> {
         self.geometry.check_zone(zone)?;
+        // A zone marked full is not scanned at open: its pages must be
+        // on the device first.
+        self.write_pending()?;
         let state = &mut self.zones[zone as usize];
         if state.full {
             return Ok(());
@@ -894,6 +984,7 @@ impl FlashDevice for BlockFlash {
     }
 
     fn flush(&mut self) -> Result<()> {
+        self.write_pending()?;
         self.sync()?;
         if !self.unwritten_records.is_empty() {
             let zones = std::mem::take(&mut self.unwritten_records);

@@ -135,7 +135,7 @@ pub use backend::{
 };
 pub use block::{
     block_device_size, decode_block_header, BlockCreate, BlockFlash, BlockLayout, BLOCK_FORMAT_VERSION,
-    BLOCK_HEADER_BYTES, BLOCK_MAGIC, BLOCK_TRAILER_BYTES, BLOCK_ZONE_RECORD_BYTES,
+    BLOCK_HEADER_BYTES, BLOCK_MAGIC, BLOCK_PENDING_SLOTS_MAX, BLOCK_TRAILER_BYTES, BLOCK_ZONE_RECORD_BYTES,
 };
 pub use counters::Counters;
 pub use device::{

@@ -197,3 +197,60 @@ fn a_second_opener_is_refused() {
     drop(device);
     BlockFlash::open(&path).unwrap();
 }
+
+/// Programs are gathered, consecutive slots of one zone at a time, and
+/// written in one write: a stretch longer than one gathered write, broken
+/// by another zone's pages, read back before and after a flush and a
+/// reopen; a reset drops what its zone had gathered; a finish writes it
+/// before the zone is marked full.
+#[test]
+fn gathered_programs_read_back_and_survive_a_flush() {
+    let directory = tempfile::tempdir().unwrap();
+    let path = directory.path().join("device");
+    let geometry = Geometry { block_pages: 64, zone_blocks: 2, ..geometry() };
+    let zone_pages = (geometry.block_pages * geometry.zone_blocks) as usize;
+    assert!(zone_pages > flintfs_flash::BLOCK_PENDING_SLOTS_MAX, "a stretch longer than one gathered write");
+    let mut device =
+        BlockFlash::create(&path, geometry, BlockCreate { size_bytes: Some(16 << 20), nonce: 0x5eed }).unwrap();
+    let read = |device: &mut BlockFlash, zone: u32, index: u32| {
+        let (mut data, mut oob) = (vec![0u8; 4096], vec![0u8; 128]);
+        assert_eq!(
+            device.read_page(PageAddress::new(zone, index), &mut data, &mut oob).unwrap(),
+            PageState::Programmed
+        );
+        let mut spare = vec![0u8; 128];
+        device.read_oob(PageAddress::new(zone, index), &mut spare).unwrap();
+        assert_eq!(spare, oob, "zone {zone} page {index}: the spare area alone reads as with the page");
+        (data, oob)
+    };
+    for index in 0..100 {
+        program(&mut device, 0, index..index + 1);
+        if index % 10 == 9 {
+            program(&mut device, 1, index / 10..index / 10 + 1);
+        }
+        // The page just programmed (gathered) and one long written.
+        assert_eq!(read(&mut device, 0, index), page(0, index));
+        assert_eq!(read(&mut device, 0, index / 2), page(0, index / 2));
+    }
+    // Zone 2: gathered, then reset; what it gathered is gone.
+    program(&mut device, 2, 0..3);
+    device.reset_zone(2).unwrap();
+    program(&mut device, 2, 0..1);
+    // Zone 1 finished with pages still gathered.
+    program(&mut device, 1, 10..12);
+    device.finish_zone(1).unwrap();
+    device.flush().unwrap();
+    drop(device);
+
+    let mut device = BlockFlash::open(&path).unwrap();
+    let pointers: Vec<u32> = (0..3).map(|zone| device.report_zone(zone).unwrap().write_pointer).collect();
+    assert_eq!(pointers, [100, 12, 1]);
+    assert_eq!(device.report_zone(1).unwrap().state, ZoneState::Full);
+    for index in 0..100 {
+        assert_eq!(read(&mut device, 0, index), page(0, index));
+    }
+    for index in 0..12 {
+        assert_eq!(read(&mut device, 1, index), page(1, index));
+    }
+    assert_eq!(read(&mut device, 2, 0), page(2, 0));
+}
