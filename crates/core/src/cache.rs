@@ -285,28 +285,6 @@ impl<K: Ord + Copy + Hash + std::fmt::Debug, V> PageCache<K, V> {
         evicted
     }
 
-    /// Charges a cached page `bytes` from now on (what it holds changed
-    /// size), and returns the dirty pages pushed out to make room, least
-    /// recent first, never the page itself.
-    pub fn recharge(&mut self, key: K, bytes: usize) -> Vec<Evicted<K, V>> {
-        assert!(bytes <= self.capacity_bytes, "a {bytes}-byte page cannot fit a {}-byte cache", self.capacity_bytes);
-        let Some(&at) = self.index.get(&key) else { return Vec::new() };
-        let slot = self.slots[at as usize].as_mut().expect("an indexed slot is full");
-        self.used_bytes = self.used_bytes - slot.bytes + bytes;
-        slot.bytes = bytes;
-        self.touch(at);
-        let mut evicted = Vec::new();
-        while self.used_bytes > self.capacity_bytes {
-            let victim = self.slot(self.oldest).key;
-            assert!(victim != key, "the page recharged is the newest, and fits alone");
-            let slot = self.remove_slot(victim).expect("the oldest slot is indexed");
-            if slot.dirty.any() {
-                evicted.push(Evicted { key: victim, value: slot.value, dirty: slot.dirty });
-            }
-        }
-        evicted
-    }
-
     fn remove_slot(&mut self, key: K) -> Option<Slot<K, V>> {
         let at = self.index.remove(&key)?;
         self.unlink(at);

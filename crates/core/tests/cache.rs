@@ -9,30 +9,11 @@ use proptest::prelude::*;
 
 #[derive(Clone, Debug)]
 enum Operation {
-    Insert {
-        key: u8,
-        value: u32,
-        bytes: usize,
-        dirty: bool,
-    },
-    Get {
-        key: u8,
-    },
-    Modify {
-        key: u8,
-        value: u32,
-    },
-    /// A page's contents changed size in place (a small node grown).
-    Recharge {
-        key: u8,
-        bytes: usize,
-    },
-    Clean {
-        key: u8,
-    },
-    Remove {
-        key: u8,
-    },
+    Insert { key: u8, value: u32, bytes: usize, dirty: bool },
+    Get { key: u8 },
+    Modify { key: u8, value: u32 },
+    Clean { key: u8 },
+    Remove { key: u8 },
 }
 
 fn operation() -> impl Strategy<Value = Operation> {
@@ -41,7 +22,6 @@ fn operation() -> impl Strategy<Value = Operation> {
             .prop_map(|(key, value, bytes, dirty)| Operation::Insert { key, value, bytes, dirty }),
         3 => (0u8..24).prop_map(|key| Operation::Get { key }),
         2 => (0u8..24, any::<u32>()).prop_map(|(key, value)| Operation::Modify { key, value }),
-        2 => (0u8..24, 1usize..600).prop_map(|(key, bytes)| Operation::Recharge { key, bytes }),
         1 => (0u8..24).prop_map(|key| Operation::Clean { key }),
         1 => (0u8..24).prop_map(|key| Operation::Remove { key }),
     ]
@@ -93,20 +73,6 @@ proptest! {
                         latest.insert(key, value);
                         prop_assert_eq!(cache.dirty(key), Some(Dirty::BOTH));
                         recency.retain(|&other| other != key);
-                        recency.push(key);
-                    }
-                }
-                Operation::Recharge { key, bytes } => {
-                    if cache.contains(key) {
-                        let evicted = cache.recharge(key, bytes);
-                        prop_assert!(cache.contains(key), "the page recharged stays");
-                        for victim in evicted {
-                            prop_assert!(victim.key != key);
-                            prop_assert!(victim.dirty.any(), "only dirty victims come back");
-                            prop_assert_eq!(Some(&victim.value), latest.get(&victim.key));
-                            home.insert(victim.key, victim.value);
-                        }
-                        recency.retain(|&other| other != key && cache.contains(other));
                         recency.push(key);
                     }
                 }

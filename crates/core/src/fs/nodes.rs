@@ -120,39 +120,6 @@ pub(crate) struct Cached {
     pub home: Pointer,
 }
 
-/// Least the node cache charges a node: the `Cached` itself (280 bytes)
-/// and the cache's own bookkeeping of it (its slot's links and flags, its
-/// index and order entries, each a key and some), with room to spare.
-pub(crate) const NODE_CHARGE_BYTES_MIN: usize = 512;
-const _: () = assert!(NODE_CHARGE_BYTES_MIN >= std::mem::size_of::<Cached>() + 3 * std::mem::size_of::<NodeKey>() + 64);
-
-/// What a cached node is charged against the node cache's bound: a file's
-/// inode what it holds (its inline bytes and xattrs, each allocation with
-/// malloc's 16 bytes), at least [`NODE_CHARGE_BYTES_MIN`]; every other
-/// node (directory, map and index pages, whose vectors are sized to a
-/// page) a page. Charging every inode a page let the 8 MiB cache hold
-/// 2,048 of them, so on a tree of 10,000 small files a lookup read its
-/// inode's pack from flash, checked and decoded it, again and again.
-pub(crate) fn node_charge_bytes(node: &Node, page_size: usize) -> usize {
-    const ALLOCATION_OVERHEAD_BYTES: usize = 16;
-    match node {
-        Node::File { inode, content, .. } => {
-            let inline = match content {
-                flintfs_format::FileContent::Inline(bytes) => bytes.capacity() + ALLOCATION_OVERHEAD_BYTES,
-                flintfs_format::FileContent::Index { .. } => 0,
-            };
-            let xattrs = inode.xattrs.capacity() * std::mem::size_of::<(Vec<u8>, Vec<u8>)>()
-                + inode
-                    .xattrs
-                    .iter()
-                    .map(|(name, value)| name.capacity() + value.capacity() + 2 * ALLOCATION_OVERHEAD_BYTES)
-                    .sum::<usize>();
-            (NODE_CHARGE_BYTES_MIN + inline + xattrs).min(page_size)
-        }
-        _ => page_size,
-    }
-}
-
 impl<D: FlashDevice> Fs<D> {
     /// Puts `key` in the cache, from the pending write-backs or from flash.
     pub(crate) fn ensure(&mut self, key: NodeKey) -> Result<()> {
@@ -197,16 +164,7 @@ impl<D: FlashDevice> Fs<D> {
     pub(crate) fn modify<R>(&mut self, key: NodeKey, change: impl FnOnce(&mut Node) -> R) -> Result<R> {
         self.ensure(key)?;
         self.changed = true;
-        let cached = self.nodes.get_mut(key).expect("ensured");
-        let result = change(&mut cached.node);
-        // A small node may have grown (an inline file written, an xattr
-        // set): the cache's bound holds what nodes take, so its charge
-        // follows.
-        let bytes = node_charge_bytes(&cached.node, self.page_size);
-        for victim in self.nodes.recharge(key, bytes) {
-            self.pending.insert(victim.key, victim.value);
-        }
-        Ok(result)
+        Ok(change(&mut self.nodes.get_mut(key).expect("ensured").node))
     }
 
     /// Adds a node that has never been written.
@@ -217,8 +175,8 @@ impl<D: FlashDevice> Fs<D> {
     }
 
     pub(crate) fn cache_insert(&mut self, key: NodeKey, cached: Cached, dirty: Dirty) {
-        let bytes = node_charge_bytes(&cached.node, self.page_size);
-        for victim in self.nodes.insert(key, cached, bytes, dirty) {
+        let page_size = self.page_size;
+        for victim in self.nodes.insert(key, cached, page_size, dirty) {
             self.pending.insert(victim.key, victim.value);
         }
     }
