@@ -667,6 +667,10 @@ impl BlockFlash {
     /// Writes the table sectors that hold `zones`' records: copy A, a
     /// flush, copy B, a flush. A torn sector damages one copy at most.
     fn write_records(&mut self, zones: &BTreeSet<u32>) -> Result<()> {
+        // A sector of the table holds 16 zones' records, all written from
+        // memory: one of them may be marked full (or in use) with pages
+        // still gathered, so those go to the device first.
+        self.write_pending()?;
         let sector = self.layout.sector_bytes as usize;
         let table = self.encode_table();
         let sectors: BTreeSet<usize> =
@@ -945,9 +949,6 @@ impl FlashDevice for BlockFlash {
 
     fn finish_zone(&mut self, zone: u32) -> Result<()> {
         self.geometry.check_zone(zone)?;
-        // A zone marked full is not scanned at open: its pages must be
-        // on the device first.
-        self.write_pending()?;
         let state = &mut self.zones[zone as usize];
         if state.full {
             return Ok(());

@@ -477,11 +477,20 @@ impl ImageBackend {
         self.header.layout.page_area_offset + physical * self.slot_bytes
     }
 
-    /// Writes the gathered slots. Every other method calls this first, so
-    /// the file sees pages before any record that makes them durable (the
-    /// order `Backend` promises a killed process), and a read sees what
-    /// was written. On an error the slots stay gathered, to be tried
-    /// again: nothing that claims them durable has been written yet.
+    /// Writes the gathered slots. Every method that writes calls this
+    /// first, so the file sees pages before any record that makes them
+    /// durable (the order `Backend` promises a killed process). On an
+    /// error the slots stay gathered, to be tried again: nothing that
+    /// claims them durable has been written yet. Reads of a gathered slot
+    /// are served from it, so a write that keeps failing (a full host
+    /// disk) leaves every page readable.
+    /// The gathered copy of a page slot, if it is one.
+    fn pending_slot(&self, physical: u64) -> Option<&[u8]> {
+        let start = self.page_offset(physical).checked_sub(self.pending_offset)? as usize;
+        let slot_bytes = self.slot_bytes as usize;
+        (start + slot_bytes <= self.pending.len()).then(|| &self.pending[start..start + slot_bytes])
+    }
+
     fn write_pending(&mut self) -> Result<()> {
         if self.pending.is_empty() {
             return Ok(());
@@ -751,14 +760,21 @@ impl Drop for ImageBackend {
 
 impl Backend for ImageBackend {
     fn read_page(&mut self, physical: u64, data: &mut [u8], oob: &mut [u8]) -> Result<()> {
-        self.write_pending()?;
+        if let Some(slot) = self.pending_slot(physical) {
+            data.copy_from_slice(&slot[..data.len()]);
+            oob.copy_from_slice(&slot[data.len()..]);
+            return Ok(());
+        }
         let offset = self.page_offset(physical);
         self.file.read_exact_at(data, offset).map_err(self.io("read page"))?;
         self.file.read_exact_at(oob, offset + data.len() as u64).map_err(self.io("read page OOB"))
     }
 
     fn read_oob(&mut self, physical: u64, oob: &mut [u8]) -> Result<()> {
-        self.write_pending()?;
+        if let Some(slot) = self.pending_slot(physical) {
+            oob.copy_from_slice(&slot[self.header.geometry.page_size_bytes as usize..]);
+            return Ok(());
+        }
         let offset = self.page_offset(physical) + u64::from(self.header.geometry.page_size_bytes);
         self.file.read_exact_at(oob, offset).map_err(self.io("read OOB"))
     }
