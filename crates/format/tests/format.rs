@@ -560,6 +560,54 @@ proptest! {
             prop_assert_eq!(one, Ok(all.get(index).cloned()));
         }
     }
+
+    /// A valid pack of file and index records with damage anywhere in one
+    /// record: whatever the whole decode makes of it, a record read alone
+    /// agrees (the damaged one refused or read the same, the others as
+    /// they were), and no read panics.
+    #[test]
+    fn one_record_of_a_damaged_pack_agrees_with_the_whole_decode(
+        sizes in proptest::collection::vec(0usize..80, 1..8),
+        damaged_at in any::<prop::sample::Index>(),
+        flip in 1u8..=255,
+    ) {
+        use flintfs_format::{decode_inode_pack, decode_inode_pack_record, encode_inode_pack, Node, Pointer};
+        let mut files: Vec<Node> = sizes
+            .iter()
+            .enumerate()
+            .map(|(index, &size)| packed_file(100 + index as u64, index as u32, vec![0xA5; size]))
+            .collect();
+        let capacity = (4096 - 40) / 8;
+        let mut pointers = vec![Pointer::NULL; capacity];
+        for (index, pointer) in pointers.iter_mut().enumerate().take(5) {
+            *pointer = Pointer::page_at(9, index as u32);
+        }
+        files.push(Node::Index { ino: 100, version: 1, level: 0, number: 0, pointers });
+        let (page, used, _) = encode_inode_pack(&files, 4096);
+        let mut damaged = page.clone();
+        // Any byte of the body (the node header is checked whole either way).
+        let at = flintfs_format::NODE_HEADER_BYTES + damaged_at.index(used as usize - flintfs_format::NODE_HEADER_BYTES);
+        damaged[at] ^= flip;
+        let all = decode_inode_pack(&damaged);
+        for index in 0..=files.len() {
+            let one = decode_inode_pack_record(&damaged, index);
+            if let Ok(all) = &all {
+                prop_assert_eq!(&one, &Ok(all.get(index).cloned()), "record {}", index);
+            }
+        }
+        // Damage inside one record's body (past its length and slot) leaves
+        // the framing whole: every other record reads as it was written.
+        let mut start = flintfs_format::NODE_HEADER_BYTES;
+        for (index, file) in files.iter().enumerate() {
+            let end = start + flintfs_format::inode_record_bytes(file);
+            if at >= start + flintfs_format::INODE_RECORD_HEADER_BYTES && at < end {
+                for (other, expected) in files.iter().enumerate().filter(|&(other, _)| other != index) {
+                    prop_assert_eq!(decode_inode_pack_record(&damaged, other), Ok(Some(expected.clone())), "record {}", other);
+                }
+            }
+            start = end;
+        }
+    }
 }
 
 /// The zero test of reserved bytes and page tails, at every length and
