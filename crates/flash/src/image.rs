@@ -477,20 +477,20 @@ impl ImageBackend {
         self.header.layout.page_area_offset + physical * self.slot_bytes
     }
 
-    /// Writes the gathered slots. Every method that writes calls this
-    /// first, so the file sees pages before any record that makes them
-    /// durable (the order `Backend` promises a killed process). On an
-    /// error the slots stay gathered, to be tried again: nothing that
-    /// claims them durable has been written yet. Reads of a gathered slot
-    /// are served from it, so a write that keeps failing (a full host
-    /// disk) leaves every page readable.
-    /// The gathered copy of a page slot, if it is one.
+    /// The gathered copy of a page slot, if it is one. Reads are served
+    /// from it, so a write that keeps failing (a full host disk) leaves
+    /// every page readable.
     fn pending_slot(&self, physical: u64) -> Option<&[u8]> {
         let start = self.page_offset(physical).checked_sub(self.pending_offset)? as usize;
         let slot_bytes = self.slot_bytes as usize;
         (start + slot_bytes <= self.pending.len()).then(|| &self.pending[start..start + slot_bytes])
     }
 
+    /// Writes the gathered slots. Every method that writes calls this
+    /// first, so the file sees pages before any record that makes them
+    /// durable (the order `Backend` promises a killed process). On an
+    /// error the slots stay gathered, to be tried again: nothing that
+    /// claims them durable has been written yet.
     fn write_pending(&mut self) -> Result<()> {
         if self.pending.is_empty() {
             return Ok(());
@@ -781,8 +781,8 @@ impl Backend for ImageBackend {
 
     /// Gathers the slot with the ones before it when it follows them in
     /// the file (a run of pages drained from the write buffer), so a run
-    /// costs one system call, not one a page: that was a third of the
-    /// daemon's engine time copying a tree onto a mount.
+    /// costs one system call, not one a page: that was a quarter of the
+    /// mount daemon's request handling while copying a tree onto it.
     fn write_page(&mut self, physical: u64, data: &[u8], oob: &[u8]) -> Result<()> {
         assert_eq!(data.len() + oob.len(), self.slot_bytes as usize, "a page slot is its data and OOB");
         let offset = self.page_offset(physical);
