@@ -341,7 +341,7 @@ impl<D: FlashDevice> Fs<D> {
         let keys: Vec<(u64, u64)> =
             self.dirty_blocks.range((ino, first)..(ino, u64::MAX)).map(|(key, _)| *key).collect();
         for key in keys {
-            self.dirty_blocks.remove(&key);
+            self.dirty_blocks.discard(&key);
         }
         self.dirty_blocks.forget_holes(ino);
         let mut roots = roots;
@@ -745,6 +745,8 @@ impl<D: FlashDevice> Fs<D> {
             }
             if result.is_err() {
                 self.dirty_blocks.insert((block.ino, block.block), block.buffer);
+            } else {
+                self.dirty_blocks.recycle(block.buffer);
             }
         }
         result
@@ -1072,6 +1074,8 @@ impl<D: FlashDevice> Fs<D> {
             result = self.point_block_at(chunk.ino, chunk.block, pointer, bytes);
             if result.is_err() {
                 self.dirty_blocks.insert((chunk.ino, chunk.block), chunk.buffer);
+            } else {
+                self.dirty_blocks.recycle(chunk.buffer);
             }
         }
         result

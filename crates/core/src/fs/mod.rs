@@ -557,6 +557,7 @@ impl<D: FlashDevice> Fs<D> {
             )?,
             None => None,
         };
+        let data_buffer_blocks = options.data_buffer_bytes / page_size;
         Ok(Fs {
             nodes: PageCache::new_ordered(options.node_cache_bytes),
             read_cache: PageCache::new(options.read_cache_bytes),
@@ -570,7 +571,7 @@ impl<D: FlashDevice> Fs<D> {
             to_flash: std::collections::BTreeSet::new(),
             write_home_all: false,
             known: BTreeMap::new(),
-            dirty_blocks: buffer::DataBuffer::default(),
+            dirty_blocks: buffer::DataBuffer::new(data_buffer_blocks),
             map_directory: tree.map_directory,
             slot_count: tree.slot_count,
             free_slot_head: tree.free_slot_head,
@@ -691,7 +692,7 @@ impl<D: FlashDevice> Fs<D> {
     pub fn memory_bytes(&self) -> (usize, usize) {
         let used = self.nodes.used_bytes()
             + self.read_cache.used_bytes()
-            + self.dirty_blocks.len() * self.page_size
+            + (self.dirty_blocks.len() + self.dirty_blocks.spare_len()) * self.page_size
             + self.known.len() * std::mem::size_of::<(u64, Known)>();
         let bound = self.options.node_cache_bytes + self.options.read_cache_bytes + self.options.data_buffer_bytes;
         (used, bound)

@@ -677,7 +677,7 @@ impl<D: FlashDevice> Fs<D> {
         self.log_forget_file(ino);
         let keys: Vec<(u64, u64)> = self.dirty_blocks.range((ino, 0)..=(ino, u64::MAX)).map(|(key, _)| *key).collect();
         for key in keys {
-            self.dirty_blocks.remove(&key);
+            self.dirty_blocks.discard(&key);
         }
         match self.known.get(&ino).map(|known| known.location) {
             Some(Location::Physical { home }) => {
