@@ -659,11 +659,13 @@ impl<D: FlashDevice> Fs<D> {
         // on both cores): at most what the data head's zone still takes,
         // so a run never moves the head on early.
         let mut whole: Vec<WholeBlock> = Vec::new();
+        let mut ahead = self.compress_ahead(&keys).into_iter();
         let mut result = Ok(());
         for (ino, block) in keys {
+            let compressed = ahead.next().flatten();
             let Some(buffer) = self.dirty_blocks.remove(&(ino, block)) else { continue };
             if let Err((error, buffer)) =
-                self.flush_block(ino, block, buffer, &mut packing, &mut whole, embedding.as_deref_mut())
+                self.flush_block(ino, block, buffer, &mut packing, &mut whole, embedding.as_deref_mut(), compressed)
             {
                 self.dirty_blocks.insert((ino, block), buffer);
                 result = Err(error);
@@ -770,8 +772,85 @@ impl<D: FlashDevice> Fs<D> {
         }
     }
 
+    /// The blocks of a flush (`keys`, in order) compressed ahead, on two
+    /// threads, each as `flush_block` would try it: what compression
+    /// costs is most of a flush of compressible data, and the second core
+    /// sat idle. One entry per key, `None` where the block is not tried
+    /// (its file's codec is none, it is marked incompressible, or it is
+    /// too short or cut away); empty for a flush too short to pay for the
+    /// thread. A result is only used where `flush_block` would compress
+    /// the same bytes the same way, so the pages written are the same.
+    fn compress_ahead(&mut self, keys: &[(u64, u64)]) -> Vec<Option<Ahead>> {
+        if keys.len() < COMPRESS_PARALLEL_BLOCKS_MIN {
+            return Vec::new();
+        }
+        let block_bytes = self.block_bytes();
+        // Per file, once: its size and codec, `None` when not tried.
+        let mut file: Option<(u64, Option<(u64, CompressionChoice)>)> = None;
+        let mut jobs: Vec<(usize, CompressionChoice, usize)> = Vec::new();
+        for (index, &(ino, block)) in keys.iter().enumerate() {
+            if file.is_none_or(|(known, _)| known != ino) {
+                let read = self.file_key(ino).and_then(|key| {
+                    self.with_node(key, |node| match node {
+                        Node::File { inode, content, .. } => {
+                            let marked = matches!(content, FileContent::Index { incompressible: true, .. });
+                            (!marked).then(|| inode.clone())
+                        }
+                        _ => None,
+                    })
+                });
+                let tried = match read {
+                    Ok(Some(inode)) => {
+                        let choice = self.compression_of(&inode);
+                        (choice.codec != Compression::None).then_some((inode.size, choice))
+                    }
+                    _ => None,
+                };
+                file = Some((ino, tried));
+            }
+            let Some((_, Some((size, choice)))) = file else { continue };
+            let start = block * block_bytes;
+            if start >= size {
+                continue;
+            }
+            let valid = (size - start).min(block_bytes) as usize;
+            if valid >= super::COMPRESSION_BYTES_MIN {
+                jobs.push((index, choice, valid));
+            }
+        }
+        if jobs.len() < COMPRESS_PARALLEL_BLOCKS_MIN {
+            return Vec::new();
+        }
+        let page_size = self.page_size;
+        let inputs: Vec<(&[u8], CompressionChoice)> = jobs
+            .iter()
+            .map(|&(index, choice, valid)| {
+                let buffer = self.dirty_blocks.get(&keys[index]).expect("every key is buffered");
+                (&buffer[..valid], choice)
+            })
+            .collect();
+        let compress_all = |inputs: &[(&[u8], CompressionChoice)]| -> Vec<Option<Vec<u8>>> {
+            inputs.iter().map(|&(data, choice)| compress_for_chunk(page_size, choice, data)).collect()
+        };
+        let half = inputs.len() / 2;
+        let (first, second) = inputs.split_at(half);
+        let (mut payloads, rest) = std::thread::scope(|scope| {
+            let helper = scope.spawn(|| compress_all(second));
+            let mine = compress_all(first);
+            (mine, helper.join().expect("compression does not panic"))
+        });
+        payloads.extend(rest);
+        let mut ahead: Vec<Option<Ahead>> = (0..keys.len()).map(|_| None).collect();
+        for ((index, choice, valid), payload) in jobs.into_iter().zip(payloads) {
+            ahead[index] = Some(Ahead { choice, valid, payload });
+        }
+        ahead
+    }
+
     /// Writes one buffered block: a data block page, or a chunk added to
-    /// `packing`. On an error the buffer comes back.
+    /// `packing`. On an error the buffer comes back. `ahead` is the block
+    /// compressed already, if it was (`compress_ahead`).
+    #[allow(clippy::too_many_arguments)]
     fn flush_block(
         &mut self,
         ino: u64,
@@ -780,6 +859,7 @@ impl<D: FlashDevice> Fs<D> {
         packing: &mut Packing,
         whole: &mut Vec<WholeBlock>,
         embedding: Option<&mut Embedding>,
+        ahead: Option<Ahead>,
     ) -> std::result::Result<(), (Error, Vec<u8>)> {
         let page_size = self.page_size;
         let block_bytes = self.block_bytes();
@@ -817,10 +897,12 @@ impl<D: FlashDevice> Fs<D> {
         // to pack raw. Either way it is carried in an fsync's record while
         // the record has room, and packed into a page otherwise.
         // The retry leaves the file's mark and its count of probes alone.
+        // What was compressed ahead stands for these very bytes and codec.
+        let ahead = ahead.filter(|ahead| ahead.choice == choice && ahead.valid == valid).map(|ahead| ahead.payload);
         let compressed = if retry {
-            self.compress_block(choice, &buffer[..valid])
+            self.compress_block(choice, &buffer[..valid], ahead)
         } else {
-            self.try_compress(ino, choice, incompressible, &buffer[..valid])
+            self.try_compress(ino, choice, incompressible, &buffer[..valid], ahead)
         };
         let chunk = match compressed {
             Some(payload) => Some((choice.codec, payload)),
@@ -959,6 +1041,7 @@ impl<D: FlashDevice> Fs<D> {
         choice: CompressionChoice,
         incompressible: bool,
         data: &[u8],
+        ahead: Option<Option<Vec<u8>>>,
     ) -> Option<Vec<u8>> {
         if choice.codec == Compression::None || data.len() < super::COMPRESSION_BYTES_MIN {
             return None;
@@ -975,7 +1058,7 @@ impl<D: FlashDevice> Fs<D> {
                 return None;
             }
             self.compression_misses.remove(&ino);
-            let payload = self.compress_block(choice, data)?;
+            let payload = self.compress_block(choice, data, ahead)?;
             let cleared = self.file_key(ino).and_then(|key| {
                 self.modify(key, |node| {
                     if let Node::File { content: FileContent::Index { incompressible, .. }, .. } = node {
@@ -988,7 +1071,7 @@ impl<D: FlashDevice> Fs<D> {
             }
             return Some(payload);
         }
-        if let Some(payload) = self.compress_block(choice, data) {
+        if let Some(payload) = self.compress_block(choice, data, ahead) {
             self.compression_misses.remove(&ino);
             return Some(payload);
         }
@@ -1022,22 +1105,22 @@ impl<D: FlashDevice> Fs<D> {
         self.compression_misses.entry(ino).or_insert(0)
     }
 
-    /// One attempt: `data` compressed, when its chunk (header and payload,
-    /// in whole units) takes at most 15/16 of the raw bytes and at most
-    /// half a page.
-    fn compress_block(&mut self, choice: CompressionChoice, data: &[u8]) -> Option<Vec<u8>> {
-        // A chunk larger than half a page cannot share its page with
-        // another like it, so it would save nothing on flash (and its zone
-        // would look half empty to the cleaner while cleaning it gives
-        // nothing back). The payload limit is what the units leave after
-        // the header (compress wants strictly less than its limit).
-        let chunk_bytes_max = (data.len() * super::COMPRESSED_SIXTEENTHS_MAX / 16).min(self.page_size / 2);
-        let units_max = chunk_bytes_max / CHUNK_UNIT_BYTES as usize;
-        let payload_max = (units_max * CHUNK_UNIT_BYTES as usize).saturating_sub(CHUNK_HEADER_BYTES);
+    /// One attempt (see [`compress_for_chunk`]), or its result found
+    /// `ahead` of time.
+    fn compress_block(
+        &mut self,
+        choice: CompressionChoice,
+        data: &[u8],
+        ahead: Option<Option<Vec<u8>>>,
+    ) -> Option<Vec<u8>> {
         self.counters.compression_attempts += 1;
-        let payload = flintfs_format::compress(choice, data, payload_max + 1)?;
-        debug_assert!(payload.len() <= payload_max);
-        Some(payload)
+        match ahead {
+            Some(payload) => {
+                debug_assert_eq!(payload, compress_for_chunk(self.page_size, choice, data), "compressed ahead alike");
+                payload
+            }
+            None => compress_for_chunk(self.page_size, choice, data),
+        }
     }
 
     /// Programs a page of packed chunks and points each file at its chunk.
@@ -1093,6 +1176,37 @@ impl<D: FlashDevice> Fs<D> {
 /// buffer, not copied, so a long run holds no more memory than the buffer
 /// did, besides its sealed spare areas (128 bytes a page).
 pub const DATA_RUN_PAGES_MAX: u64 = 1024;
+
+/// Blocks a flush must have to try compressing on two threads
+/// (`Fs::compress_ahead`): a second thread costs about 25 µs to start and
+/// join, the lz4 attempts of some ten 4 KiB blocks.
+pub const COMPRESS_PARALLEL_BLOCKS_MIN: usize = 64;
+
+/// A block compressed ahead of its flush: the codec and the valid bytes it
+/// was compressed for, and the payload (`None`: not worth it).
+pub(crate) struct Ahead {
+    choice: CompressionChoice,
+    valid: usize,
+    payload: Option<Vec<u8>>,
+}
+
+/// `data` compressed with `choice`, when its chunk (header and payload, in
+/// whole units) takes at most 15/16 of the raw bytes and at most half a
+/// page of `page_size` bytes. A pure function of its arguments, so a block
+/// may be compressed on any thread.
+pub(crate) fn compress_for_chunk(page_size: usize, choice: CompressionChoice, data: &[u8]) -> Option<Vec<u8>> {
+    // A chunk larger than half a page cannot share its page with another
+    // like it, so it would save nothing on flash (and its zone would look
+    // half empty to the cleaner while cleaning it gives nothing back). The
+    // payload limit is what the units leave after the header (compress
+    // wants strictly less than its limit).
+    let chunk_bytes_max = (data.len() * super::COMPRESSED_SIXTEENTHS_MAX / 16).min(page_size / 2);
+    let units_max = chunk_bytes_max / CHUNK_UNIT_BYTES as usize;
+    let payload_max = (units_max * CHUNK_UNIT_BYTES as usize).saturating_sub(CHUNK_HEADER_BYTES);
+    let payload = flintfs_format::compress(choice, data, payload_max + 1)?;
+    debug_assert!(payload.len() <= payload_max);
+    Some(payload)
+}
 
 /// The xattr that sets a file's compression (`none`, `lz4`, `zstd`,
 /// `zstd:LEVEL`), as btrfs's `btrfs.compression` property does.
