@@ -25,6 +25,7 @@ pub mod errno {
     pub const ENODATA: i32 = 61;
     pub const EOPNOTSUPP: i32 = 95;
     pub const ENXIO: i32 = 6;
+    pub const ESPIPE: i32 = 29;
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -232,3 +232,124 @@ fn st_blocks_stays_exact_between_stats_as_the_buffer_changes() {
         assert_clean(&mut fs);
     }
 }
+
+/// Deterministic bytes that differ from block to block.
+fn pattern(length: u64) -> Vec<u8> {
+    (0..length).map(|at| (at.wrapping_mul(2_654_435_761) >> 13) as u8 | 1).collect()
+}
+
+/// The bytes `offset..offset + length` of `expected` (as far as it goes)
+/// set to zero: what a punched or zeroed range reads as.
+fn zeroed(expected: &mut [u8], offset: u64, length: u64) {
+    let end = (offset + length).min(expected.len() as u64) as usize;
+    let start = (offset as usize).min(end);
+    expected[start..end].fill(0);
+}
+
+const PUNCH: u32 = flintfs_core::FALLOC_FL_PUNCH_HOLE | flintfs_core::FALLOC_FL_KEEP_SIZE;
+
+/// FALLOC_FL_PUNCH_HOLE frees the whole blocks of its range (st_blocks
+/// falls by them, SEEK_HOLE finds them), zeroes the bytes at its edges,
+/// keeps the size, and holds across a remount; a range that runs to the
+/// end of the file frees the last block too. The file's index has pages
+/// of 512 pointers under its roots: the walk frees the one wholly inside
+/// the range and keeps the two at its edges.
+#[test]
+fn a_punched_hole_reads_as_zeros_and_gives_its_blocks_back() {
+    let (mut fs, clock) = mounted();
+    let file = fs.create(1, b"punched", 0o644, 0, 0).unwrap().ino;
+    let size = 1500 * PAGE_BYTES + 777;
+    let mut expected = pattern(size);
+    fs.write(file, 0, &expected).unwrap();
+    fs.sync().unwrap();
+    // The last block's 777 bytes are a chunk on flash, not a page.
+    let blocks_before = fs.getattr(file).unwrap().blocks;
+    assert!(blocks_before > 1500 * SECTORS_PER_BLOCK && blocks_before < 1501 * SECTORS_PER_BLOCK);
+    // Some blocks of the first range written again: the punch frees their
+    // buffers and their copies on flash. The second range is punched in
+    // blocks read back from flash.
+    for (round, (offset, length)) in
+        [(10 * PAGE_BYTES + 100, 1200 * PAGE_BYTES), (2 * PAGE_BYTES - 5, 10)].iter().enumerate()
+    {
+        if round == 0 {
+            fs.write(file, 600 * PAGE_BYTES, &expected[600 * PAGE_BYTES as usize..900 * PAGE_BYTES as usize]).unwrap();
+        } else {
+            fs.sync().unwrap();
+        }
+        fs.fallocate(file, *offset, *length, PUNCH).unwrap();
+        zeroed(&mut expected, *offset, *length);
+        assert_eq!(fs.getattr(file).unwrap().size, size, "round {round}: KEEP_SIZE keeps it");
+        assert!(fs.read(file, 0, size + 1).unwrap() == expected, "round {round}: the range reads as zeros");
+    }
+    // Blocks 11..1210 were whole inside the first range; the second range
+    // lay inside block 1 and 2's edges.
+    assert_eq!(fs.getattr(file).unwrap().blocks, blocks_before - 1199 * SECTORS_PER_BLOCK);
+    assert_eq!(fs.seek_data_or_hole(file, 0, false).unwrap(), 11 * PAGE_BYTES, "the first hole");
+    assert_eq!(fs.seek_data_or_hole(file, 11 * PAGE_BYTES, true).unwrap(), 1210 * PAGE_BYTES, "data after it");
+    // To the end of the file: the partial last block goes too.
+    fs.fallocate(file, 1490 * PAGE_BYTES, 1 << 40, PUNCH).unwrap();
+    zeroed(&mut expected, 1490 * PAGE_BYTES, 1 << 40);
+    let blocks_after = fs.getattr(file).unwrap().blocks;
+    assert_eq!(blocks_after, 291 * SECTORS_PER_BLOCK, "blocks 0..11 and 1210..1490 are left");
+    assert_clean(&mut fs);
+    let mut fs = remount(fs, &clock);
+    assert_eq!(fs.getattr(file).unwrap().size, size);
+    assert!(fs.read(file, 0, size + 1).unwrap() == expected, "after a remount");
+    assert_eq!(fs.getattr(file).unwrap().blocks, blocks_after);
+    // A punched block written again is data again.
+    fs.write(file, 500 * PAGE_BYTES, &[9u8; 10]).unwrap();
+    expected[500 * PAGE_BYTES as usize..500 * PAGE_BYTES as usize + 10].fill(9);
+    assert!(fs.read(file, 0, size + 1).unwrap() == expected);
+    assert_clean(&mut fs);
+}
+
+/// FALLOC_FL_ZERO_RANGE reads as zeros like a punch; without KEEP_SIZE it
+/// grows the file to the range's end. Modes flintfs does not take, and
+/// PUNCH_HOLE without KEEP_SIZE (as Linux), are refused with EOPNOTSUPP;
+/// a directory gives EISDIR.
+#[test]
+fn zero_range_grows_the_file_and_other_modes_are_refused() {
+    let (mut fs, clock) = mounted();
+    let file = fs.create(1, b"zeroed", 0o644, 0, 0).unwrap().ino;
+    let mut expected = pattern(20 * PAGE_BYTES);
+    fs.write(file, 0, &expected).unwrap();
+    fs.fallocate(file, 3 * PAGE_BYTES + 1, 2 * PAGE_BYTES, flintfs_core::FALLOC_FL_ZERO_RANGE).unwrap();
+    zeroed(&mut expected, 3 * PAGE_BYTES + 1, 2 * PAGE_BYTES);
+    fs.fallocate(file, 19 * PAGE_BYTES, 3 * PAGE_BYTES, flintfs_core::FALLOC_FL_ZERO_RANGE).unwrap();
+    expected.truncate(19 * PAGE_BYTES as usize);
+    expected.resize(22 * PAGE_BYTES as usize, 0);
+    assert_eq!(fs.getattr(file).unwrap().size, 22 * PAGE_BYTES, "grown to the range's end");
+    assert!(fs.read(file, 0, 1 << 20).unwrap() == expected);
+    for mode in [flintfs_core::FALLOC_FL_PUNCH_HOLE, 0x08, 0x20, 0x40] {
+        let error = fs.fallocate(file, 0, PAGE_BYTES, mode).unwrap_err();
+        assert_eq!(error.errno, errno::EOPNOTSUPP, "mode {mode:#x}");
+    }
+    assert_eq!(fs.fallocate(1, 0, PAGE_BYTES, PUNCH).unwrap_err().errno, errno::EISDIR);
+    let mut fs = remount(fs, &clock);
+    assert!(fs.read(file, 0, 1 << 20).unwrap() == expected, "after a remount");
+    assert_clean(&mut fs);
+}
+
+/// A punch is logged: a persistence point after it (here an fsync of
+/// another file) keeps it through a power cut, and recovery replays it
+/// over the blocks the checkpoint still points at.
+#[test]
+fn a_punch_before_a_persistence_point_survives_a_power_cut() {
+    let (mut fs, clock) = mounted();
+    let file = fs.create(1, b"kept", 0o644, 0, 0).unwrap().ino;
+    let other = fs.create(1, b"other", 0o644, 0, 0).unwrap().ino;
+    let mut expected = pattern(64 * PAGE_BYTES);
+    fs.write(file, 0, &expected).unwrap();
+    fs.sync().unwrap();
+    fs.fallocate(file, 5 * PAGE_BYTES + 3, 40 * PAGE_BYTES, PUNCH).unwrap();
+    zeroed(&mut expected, 5 * PAGE_BYTES + 3, 40 * PAGE_BYTES);
+    fs.write(other, 0, b"x").unwrap();
+    fs.fsync(other, false).unwrap();
+    let mut flash = fs.into_device();
+    flash.power_cut(11).unwrap();
+    flash.power_on();
+    let (mut fs, report) = Fs::mount(flash, FsOptions::default(), Box::new(clock.clone())).expect("recovery");
+    assert!(report.recovery.is_some(), "the mount recovered");
+    assert!(fs.read(file, 0, 1 << 20).unwrap() == expected, "the punch was replayed");
+    assert_clean(&mut fs);
+}

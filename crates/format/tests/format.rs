@@ -273,9 +273,9 @@ fn superblock_round_trips_and_refuses_foreign_or_other_versions() {
     foreign[0] = b'X';
     assert!(Superblock::decode(&foreign).unwrap_err().reason.contains("not a flintfs file system"));
     let mut newer = bytes;
-    newer[8] = 12;
+    newer[8] = 13;
     let message = Superblock::decode(&newer).unwrap_err().to_string();
-    assert!(message.contains("version 12") && message.contains("reads version 11"), "{message}");
+    assert!(message.contains("version 13") && message.contains("reads version 12"), "{message}");
     // Versions 1 (before the namespace), 2 (before the metadata log) and
     // 3 (before a file's count of stored blocks), 4 (before the page
     // signature and ECC), 5 (before the map directory) and 6 (before
@@ -284,17 +284,19 @@ fn superblock_round_trips_and_refuses_foreign_or_other_versions() {
     // node pages kept in NVM, which a version 8 build would not read) and 9
     // (before the open stripes' parity in NVM, whose records would be
     // read as node slots) and 10 (before the NVM wear levelling, whose
-    // ring a version 10 build would read as its NVM header) are
+    // ring a version 10 build would read as its NVM header) and 11 (before
+    // punched and zeroed ranges, whose log records a version 11 build
+    // would fail to replay) are
     // refused by name, not misread: a version 2 image that crashed would be recovered without
     // its log, a version 3 file would report no blocks, a version 4 page
     // has no signature, a version 5 checkpoint lists map pages where
     // version 6 expects map directory pages, and a version 6 index would
     // be read 8 bytes off.
-    for version in [1u8, 2, 3, 4, 5, 6, 7, 8, 9, 10] {
+    for version in [1u8, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11] {
         let mut older = bytes;
         older[8] = version;
         let message = Superblock::decode(&older).unwrap_err().to_string();
-        assert!(message.contains(&format!("version {version}")) && message.contains("reads version 11"), "{message}");
+        assert!(message.contains(&format!("version {version}")) && message.contains("reads version 12"), "{message}");
     }
     for offset in 10..bytes.len() {
         let mut damaged = bytes;

@@ -88,6 +88,13 @@ pub enum Operation {
         offset: u64,
         length: u64,
     },
+    /// fallocate(PUNCH_HOLE | KEEP_SIZE): the range reads as zeros, the
+    /// size stays.
+    PunchHole {
+        path: Path,
+        offset: u64,
+        length: u64,
+    },
     Unlink {
         directory: Path,
         name: Vec<u8>,
@@ -331,6 +338,21 @@ impl Model {
             }
             Operation::Truncate { path, size } => {
                 self.data_mut(path)?.resize(*size as usize, 0);
+                Ok(())
+            }
+            Operation::PunchHole { path, offset, length } => {
+                // vfs_fallocate's errors for what is not a regular file.
+                let id = self.resolve(path)?;
+                match self.objects.get(&id) {
+                    Some(Object::Directory { .. }) => return Err(errno::EISDIR),
+                    Some(Object::File { kind: Kind::Fifo, .. }) => return Err(errno::ESPIPE),
+                    Some(Object::File { kind: Kind::Symlink, .. }) => return Err(errno::ENODEV),
+                    _ => {}
+                }
+                let data = self.data_mut(path)?;
+                let end = ((offset + length) as usize).min(data.len());
+                let start = (*offset as usize).min(end);
+                data[start..end].fill(0);
                 Ok(())
             }
             Operation::Read { path, offset, length } => {
@@ -632,7 +654,12 @@ impl Generator {
                 }
             }
             40..=44 => Operation::Truncate { path: self.pick(&files), size: self.random.random_range(0..=size_max) },
-            45..=54 => Operation::Read {
+            45..=52 => Operation::Read {
+                path: self.pick(&files),
+                offset: self.random.random_range(0..size_max),
+                length: self.random.random_range(1..=size_max),
+            },
+            53..=54 => Operation::PunchHole {
                 path: self.pick(&files),
                 offset: self.random.random_range(0..size_max),
                 length: self.random.random_range(1..=size_max),

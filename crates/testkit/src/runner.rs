@@ -133,6 +133,11 @@ pub(crate) fn apply_on(fs: &mut Fs<MemoryFlash>, held: &mut Vec<u64>, operation:
             let changes = SetAttributes { size: Some(*size), ..SetAttributes::default() };
             fs.setattr(ino, &changes).map_err(code)?;
         }
+        Operation::PunchHole { path, offset, length } => {
+            let ino = resolve(fs, held, path)?;
+            let mode = flintfs_core::FALLOC_FL_PUNCH_HOLE | flintfs_core::FALLOC_FL_KEEP_SIZE;
+            fs.fallocate(ino, *offset, *length, mode).map_err(code)?;
+        }
         Operation::Read { path, offset, length } => {
             let ino = resolve(fs, held, path)?;
             return Ok(Outcome::Data(fs.read(ino, *offset, *length).map_err(code)?));

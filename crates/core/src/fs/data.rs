@@ -334,39 +334,54 @@ impl<D: FlashDevice> Fs<D> {
     /// Frees every block from `first` on, and the index pages that no
     /// longer hold any.
     pub(crate) fn free_blocks_from(&mut self, ino: u64, first: u64) -> Result<()> {
+        self.free_blocks_in(ino, first, u64::MAX)
+    }
+
+    /// Frees the blocks `first..end`, and the index pages that lie wholly
+    /// inside it (one that holds blocks on either side stays, with null
+    /// pointers where the freed ones were). The walk visits only index
+    /// pages that cover part of the range and exist.
+    pub(crate) fn free_blocks_in(&mut self, ino: u64, first: u64, end: u64) -> Result<()> {
         let file_key = self.file_key(ino)?;
         let Node::File { content: FileContent::Index { height, roots, .. }, .. } = self.node(file_key)? else {
             return Ok(());
         };
-        let keys: Vec<(u64, u64)> =
-            self.dirty_blocks.range((ino, first)..(ino, u64::MAX)).map(|(key, _)| *key).collect();
+        if first >= end {
+            return Ok(());
+        }
+        let keys: Vec<(u64, u64)> = self.dirty_blocks.range((ino, first)..(ino, end)).map(|(key, _)| *key).collect();
         for key in keys {
             self.dirty_blocks.discard(&key);
         }
         self.dirty_blocks.forget_holes(ino);
-        let mut roots = roots;
+        let mut cleared = [false; INDEX_ROOTS];
         let mut freed = Stored::default();
         if height == 0 {
-            for block in first.min(INDEX_ROOTS as u64)..INDEX_ROOTS as u64 {
+            for block in first.min(INDEX_ROOTS as u64)..end.min(INDEX_ROOTS as u64) {
                 freed = freed.plus(Stored::of(roots[block as usize], self.page_size));
                 self.release(roots[block as usize]);
-                roots[block as usize] = Pointer::NULL;
+                cleared[block as usize] = true;
             }
         } else {
             let span = self.span(height);
             for root in 0..INDEX_ROOTS as u64 {
                 let start = root * span;
-                if start.saturating_add(span) <= first {
+                if start.saturating_add(span) <= first || start >= end {
                     continue;
                 }
                 let key = NodeKey::Index { level: height - 1, ino, number: root };
                 if !self.in_memory(key) && roots[root as usize].is_null() {
                     continue;
                 }
-                freed = freed.plus(self.free_index_from(ino, height - 1, root, first)?);
-                if start >= first {
-                    self.discard(key, roots[root as usize]);
-                    roots[root as usize] = Pointer::NULL;
+                freed = freed.plus(self.free_index_in(ino, height - 1, root, first, end)?);
+                if start >= first && start.saturating_add(span) <= end {
+                    // Its own write-backs during the walk may have moved
+                    // it: discard where the file points now.
+                    let Node::File { content: FileContent::Index { roots: now, .. }, .. } = self.node(file_key)? else {
+                        unreachable!()
+                    };
+                    self.discard(key, now[root as usize]);
+                    cleared[root as usize] = true;
                 }
             }
         }
@@ -377,8 +392,8 @@ impl<D: FlashDevice> Fs<D> {
             };
             // Roots changed by write-backs during the walk are current in
             // the node; only the freed ones are cleared.
-            for (index, root) in roots.iter().enumerate() {
-                if root.is_null() {
+            for (index, &freed_root) in cleared.iter().enumerate() {
+                if freed_root {
                     kept[index] = Pointer::NULL;
                 }
             }
@@ -387,9 +402,9 @@ impl<D: FlashDevice> Fs<D> {
         })
     }
 
-    /// Frees the blocks from `first` on below one index page; returns what
-    /// it freed.
-    fn free_index_from(&mut self, ino: u64, level: u8, number: u64, first: u64) -> Result<Stored> {
+    /// Frees the blocks `first..end` below one index page; returns what it
+    /// freed.
+    fn free_index_in(&mut self, ino: u64, level: u8, number: u64, first: u64, end: u64) -> Result<Stored> {
         let key = NodeKey::Index { level, ino, number };
         let Node::Index { pointers, .. } = self.node(key)? else { unreachable!() };
         let fanout = self.index_fanout();
@@ -398,7 +413,7 @@ impl<D: FlashDevice> Fs<D> {
         let mut freed = Stored::default();
         for (child, &pointer) in pointers.iter().enumerate() {
             let start = (number * fanout + child as u64) * span;
-            if start.saturating_add(span) <= first {
+            if start.saturating_add(span) <= first || start >= end {
                 continue;
             }
             if level == 0 {
@@ -411,8 +426,8 @@ impl<D: FlashDevice> Fs<D> {
             if !self.in_memory(child_key) && pointer.is_null() {
                 continue;
             }
-            freed = freed.plus(self.free_index_from(ino, level - 1, number * fanout + child as u64, first)?);
-            if start >= first {
+            freed = freed.plus(self.free_index_in(ino, level - 1, number * fanout + child as u64, first, end)?);
+            if start >= first && start.saturating_add(span) <= end {
                 // The child's own write-backs may have moved it: discard
                 // where it is now.
                 let Node::Index { pointers: now, .. } = self.node(key)? else { unreachable!() };

@@ -59,7 +59,10 @@ pub use log::{
 };
 pub(crate) use nodes::{map_directory_page_count, map_page_count};
 pub use nvm::NVM_LOG_CHECKPOINT_QUARTERS;
-pub use ops::{Attributes, DirectoryEntry, RenameFlags, SetAttributes, SetIdOnWrite, StatFs, XattrFlags};
+pub use ops::{
+    Attributes, DirectoryEntry, RenameFlags, SetAttributes, SetIdOnWrite, StatFs, XattrFlags, FALLOCATE_MODES,
+    FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, FALLOC_FL_ZERO_RANGE,
+};
 pub use scrub::{ScrubReport, SCRUB_NAMED_PAGES_MAX, SCRUB_PAGES_PER_STEP_MAX};
 
 /// The root directory's slot.

@@ -126,7 +126,21 @@ const COOKIE_BASE: u64 = 3;
 /// Longest symlink target (PATH_MAX).
 pub const SYMLINK_BYTES_MAX: u64 = 4096;
 /// `fallocate` mode bit: do not change the size.
-pub const FALLOC_FL_KEEP_SIZE: u32 = 1;
+pub const FALLOC_FL_KEEP_SIZE: u32 = 0x01;
+/// `fallocate` mode bit: free the range, which reads as zeros after; only
+/// with [`FALLOC_FL_KEEP_SIZE`], as Linux has it.
+pub const FALLOC_FL_PUNCH_HOLE: u32 = 0x02;
+/// `fallocate` mode bit: the range reads as zeros after, and the size
+/// grows to cover it unless [`FALLOC_FL_KEEP_SIZE`].
+pub const FALLOC_FL_ZERO_RANGE: u32 = 0x10;
+/// The `fallocate` modes flintfs takes (and its log records may carry).
+pub const FALLOCATE_MODES: [u32; 5] = [
+    0,
+    FALLOC_FL_KEEP_SIZE,
+    FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+    FALLOC_FL_ZERO_RANGE,
+    FALLOC_FL_ZERO_RANGE | FALLOC_FL_KEEP_SIZE,
+];
 
 fn check_name(name: &[u8]) -> Result<()> {
     if name.len() > NAME_BYTES_MAX {
@@ -215,6 +229,17 @@ impl<D: FlashDevice> Fs<D> {
     }
 
     /// Changes an inode in place.
+    /// The contents of `ino` changed: its mtime and ctime are now, which
+    /// it returns.
+    fn touch(&mut self, ino: u64) -> Result<i64> {
+        let now = self.now();
+        self.change_inode(ino, |inode| {
+            inode.mtime_ns = now;
+            inode.ctime_ns = now;
+        })?;
+        Ok(now)
+    }
+
     fn change_inode<R>(&mut self, ino: u64, change: impl FnOnce(&mut Inode) -> R) -> Result<R> {
         let key = self.file_key(ino)?;
         self.inode(ino)?;
@@ -619,11 +644,7 @@ impl<D: FlashDevice> Fs<D> {
             fs.remember_count(entry.ino, 0)?;
             let held = fs.known[&entry.ino].lookups > 0;
             fs.directory_remove(parent, name)?;
-            let now = fs.now();
-            fs.change_inode(parent, |directory| {
-                directory.mtime_ns = now;
-                directory.ctime_ns = now;
-            })?;
+            let now = fs.touch(parent)?;
             fs.drop_link(entry.ino, now)?;
             fs.log(LogOperation::Unlink { parent, ino: entry.ino, held, name: name.to_vec() });
             Ok(())
@@ -1049,17 +1070,40 @@ impl<D: FlashDevice> Fs<D> {
         })
     }
 
-    /// Sets a regular file's size: shrinking frees what is past it (and
-    /// raises its version), growing leaves a hole.
-    fn truncate(&mut self, ino: u64, size: u64) -> Result<()> {
-        let file_key = self.file_key(ino)?;
-        let Node::File { inode, content, .. } = self.node(file_key)? else { unreachable!() };
+    /// The inode fallocate works on, and the end of its range. fallocate
+    /// takes regular files; for the rest, the error Linux's `vfs_fallocate`
+    /// gives (which a FUSE mount's callers get from the kernel before any
+    /// request).
+    fn fallocate_target(&mut self, ino: u64, offset: u64, length: u64) -> Result<(Inode, u64)> {
+        let inode = self.inode(ino)?;
+        match inode.file_type() {
+            Some(FileType::Regular) => {}
+            Some(FileType::Directory) => return Err(Error::new(errno::EISDIR, format!("inode {ino} is a directory"))),
+            Some(FileType::Fifo) => return Err(Error::new(errno::ESPIPE, format!("inode {ino} is a FIFO"))),
+            _ => return Err(Error::new(errno::ENODEV, format!("inode {ino} is not a regular file"))),
+        }
+        let end =
+            offset.checked_add(length).ok_or_else(|| Error::new(errno::EFBIG, "fallocate past the largest offset"))?;
+        Ok((inode, end))
+    }
+
+    /// EFBIG for a size past the largest file.
+    fn check_file_size(&self, size: u64) -> Result<()> {
         if size > self.file_bytes_max() {
             return Err(Error::new(
                 errno::EFBIG,
                 format!("a size of {size} bytes is past the largest file ({} bytes)", self.file_bytes_max()),
             ));
         }
+        Ok(())
+    }
+
+    /// Sets a regular file's size: shrinking frees what is past it (and
+    /// raises its version), growing leaves a hole.
+    fn truncate(&mut self, ino: u64, size: u64) -> Result<()> {
+        let file_key = self.file_key(ino)?;
+        let Node::File { inode, content, .. } = self.node(file_key)? else { unreachable!() };
+        self.check_file_size(size)?;
         if size == inode.size {
             return Ok(());
         }
@@ -1110,21 +1154,21 @@ impl<D: FlashDevice> Fs<D> {
     /// Preallocation. flintfs writes out of place, so there is nothing to
     /// place ahead of time; the default mode checks the space is there and
     /// extends the size, `FALLOC_FL_KEEP_SIZE` only checks.
+    /// `FALLOC_FL_PUNCH_HOLE` and `FALLOC_FL_ZERO_RANGE` zero a range
+    /// (`zero_range`); the other modes (collapse, insert, unshare) give
+    /// EOPNOTSUPP.
     pub fn fallocate(&mut self, ino: u64, offset: u64, length: u64, mode: u32) -> Result<()> {
-        if mode & !FALLOC_FL_KEEP_SIZE != 0 {
+        if !FALLOCATE_MODES.contains(&mode) {
             return Err(Error::new(errno::EOPNOTSUPP, format!("fallocate mode {mode:#x} is not supported")));
         }
         if length == 0 {
             return Err(Error::invalid("fallocate of zero bytes"));
         }
+        if mode & (FALLOC_FL_PUNCH_HOLE | FALLOC_FL_ZERO_RANGE) != 0 {
+            return self.zero_range(ino, offset, length, mode);
+        }
         self.mutate(0, |fs| {
-            let inode = fs.inode(ino)?;
-            if inode.file_type() != Some(FileType::Regular) {
-                return Err(Error::new(errno::ENODEV, format!("inode {ino} is not a regular file")));
-            }
-            let end = offset
-                .checked_add(length)
-                .ok_or_else(|| Error::new(errno::EFBIG, "fallocate past the largest offset"))?;
+            let (inode, end) = fs.fallocate_target(ino, offset, length)?;
             let block_bytes = fs.block_bytes();
             let new_blocks = end.div_ceil(block_bytes).saturating_sub(inode.size.div_ceil(block_bytes));
             fs.check_capacity(new_blocks)?;
@@ -1137,6 +1181,87 @@ impl<D: FlashDevice> Fs<D> {
                 fs.log(LogOperation::Fallocate { ino, offset, length, mode });
             }
             Ok(())
+        })
+    }
+
+    /// `FALLOC_FL_PUNCH_HOLE` and `FALLOC_FL_ZERO_RANGE`: the range reads
+    /// as zeros after. Whole blocks inside it are freed (a block that
+    /// reaches the end of the file counts as whole: what lies past the end
+    /// reads as zeros anyway), and the bytes of the blocks at its edges are
+    /// zeroed in the data buffer. flintfs writes out of place, so a zeroed
+    /// range holds no space, for either mode. ZERO_RANGE without
+    /// KEEP_SIZE then grows the file to cover the range.
+    fn zero_range(&mut self, ino: u64, offset: u64, length: u64, mode: u32) -> Result<()> {
+        self.mutate(0, |fs| {
+            let (inode, end) = fs.fallocate_target(ino, offset, length)?;
+            let grows = mode & FALLOC_FL_KEEP_SIZE == 0 && end > inode.size;
+            if grows {
+                // Checked before anything changes: the truncate below
+                // would find it too late.
+                fs.check_file_size(end)?;
+            }
+            // At most the two edge blocks are buffered; the index pages
+            // the walk changes are freed or made dirty.
+            fs.reserve_space(2, super::OPERATION_NODE_PAGES_MAX)?;
+            fs.log_pending_state(ino)?;
+            fs.zero_bytes(ino, offset, end.min(inode.size))?;
+            if grows {
+                fs.truncate(ino, end)?;
+            }
+            fs.touch(ino)?;
+            fs.log(LogOperation::Fallocate { ino, offset, length, mode });
+            Ok(())
+        })
+    }
+
+    /// Makes bytes `offset..end` of a file (all below its size) read as
+    /// zeros: whole blocks freed, the edges zeroed in the buffer.
+    fn zero_bytes(&mut self, ino: u64, offset: u64, end: u64) -> Result<()> {
+        if offset >= end {
+            return Ok(());
+        }
+        let file_key = self.file_key(ino)?;
+        let Node::File { inode, content, .. } = self.node(file_key)? else { unreachable!() };
+        if let FileContent::Inline(_) = content {
+            return self.modify(file_key, |node| {
+                let Node::File { content: FileContent::Inline(data), .. } = node else { unreachable!() };
+                data[offset as usize..end as usize].fill(0);
+            });
+        }
+        let block_bytes = self.block_bytes();
+        // The block holding the last byte counts as whole when the range
+        // runs to the end of the file.
+        let end_whole = if end == inode.size { end.div_ceil(block_bytes) } else { end / block_bytes };
+        let first_whole = offset.div_ceil(block_bytes);
+        self.free_blocks_in(ino, first_whole, end_whole)?;
+        let head = offset / block_bytes;
+        let tail = (end - 1) / block_bytes;
+        for block in if head == tail { vec![head] } else { vec![head, tail] } {
+            if (first_whole..end_whole).contains(&block) {
+                continue;
+            }
+            let start = block * block_bytes;
+            let from = (offset.max(start) - start) as usize;
+            let to = (end.min(start + block_bytes) - start) as usize;
+            if !self.dirty_blocks.contains_key(&(ino, block)) {
+                let pointer = self.block_pointer(ino, block)?;
+                if pointer.is_null() {
+                    // A hole already.
+                    continue;
+                }
+                let data = self.read_block(ino, inode.born, block, pointer)?;
+                self.dirty_blocks.insert((ino, block), data);
+            }
+            if let Some(buffer) = self.dirty_blocks.get_mut(&(ino, block)) {
+                buffer[from..to].fill(0);
+            }
+        }
+        // Data that was there is gone: what is written after is a newer
+        // version, as after a truncate that shrinks.
+        let version = self.take_version();
+        self.modify(file_key, |node| {
+            let Node::File { inode, .. } = node else { unreachable!() };
+            inode.current = version;
         })
     }
 
