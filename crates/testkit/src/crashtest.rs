@@ -331,7 +331,11 @@ impl Oracle {
             Operation::Rename { directory, name, new_directory, new_name, .. } => {
                 is(&joined(directory, name)) || is(&joined(new_directory, new_name))
             }
-            Operation::Link { path, .. } | Operation::Truncate { path, .. } => is(path),
+            // A punched hole is logged after the file's unlogged writes,
+            // as a truncate is.
+            Operation::Link { path, .. } | Operation::Truncate { path, .. } | Operation::PunchHole { path, .. } => {
+                is(path)
+            }
             _ => false,
         }
     }

@@ -133,6 +133,42 @@ pub const FALLOC_FL_PUNCH_HOLE: u32 = 0x02;
 /// `fallocate` mode bit: the range reads as zeros after, and the size
 /// grows to cover it unless [`FALLOC_FL_KEEP_SIZE`].
 pub const FALLOC_FL_ZERO_RANGE: u32 = 0x10;
+/// What zeroing bytes `offset..end` of a file (below its size) does to
+/// its blocks: the whole ones freed (`first_whole..end_whole`; the block
+/// holding the last byte counts as whole when the range runs to the end
+/// of the file, since what lies past the end reads as zeros anyway), and
+/// at most two edge blocks, each with the byte range zeroed in it.
+struct ZeroPlan {
+    offset: u64,
+    end: u64,
+    first_whole: u64,
+    end_whole: u64,
+    edges: Vec<(u64, usize, usize)>,
+}
+
+impl ZeroPlan {
+    fn new(offset: u64, end: u64, size: u64, block_bytes: u64) -> ZeroPlan {
+        let mut plan = ZeroPlan { offset, end, first_whole: 0, end_whole: 0, edges: Vec::new() };
+        if offset >= end {
+            return plan;
+        }
+        plan.first_whole = offset.div_ceil(block_bytes);
+        plan.end_whole = if end == size { end.div_ceil(block_bytes) } else { end / block_bytes };
+        let head = offset / block_bytes;
+        let tail = (end - 1) / block_bytes;
+        for block in if head == tail { vec![head] } else { vec![head, tail] } {
+            if (plan.first_whole..plan.end_whole).contains(&block) {
+                continue;
+            }
+            let start = block * block_bytes;
+            let from = (offset.max(start) - start) as usize;
+            let to = (end.min(start + block_bytes) - start) as usize;
+            plan.edges.push((block, from, to));
+        }
+        plan
+    }
+}
+
 /// The `fallocate` modes flintfs takes (and its log records may carry).
 pub const FALLOCATE_MODES: [u32; 5] = [
     0,
@@ -228,7 +264,6 @@ impl<D: FlashDevice> Fs<D> {
         })?
     }
 
-    /// Changes an inode in place.
     /// The contents of `ino` changed: its mtime and ctime are now, which
     /// it returns.
     fn touch(&mut self, ino: u64) -> Result<i64> {
@@ -240,6 +275,7 @@ impl<D: FlashDevice> Fs<D> {
         Ok(now)
     }
 
+    /// Changes an inode in place.
     fn change_inode<R>(&mut self, ino: u64, change: impl FnOnce(&mut Inode) -> R) -> Result<R> {
         let key = self.file_key(ino)?;
         self.inode(ino)?;
@@ -1195,16 +1231,29 @@ impl<D: FlashDevice> Fs<D> {
         self.mutate(0, |fs| {
             let (inode, end) = fs.fallocate_target(ino, offset, length)?;
             let grows = mode & FALLOC_FL_KEEP_SIZE == 0 && end > inode.size;
+            if !grows && offset >= inode.size {
+                // Nothing below the size to zero: no change, as ext4. The
+                // file's unlogged writes are logged all the same, so that
+                // a punch carries the writes before it wherever it falls
+                // (docs/SEMANTICS.md).
+                return fs.log_pending_state(ino);
+            }
             if grows {
                 // Checked before anything changes: the truncate below
                 // would find it too late.
                 fs.check_file_size(end)?;
             }
-            // At most the two edge blocks are buffered; the index pages
-            // the walk changes are freed or made dirty.
-            fs.reserve_space(2, super::OPERATION_NODE_PAGES_MAX)?;
+            let inline = fs.is_inline(ino)?;
+            let plan = ZeroPlan::new(offset, end.min(inode.size), inode.size, fs.block_bytes());
+            if !inline && !plan.edges.is_empty() {
+                // The edge blocks come into the buffer; freeing blocks
+                // takes no room (truncate reserves none either), so a full
+                // volume can still punch holes to get space back.
+                let edges = plan.edges.len() as u64;
+                fs.reserve_space(edges, edges)?;
+            }
             fs.log_pending_state(ino)?;
-            fs.zero_bytes(ino, offset, end.min(inode.size))?;
+            fs.zero_bytes(ino, &plan)?;
             if grows {
                 fs.truncate(ino, end)?;
             }
@@ -1214,10 +1263,17 @@ impl<D: FlashDevice> Fs<D> {
         })
     }
 
-    /// Makes bytes `offset..end` of a file (all below its size) read as
-    /// zeros: whole blocks freed, the edges zeroed in the buffer.
-    fn zero_bytes(&mut self, ino: u64, offset: u64, end: u64) -> Result<()> {
-        if offset >= end {
+    /// Whether a file keeps its bytes inline in its inode.
+    fn is_inline(&mut self, ino: u64) -> Result<bool> {
+        let file_key = self.file_key(ino)?;
+        self.with_node(file_key, |node| matches!(node, Node::File { content: FileContent::Inline(_), .. }))
+    }
+
+    /// Makes the bytes of `plan` read as zeros: whole blocks freed, the
+    /// edges zeroed in the buffer. The edge blocks are read first, so a
+    /// read that fails leaves the file as it was.
+    fn zero_bytes(&mut self, ino: u64, plan: &ZeroPlan) -> Result<()> {
+        if plan.offset >= plan.end {
             return Ok(());
         }
         let file_key = self.file_key(ino)?;
@@ -1225,24 +1281,11 @@ impl<D: FlashDevice> Fs<D> {
         if let FileContent::Inline(_) = content {
             return self.modify(file_key, |node| {
                 let Node::File { content: FileContent::Inline(data), .. } = node else { unreachable!() };
-                data[offset as usize..end as usize].fill(0);
+                data[plan.offset as usize..plan.end as usize].fill(0);
             });
         }
-        let block_bytes = self.block_bytes();
-        // The block holding the last byte counts as whole when the range
-        // runs to the end of the file.
-        let end_whole = if end == inode.size { end.div_ceil(block_bytes) } else { end / block_bytes };
-        let first_whole = offset.div_ceil(block_bytes);
-        self.free_blocks_in(ino, first_whole, end_whole)?;
-        let head = offset / block_bytes;
-        let tail = (end - 1) / block_bytes;
-        for block in if head == tail { vec![head] } else { vec![head, tail] } {
-            if (first_whole..end_whole).contains(&block) {
-                continue;
-            }
-            let start = block * block_bytes;
-            let from = (offset.max(start) - start) as usize;
-            let to = (end.min(start + block_bytes) - start) as usize;
+        let mut buffered = Vec::new();
+        for &(block, from, to) in &plan.edges {
             if !self.dirty_blocks.contains_key(&(ino, block)) {
                 let pointer = self.block_pointer(ino, block)?;
                 if pointer.is_null() {
@@ -1252,6 +1295,10 @@ impl<D: FlashDevice> Fs<D> {
                 let data = self.read_block(ino, inode.born, block, pointer)?;
                 self.dirty_blocks.insert((ino, block), data);
             }
+            buffered.push((block, from, to));
+        }
+        self.free_blocks_in(ino, plan.first_whole, plan.end_whole)?;
+        for (block, from, to) in buffered {
             if let Some(buffer) = self.dirty_blocks.get_mut(&(ino, block)) {
                 buffer[from..to].fill(0);
             }
