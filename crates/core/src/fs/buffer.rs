@@ -100,7 +100,16 @@ impl DataBuffer {
     /// memo is forgotten.
     pub(crate) fn insert(&mut self, key: (u64, u64), data: Vec<u8>) -> Option<Vec<u8>> {
         self.holes.remove(&key.0);
-        self.blocks.insert(key, data)
+        let previous = self.blocks.insert(key, data);
+        self.keep_bound();
+        previous
+    }
+
+    /// Frees spare buffers while spares and blocks together pass the
+    /// bound: a block buffered from elsewhere (a partial write's read-back,
+    /// a truncate's last block, replay) takes a spare's place.
+    fn keep_bound(&mut self) {
+        while self.blocks.len() + self.spare.len() > self.blocks_max && self.spare.pop().is_some() {}
     }
 
     /// Buffers a block that was not buffered, whose index pointer the
@@ -108,6 +117,7 @@ impl DataBuffer {
     pub(crate) fn insert_new(&mut self, key: (u64, u64), data: Vec<u8>, hole: bool) {
         let previous = self.blocks.insert(key, data);
         assert!(previous.is_none(), "block {key:?} was already buffered");
+        self.keep_bound();
         if let Some(holes) = self.holes.get_mut(&key.0) {
             *holes += u64::from(hole);
         }
@@ -214,5 +224,9 @@ mod tests {
         assert_eq!((buffer.len(), buffer.spare_len()), (1, 2), "the bound is 3 blocks in all");
         buffer.discard(&(1, 2));
         assert_eq!((buffer.len(), buffer.spare_len()), (0, 3));
+        // Blocks buffered from elsewhere take the spares' place.
+        buffer.insert_new((2, 0), vec![5u8; 16], true);
+        buffer.insert((2, 1), vec![6u8; 16]);
+        assert_eq!((buffer.len(), buffer.spare_len()), (2, 1), "spares freed to keep the bound");
     }
 }

@@ -674,9 +674,13 @@ impl<D: FlashDevice> Fs<D> {
         // on both cores): at most what the data head's zone still takes,
         // so a run never moves the head on early.
         let mut whole: Vec<WholeBlock> = Vec::new();
-        let mut ahead = self.compress_ahead(&keys).into_iter();
+        let mut ahead = Vec::new().into_iter();
         let mut result = Ok(());
-        for (ino, block) in keys {
+        for (position, &(ino, block)) in keys.iter().enumerate() {
+            if position % COMPRESS_AHEAD_BATCH_BLOCKS == 0 {
+                let batch = &keys[position..(position + COMPRESS_AHEAD_BATCH_BLOCKS).min(keys.len())];
+                ahead = self.compress_ahead(batch).into_iter();
+            }
             let compressed = ahead.next().flatten();
             let Some(buffer) = self.dirty_blocks.remove(&(ino, block)) else { continue };
             if let Err((error, buffer)) =
@@ -787,45 +791,56 @@ impl<D: FlashDevice> Fs<D> {
         }
     }
 
-    /// The blocks of a flush (`keys`, in order) compressed ahead, on two
-    /// threads, each as `flush_block` would try it: what compression
-    /// costs is most of a flush of compressible data, and the second core
-    /// sat idle. One entry per key, `None` where the block is not tried
-    /// (its file's codec is none, it is marked incompressible, or it is
-    /// too short or cut away); empty for a flush too short to pay for the
-    /// thread. A result is only used where `flush_block` would compress
-    /// the same bytes the same way, so the pages written are the same.
+    /// The next blocks of a flush (`keys`, in order, a batch of at most
+    /// [`COMPRESS_AHEAD_BATCH_BLOCKS`]) compressed ahead, on two threads,
+    /// each as `flush_block` would try it: compression is much of a flush
+    /// of compressible data, and the second core sat idle. One entry per
+    /// key, `None` where the block is not tried (its file's codec is none,
+    /// it is marked incompressible, or it is too short or cut away); empty
+    /// for a batch too short to pay for the thread, or when no thread can
+    /// be started. A result is only used where `flush_block` would
+    /// compress the same bytes the same way, so the pages written are the
+    /// same. Batches bound both the payloads held and the attempts wasted
+    /// on a file that turns out incompressible: `flush_block` marks it
+    /// after [`super::INCOMPRESSIBLE_AFTER_BLOCKS`] misses, and the next
+    /// batch leaves it out.
     fn compress_ahead(&mut self, keys: &[(u64, u64)]) -> Vec<Option<Ahead>> {
         if keys.len() < COMPRESS_PARALLEL_BLOCKS_MIN {
             return Vec::new();
         }
         let block_bytes = self.block_bytes();
-        // Per file, once: its size and codec, `None` when not tried.
-        let mut file: Option<(u64, Option<(u64, CompressionChoice)>)> = None;
+        // Per file, once: its size, codec and incompressible mark, `None`
+        // when not tried.
+        let mut file: Option<(u64, Option<FileToCompress>)> = None;
         let mut jobs: Vec<(usize, CompressionChoice, usize)> = Vec::new();
         for (index, &(ino, block)) in keys.iter().enumerate() {
             if file.is_none_or(|(known, _)| known != ino) {
                 let read = self.file_key(ino).and_then(|key| {
                     self.with_node(key, |node| match node {
                         Node::File { inode, content, .. } => {
-                            let marked = matches!(content, FileContent::Index { incompressible: true, .. });
-                            (!marked).then(|| inode.clone())
+                            Some((inode.clone(), matches!(content, FileContent::Index { incompressible: true, .. })))
                         }
                         _ => None,
                     })
                 });
                 let tried = match read {
-                    Ok(Some(inode)) => {
+                    Ok(Some((inode, marked))) => {
                         let choice = self.compression_of(&inode);
-                        (choice.codec != Compression::None).then_some((inode.size, choice))
+                        (choice.codec != Compression::None).then_some((inode.size, choice, marked))
                     }
                     _ => None,
                 };
                 file = Some((ino, tried));
             }
-            let Some((_, Some((size, choice)))) = file else { continue };
+            let Some((_, Some((size, choice, marked)))) = file else { continue };
             let start = block * block_bytes;
             if start >= size {
+                continue;
+            }
+            // A marked file tries only a block whose stored copy is a
+            // chunk (`flush_block`'s retry), and its probes, which are
+            // left to `flush_block`.
+            if marked && !self.block_pointer(ino, block).is_ok_and(|pointer| pointer.chunk() > 0) {
                 continue;
             }
             let valid = (size - start).min(block_bytes) as usize;
@@ -849,12 +864,15 @@ impl<D: FlashDevice> Fs<D> {
         };
         let half = inputs.len() / 2;
         let (first, second) = inputs.split_at(half);
-        let (mut payloads, rest) = std::thread::scope(|scope| {
-            let helper = scope.spawn(|| compress_all(second));
-            let mine = compress_all(first);
-            (mine, helper.join().expect("compression does not panic"))
+        let payloads = std::thread::scope(|scope| {
+            // A refused thread (a pids limit, no memory for its stack)
+            // leaves the batch to `flush_block`, as before this ran.
+            let helper = std::thread::Builder::new().spawn_scoped(scope, || compress_all(second)).ok()?;
+            let mut payloads = compress_all(first);
+            payloads.extend(helper.join().expect("compression does not panic"));
+            Some(payloads)
         });
-        payloads.extend(rest);
+        let Some(payloads) = payloads else { return Vec::new() };
         let mut ahead: Vec<Option<Ahead>> = (0..keys.len()).map(|_| None).collect();
         for ((index, choice, valid), payload) in jobs.into_iter().zip(payloads) {
             ahead[index] = Some(Ahead { choice, valid, payload });
@@ -1192,10 +1210,20 @@ impl<D: FlashDevice> Fs<D> {
 /// did, besides its sealed spare areas (128 bytes a page).
 pub const DATA_RUN_PAGES_MAX: u64 = 1024;
 
-/// Blocks a flush must have to try compressing on two threads
+/// Blocks to compress a batch must have to try them on two threads
 /// (`Fs::compress_ahead`): a second thread costs about 25 µs to start and
 /// join, the lz4 attempts of some ten 4 KiB blocks.
 pub const COMPRESS_PARALLEL_BLOCKS_MIN: usize = 64;
+/// Blocks of a flush compressed ahead at a time: the payloads held, and
+/// the attempts a file that turns out incompressible can cost before the
+/// next batch leaves it out (one at a time it costs
+/// `INCOMPRESSIBLE_AFTER_BLOCKS`).
+pub const COMPRESS_AHEAD_BATCH_BLOCKS: usize = 256;
+const _: () = assert!(COMPRESS_PARALLEL_BLOCKS_MIN <= COMPRESS_AHEAD_BATCH_BLOCKS);
+
+/// A file's size, codec and incompressible mark, as `compress_ahead` reads
+/// them once per file of a batch.
+type FileToCompress = (u64, CompressionChoice, bool);
 
 /// A block compressed ahead of its flush: the codec and the valid bytes it
 /// was compressed for, and the payload (`None`: not worth it).
