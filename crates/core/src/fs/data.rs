@@ -375,12 +375,7 @@ impl<D: FlashDevice> Fs<D> {
                 }
                 freed = freed.plus(self.free_index_in(ino, height - 1, root, first, end)?);
                 if start >= first && start.saturating_add(span) <= end {
-                    // Its own write-backs during the walk may have moved
-                    // it: discard where the file points now.
-                    let Node::File { content: FileContent::Index { roots: now, .. }, .. } = self.node(file_key)? else {
-                        unreachable!()
-                    };
-                    self.discard(key, now[root as usize]);
+                    self.discard(key, roots[root as usize]);
                     cleared[root as usize] = true;
                 }
             }

@@ -1123,6 +1123,22 @@ impl<D: FlashDevice> Fs<D> {
         Ok((inode, end))
     }
 
+    /// Brings block `block` of a file into the data buffer, to change part
+    /// of it: read back from flash unless it is buffered already. False for
+    /// a hole, which holds nothing to change.
+    fn buffer_stored_block(&mut self, ino: u64, born: u64, block: u64) -> Result<bool> {
+        if self.dirty_blocks.contains_key(&(ino, block)) {
+            return Ok(true);
+        }
+        let pointer = self.block_pointer(ino, block)?;
+        if pointer.is_null() {
+            return Ok(false);
+        }
+        let data = self.read_block(ino, born, block, pointer)?;
+        self.dirty_blocks.insert((ino, block), data);
+        Ok(true)
+    }
+
     /// EFBIG for a size past the largest file.
     fn check_file_size(&self, size: u64) -> Result<()> {
         if size > self.file_bytes_max() {
@@ -1157,21 +1173,17 @@ impl<D: FlashDevice> Fs<D> {
         }
         let Node::File { inode, .. } = self.node(file_key)? else { unreachable!() };
         if size < inode.size {
+            // The new last block is read before anything is freed, so a
+            // read that fails leaves the file as it was.
+            let within = (size % block_bytes) as usize;
+            let last = size / block_bytes;
+            let partial = within != 0 && self.buffer_stored_block(ino, inode.born, last)?;
             self.free_blocks_from(ino, size.div_ceil(block_bytes))?;
             if size == 0 {
                 self.forget_incompressible(ino)?;
             }
-            let within = (size % block_bytes) as usize;
-            if within != 0 {
-                let block = size / block_bytes;
-                if !self.dirty_blocks.contains_key(&(ino, block)) {
-                    let pointer = self.block_pointer(ino, block)?;
-                    if !pointer.is_null() {
-                        let data = self.read_block(ino, inode.born, block, pointer)?;
-                        self.dirty_blocks.insert((ino, block), data);
-                    }
-                }
-                if let Some(buffer) = self.dirty_blocks.get_mut(&(ino, block)) {
+            if partial {
+                if let Some(buffer) = self.dirty_blocks.get_mut(&(ino, last)) {
                     buffer[within..].fill(0);
                 }
             }
@@ -1286,16 +1298,10 @@ impl<D: FlashDevice> Fs<D> {
         }
         let mut buffered = Vec::new();
         for &(block, from, to) in &plan.edges {
-            if !self.dirty_blocks.contains_key(&(ino, block)) {
-                let pointer = self.block_pointer(ino, block)?;
-                if pointer.is_null() {
-                    // A hole already.
-                    continue;
-                }
-                let data = self.read_block(ino, inode.born, block, pointer)?;
-                self.dirty_blocks.insert((ino, block), data);
+            // A hole already reads as zeros.
+            if self.buffer_stored_block(ino, inode.born, block)? {
+                buffered.push((block, from, to));
             }
-            buffered.push((block, from, to));
         }
         self.free_blocks_in(ino, plan.first_whole, plan.end_whole)?;
         for (block, from, to) in buffered {
