@@ -865,12 +865,24 @@ fn personality(
     if let Some(log) = log {
         files.close(log)?;
     }
-    Ok(size.personality_loops as u64
+    let ops = size.personality_loops as u64
         * match name {
             "fileserver" => 11,
             "webproxy" => 19,
             _ => 31,
-        })
+        };
+    // filebench times the loop alone, and so does the row's rate. A kernel
+    // peer's page cache holds what the loop wrote (its dirty limits are
+    // gigabytes on a large host) and writes it back after the phase, where
+    // flintfs's bounded data buffer programs most of it within the phase.
+    // The sync that follows, timed, says what making the loop's writes
+    // durable costs each target, beside the row's rate.
+    let synced = Instant::now();
+    files.sync_all()?;
+    let sync_seconds = synced.elapsed().as_secs_f64();
+    phase.fields.push(("sync_after_seconds".into(), json!(sync_seconds)));
+    phase.fields.push(("ops_per_s_with_sync".into(), json!(ops as f64 / (phase.seconds + sync_seconds).max(1e-9))));
+    Ok(ops)
 }
 
 /// Files of the space workloads' fileserver sets: the fileserver's 128 KiB
@@ -1790,6 +1802,7 @@ pub fn bench(arguments: BenchArguments) -> Outcome<ExitCode> {
     } else {
         format!("{configuration}; in-process devices have their memory touched before the run (no page faults in it)")
     };
+    let configuration = format!("{configuration}; {}", scratch_storage());
     let configuration = match extra_mount_options() {
         Some(options) => format!("{configuration}, FUSE mounts with -o {options}"),
         None => configuration,
@@ -1963,6 +1976,27 @@ fn run_child(mut command: Command, limit: std::time::Duration) -> Outcome<Child>
         }
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
+}
+
+/// Where the FUSE targets' images and the kernel peers' loop backing
+/// files live, in words: in memory, they compare host time with the
+/// in-process targets' memory emulator; on a disk, every fsync and
+/// writeback of theirs also waits for that disk. `TMPDIR` chooses.
+fn scratch_storage() -> String {
+    const TMPFS_MAGIC: i64 = 0x0102_1994;
+    let directory = std::env::temp_dir();
+    let kind = std::ffi::CString::new(directory.as_os_str().as_encoded_bytes()).ok().and_then(|path| {
+        // SAFETY: statfs writes only into the zeroed struct it is given;
+        // the path is a valid C string.
+        let mut stat: libc::statfs = unsafe { std::mem::zeroed() };
+        (unsafe { libc::statfs(path.as_ptr(), &mut stat) } == 0).then_some(stat.f_type as i64)
+    });
+    let place = match kind {
+        Some(TMPFS_MAGIC) => "in memory (tmpfs)",
+        Some(_) => "on a disk's file system (set TMPDIR=/dev/shm to keep them in memory)",
+        None => "on a file system statfs cannot name",
+    };
+    format!("FUSE images and loop devices' backing files under {} {place}", directory.display())
 }
 
 /// A child's scratch directory (images, mount points, loop backing files).

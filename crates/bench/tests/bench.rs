@@ -107,6 +107,20 @@ fn a_row_per_target_with_the_fields_tools_read() {
 }
 
 #[test]
+fn filebench_rows_time_the_sync_after_the_loop() {
+    // The loop's rate leaves out what a target still buffers at its end;
+    // the timed sync after it says what making that durable cost.
+    let row: serde_json::Value =
+        serde_json::from_str(ok(&["fileserver", "--quick", "--target", "flintfs", "--json"]).trim())
+            .expect("a JSON row");
+    let sync = row["sync_after_seconds"].as_f64().expect("the sync's seconds");
+    let with_sync = row["ops_per_s_with_sync"].as_f64().expect("the rate with the sync");
+    let rate = row["ops_per_s"].as_f64().expect("the loop's rate");
+    assert!(sync >= 0.0, "{row}");
+    assert!(with_sync > 0.0 && with_sync <= rate, "{row}");
+}
+
+#[test]
 fn bad_input_gets_one_clear_line() {
     refused(&["sideways", "--quick"], "unknown workload");
     refused(&["delete", "--quick", "--peers", "ntfs"], "unknown peer");
