@@ -197,13 +197,15 @@ impl Oracle {
     }
 
     /// The lowest state for object `id`'s size: its data's bound, or later,
-    /// the state after its last truncate before the last persistence point
-    /// (a truncate is a metadata operation: any persistence point keeps it).
+    /// the state after its last truncate, or zeroed range that could grow
+    /// it, before the last persistence point (any persistence point keeps
+    /// either).
     fn size_low(&self, id: u64, completed: usize, low: usize) -> usize {
         let truncated = (0..low)
             .rev()
             .find(|&index| {
                 matches!(&self.operations[index], Operation::Truncate { path: at, .. }
+                    | Operation::ZeroRange { path: at, keep_size: false, .. }
                     if self.identity_before(index, at) == Some(id))
             })
             .map_or(0, |index| index + 1);
@@ -331,11 +333,12 @@ impl Oracle {
             Operation::Rename { directory, name, new_directory, new_name, .. } => {
                 is(&joined(directory, name)) || is(&joined(new_directory, new_name))
             }
-            // A punched hole is logged after the file's unlogged writes,
-            // as a truncate is.
-            Operation::Link { path, .. } | Operation::Truncate { path, .. } | Operation::PunchHole { path, .. } => {
-                is(path)
-            }
+            // A punched hole or a zeroed range is logged after the file's
+            // unlogged writes, as a truncate is.
+            Operation::Link { path, .. }
+            | Operation::Truncate { path, .. }
+            | Operation::PunchHole { path, .. }
+            | Operation::ZeroRange { path, .. } => is(path),
             _ => false,
         }
     }

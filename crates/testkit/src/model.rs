@@ -95,6 +95,15 @@ pub enum Operation {
         offset: u64,
         length: u64,
     },
+    /// fallocate(ZERO_RANGE), with KEEP_SIZE or without: the range reads
+    /// as zeros after; without KEEP_SIZE a range past the end grows the
+    /// file to cover it.
+    ZeroRange {
+        path: Path,
+        offset: u64,
+        length: u64,
+        keep_size: bool,
+    },
     Unlink {
         directory: Path,
         name: Vec<u8>,
@@ -299,6 +308,17 @@ impl Model {
         }
     }
 
+    /// vfs_fallocate's errors for what is not a regular file.
+    fn fallocate_target(&self, path: &[Vec<u8>]) -> Result<(), i32> {
+        let id = self.resolve(path)?;
+        match self.objects.get(&id) {
+            Some(Object::Directory { .. }) => Err(errno::EISDIR),
+            Some(Object::File { kind: Kind::Fifo, .. }) => Err(errno::ESPIPE),
+            Some(Object::File { kind: Kind::Symlink, .. }) => Err(errno::ENODEV),
+            _ => Ok(()),
+        }
+    }
+
     fn xattrs_mut(&mut self, path: &[Vec<u8>]) -> Result<&mut BTreeMap<Vec<u8>, Vec<u8>>, i32> {
         let id = self.resolve(path)?;
         match self.objects.get_mut(&id) {
@@ -341,16 +361,21 @@ impl Model {
                 Ok(())
             }
             Operation::PunchHole { path, offset, length } => {
-                // vfs_fallocate's errors for what is not a regular file.
-                let id = self.resolve(path)?;
-                match self.objects.get(&id) {
-                    Some(Object::Directory { .. }) => return Err(errno::EISDIR),
-                    Some(Object::File { kind: Kind::Fifo, .. }) => return Err(errno::ESPIPE),
-                    Some(Object::File { kind: Kind::Symlink, .. }) => return Err(errno::ENODEV),
-                    _ => {}
-                }
+                self.fallocate_target(path)?;
                 let data = self.data_mut(path)?;
                 let end = ((offset + length) as usize).min(data.len());
+                let start = (*offset as usize).min(end);
+                data[start..end].fill(0);
+                Ok(())
+            }
+            Operation::ZeroRange { path, offset, length, keep_size } => {
+                self.fallocate_target(path)?;
+                let data = self.data_mut(path)?;
+                let range_end = (offset + length) as usize;
+                if !keep_size && range_end > data.len() {
+                    data.resize(range_end, 0);
+                }
+                let end = range_end.min(data.len());
                 let start = (*offset as usize).min(end);
                 data[start..end].fill(0);
                 Ok(())
@@ -654,10 +679,16 @@ impl Generator {
                 }
             }
             40..=44 => Operation::Truncate { path: self.pick(&files), size: self.random.random_range(0..=size_max) },
-            45..=52 => Operation::Read {
+            45..=51 => Operation::Read {
                 path: self.pick(&files),
                 offset: self.random.random_range(0..size_max),
                 length: self.random.random_range(1..=size_max),
+            },
+            52 => Operation::ZeroRange {
+                path: self.pick(&files),
+                offset: self.random.random_range(0..size_max),
+                length: self.random.random_range(1..=size_max),
+                keep_size: self.random.random_bool(0.5),
             },
             53..=54 => Operation::PunchHole {
                 path: self.pick(&files),

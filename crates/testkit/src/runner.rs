@@ -138,6 +138,11 @@ pub(crate) fn apply_on(fs: &mut Fs<MemoryFlash>, held: &mut Vec<u64>, operation:
             let mode = flintfs_core::FALLOC_FL_PUNCH_HOLE | flintfs_core::FALLOC_FL_KEEP_SIZE;
             fs.fallocate(ino, *offset, *length, mode).map_err(code)?;
         }
+        Operation::ZeroRange { path, offset, length, keep_size } => {
+            let ino = resolve(fs, held, path)?;
+            let keep = if *keep_size { flintfs_core::FALLOC_FL_KEEP_SIZE } else { 0 };
+            fs.fallocate(ino, *offset, *length, flintfs_core::FALLOC_FL_ZERO_RANGE | keep).map_err(code)?;
+        }
         Operation::Read { path, offset, length } => {
             let ino = resolve(fs, held, path)?;
             return Ok(Outcome::Data(fs.read(ino, *offset, *length).map_err(code)?));
