@@ -1876,6 +1876,12 @@ pub fn bench(arguments: BenchArguments) -> Outcome<ExitCode> {
          a kernel peer's is only the workload's process."
             .into(),
     );
+    notes.push(
+        "The FUSE targets' images sync each flush to the host's disk (the mount's default, host_sync), as a \
+         kernel peer's fsync reaches its loop device's backing file; the in-process targets' emulator is memory \
+         and sleeps none of its device time, so their fsyncs cost host time only."
+            .into(),
+    );
     if let Some(directory) = &arguments.report {
         let header = format!(
             "- command: `flintfs bench {} {}--peers {}`\n- configuration: {configuration}\n- machine: {}\n- date: {}\n\

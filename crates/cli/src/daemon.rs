@@ -53,6 +53,8 @@ pub struct MountArguments {
     /// fsync=wp-check|ordered|unchecked,
     /// nobarrier, nvm_keep (a clean unmount leaves the node pages kept in
     /// NVM there, for the next mount; without it they go home to flash),
+    /// nohost_sync (an image's flushes stay in the host's page cache: an
+    /// fsync survives the daemon killed, not the host crashing),
     /// allow_other (the default for root), private or
     /// noallow_other (only the mounting user; mount(8) keeps `private` for
     /// itself, so fstab says noallow_other), the kernel's ro, rw, nosuid, suid, nodev, dev,
@@ -88,6 +90,11 @@ struct MountOptions {
     /// `io_uring` turns that switch on first, `noio_uring` stays on
     /// /dev/fuse.
     io_uring: Option<bool>,
+    /// An image's flushes reach the host's disk (fdatasync), so an fsync
+    /// on the mount survives the host crashing as it would on ext4: on
+    /// unless `nohost_sync`, which leaves them in the host's page cache
+    /// (safe against a killed daemon only).
+    host_sync: bool,
 }
 
 /// Options of fstab and mount(8) that mean something to them (or to
@@ -128,6 +135,7 @@ fn parse_options(options: &[String]) -> Outcome<MountOptions> {
         kernel_flags: Vec::new(),
         writeback_cache: true,
         io_uring: None,
+        host_sync: true,
     };
     for option in options.iter().filter(|option| !option.is_empty()) {
         let (name, value) = match option.split_once('=') {
@@ -205,10 +213,13 @@ fn parse_options(options: &[String]) -> Outcome<MountOptions> {
             // its caller's CPU.
             "io_uring" if value.is_none() => parsed.io_uring = Some(true),
             "noio_uring" if value.is_none() => parsed.io_uring = Some(false),
+            // An image's flushes to the host's disk: see `host_sync`.
+            "host_sync" if value.is_none() => parsed.host_sync = true,
+            "nohost_sync" if value.is_none() => parsed.host_sync = false,
             _ => fail!(
                 "unknown mount option {option:?} (known: node_cache=SIZE, data_buffer=SIZE, read_cache=SIZE, \
-                 checkpoint_interval=SECONDS, scrub_rate=PAGES, compress=none|lz4|zstd[:LEVEL], faults=PRESET|FILE, fault_seed=N, fsync=wp-check|ordered|unchecked, nobarrier, nvm_keep, nowriteback_cache, io_uring, allow_other, private, noallow_other, \
-                 and the kernel's {})",
+                 checkpoint_interval=SECONDS, scrub_rate=PAGES, compress=none|lz4|zstd[:LEVEL], faults=PRESET|FILE, fault_seed=N, fsync=wp-check|ordered|unchecked, nobarrier, nvm_keep, nowriteback_cache, io_uring, nohost_sync, allow_other, private, \
+                 noallow_other, and the kernel's {})",
                 flintfs_fuse::KERNEL_FLAGS.join(", ")
             ),
         }
@@ -429,7 +440,7 @@ fn run_daemon(arguments: MountArguments) -> Outcome<ExitCode> {
         Some(spec) => Some(crate::faults::parse_faults(spec, options.fault_seed)?),
         None => None,
     };
-    let device = open_device_with(&arguments.image, IMAGE_WAIT, faults)?;
+    let device = open_device_with(&arguments.image, IMAGE_WAIT, faults, options.host_sync)?;
     let baseline = device.counters();
     let (fs, report) = mount_fs(device, options.fs)?;
     let shared = Shared::new(fs);
@@ -886,5 +897,37 @@ fn process_alive(pid: u32) -> bool {
         Err(_) => false,
         // The state follows the parenthesised command name.
         Ok(stat) => stat.rsplit_once(')').is_some_and(|(_, rest)| !rest.trim_start().starts_with(['Z', 'X'])),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parsed(options: &[&str]) -> Outcome<MountOptions> {
+        parse_options(&options.iter().map(|option| option.to_string()).collect::<Vec<_>>())
+    }
+
+    #[test]
+    fn an_image_mount_syncs_to_the_host_unless_told_not_to() {
+        assert!(parsed(&[]).unwrap().host_sync);
+        assert!(parsed(&["host_sync"]).unwrap().host_sync);
+        assert!(!parsed(&["nohost_sync"]).unwrap().host_sync);
+        assert!(parsed(&["nohost_sync=1"]).is_err());
+        // The choice reaches the image the mount opens.
+        let directory = std::env::temp_dir().join(format!("flintfs-host-sync-{}", std::process::id()));
+        std::fs::create_dir_all(&directory).unwrap();
+        let image = directory.join("image");
+        let geometry = flintfs_flash::Geometry::with_size_bytes(16 << 20);
+        drop(
+            flintfs_flash::ImageFlash::create_image(&image, geometry, flintfs_flash::DeviceOptions::default()).unwrap(),
+        );
+        for host_sync in [true, false] {
+            match open_device_with(&image, IMAGE_WAIT, None, host_sync).unwrap() {
+                Device::Image(device) => assert_eq!(device.options().host_sync, host_sync),
+                Device::Block(_) => panic!("an image opened as a block device"),
+            }
+        }
+        std::fs::remove_dir_all(&directory).unwrap();
     }
 }

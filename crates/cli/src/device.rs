@@ -69,11 +69,21 @@ impl Device {
 /// (a daemon finishing its unmount) to let go of it. Says clearly when the
 /// path is missing, of the wrong kind, or not flintfs.
 pub fn open_device(path: &Path, wait: Duration) -> Outcome<Device> {
-    open_device_with(path, wait, None)
+    open_device_with(path, wait, None, true)
 }
 
-/// [`open_device`], with faults injected (the emulator only).
-pub fn open_device_with(path: &Path, wait: Duration, faults: Option<flintfs_flash::FaultConfig>) -> Outcome<Device> {
+/// [`open_device`], with faults injected (the emulator only) and, for an
+/// image, whether each flush reaches the host's disk (`host_sync`: on
+/// everywhere but a mount with `-o nohost_sync`). Without it a flush stays
+/// in the host's page cache: it survives the daemon killed, not the host
+/// crashing, and an fsync on the mount would return before the disk has
+/// the data, unlike an fsync on ext4. A block device always syncs.
+pub fn open_device_with(
+    path: &Path,
+    wait: Duration,
+    faults: Option<flintfs_flash::FaultConfig>,
+    host_sync: bool,
+) -> Outcome<Device> {
     use std::os::unix::fs::FileTypeExt;
     let metadata = std::fs::metadata(path).map_err(|error| format!("{}: {error}", path.display()))?;
     if !metadata.is_file() && !metadata.file_type().is_block_device() {
@@ -83,7 +93,7 @@ pub fn open_device_with(path: &Path, wait: Duration, faults: Option<flintfs_flas
     if block && faults.is_some() {
         fail!("{}: faults are injected by the emulator; a block device has its own", path.display());
     }
-    let options = DeviceOptions { faults: faults.unwrap_or_default(), ..DeviceOptions::default() };
+    let options = DeviceOptions { faults: faults.unwrap_or_default(), host_sync, ..DeviceOptions::default() };
     let start = Instant::now();
     loop {
         let opened = if block {

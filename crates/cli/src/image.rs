@@ -210,7 +210,12 @@ pub fn mkfs(arguments: MkfsArguments) -> Outcome<ExitCode> {
         Some(spec) => crate::faults::parse_faults(spec, arguments.fault_seed)?,
         None => flintfs_flash::FaultConfig::none(arguments.fault_seed),
     };
-    let device = ImageFlash::create_image(path, geometry, DeviceOptions { faults, ..DeviceOptions::default() })?;
+    // Synced to the host: a new image is on the disk when mkfs returns.
+    let device = ImageFlash::create_image(
+        path,
+        geometry,
+        DeviceOptions { faults, host_sync: true, ..DeviceOptions::default() },
+    )?;
     let options = mkfs_options(&arguments)?;
     let clock = Box::new(flintfs_fuse::SystemClock);
     let device = Fs::format(device, &options, clock).map_err(|error| format!("mkfs: {}", error.message))?;
