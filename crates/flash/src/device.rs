@@ -822,7 +822,13 @@ impl<B: Backend> FlashEmulator<B> {
             self.buffer.push_front(entry);
             return Err(error);
         }
-        if record_now {
+        // Recorded now, so a killed process keeps the page as a power cut
+        // would. Not with `host_sync`: the host may write the record back
+        // before the page it names, and a host crash would then leave a
+        // durable record ahead of its page. The record waits for the next
+        // flush, which syncs the pages first; until then the page is lost
+        // to a crash, which leaves a durable prefix all the same.
+        if record_now && !self.options.host_sync {
             if self.overlay_dirty {
                 self.persist_overlay()?;
             }
@@ -1034,9 +1040,13 @@ impl<B: Backend> FlashEmulator<B> {
             // the next commit.
             self.dirty_blocks.insert(block);
             self.dirty_zones.insert(address.zone);
+            // Pages first: the record's write pointer may name drained
+            // pages that no flush has synced to the host yet.
             let recorded = self
-                .backend
-                .write_block_records(block, std::slice::from_ref(&self.blocks[block as usize]))
+                .sync_host()
+                .and_then(|()| {
+                    self.backend.write_block_records(block, std::slice::from_ref(&self.blocks[block as usize]))
+                })
                 .and_then(|()| self.backend.write_zone_record(address.zone, &zone_record));
             if recorded.is_ok() {
                 self.dirty_blocks.remove(&block);
@@ -1389,7 +1399,9 @@ impl<B: Backend> FlashDevice for FlashEmulator<B> {
         entry.durable.condition = durable_condition_of(entry);
         let record = entry.durable;
         self.dirty_zones.insert(zone);
-        let written = self.backend.write_zone_record(zone, &record);
+        // Pages first, as at a flush: the record's write pointer may name
+        // drained pages the host does not have yet.
+        let written = self.sync_host().and_then(|()| self.backend.write_zone_record(zone, &record));
         if written.is_ok() {
             self.dirty_zones.remove(&zone);
         }
