@@ -812,7 +812,8 @@ impl<B: Backend> FlashEmulator<B> {
     /// Makes the oldest buffered page durable. A drain the device does on its
     /// own (`record_now`) also records what it changed at once (overlay,
     /// block, then the zone record that makes the page durable), so a killed
-    /// process keeps what an in-process power cut would keep.
+    /// process keeps what an in-process power cut would keep; with
+    /// `host_sync` the records wait for the next flush (below).
     fn drain_one(&mut self, record_now: bool) -> Result<()> {
         let entry = self.buffer.pop_front().expect("drain of an empty write buffer");
         self.clock.wait_until(entry.programmed_ns);
@@ -826,8 +827,10 @@ impl<B: Backend> FlashEmulator<B> {
         // would. Not with `host_sync`: the host may write the record back
         // before the page it names, and a host crash would then leave a
         // durable record ahead of its page. The record waits for the next
-        // flush, which syncs the pages first; until then the page is lost
-        // to a crash, which leaves a durable prefix all the same.
+        // flush, which syncs the pages first. Until then a killed process
+        // or a crash loses the page: the zone falls back to its last
+        // flushed write pointer, below `durable_write_pointer`, which the
+        // engine never relies on (it trusts flushed pages only).
         if record_now && !self.options.host_sync {
             if self.overlay_dirty {
                 self.persist_overlay()?;
@@ -906,6 +909,12 @@ impl<B: Backend> FlashEmulator<B> {
     /// faulted pages durable), then zones, blocks, the summary, and syncs. A
     /// record leaves the dirty set only once written.
     fn commit_metadata(&mut self) -> Result<()> {
+        // Pages before the records that make them durable, even across a
+        // host crash: a flush's, and with `host_sync` those drained on
+        // their own since the last one, whose records waited for this.
+        if !self.dirty_zones.is_empty() || !self.dirty_blocks.is_empty() {
+            self.sync_host()?;
+        }
         if self.overlay_dirty {
             self.persist_overlay()?;
         }
@@ -1255,6 +1264,10 @@ impl<B: Backend> FlashEmulator<B> {
         let condition = if capacity_pages == 0 { DurableCondition::Offline } else { DurableCondition::Empty };
         let zone_record = ZoneRecord { condition, write_pointer: 0, capacity_pages, generation };
         self.backend.write_block_records(first_block as u64, &blocks)?;
+        // The block records reach the host's disk before the zone record:
+        // a zone record a generation ahead of its blocks is an image open
+        // refuses, and the host writes back in any order.
+        self.sync_host()?;
         // From here the reset is durable: on open, blocks a generation ahead
         // of their zone record mean a completed reset.
         self.blocks[zone_blocks.clone()].copy_from_slice(&blocks);
@@ -1461,9 +1474,7 @@ impl<B: Backend> FlashDevice for FlashEmulator<B> {
         while self.buffer.len() > 0 {
             self.drain_one(false)?;
         }
-        // Pages before the records that make them durable, even across a
-        // host crash.
-        self.sync_host()?;
+        // `commit_metadata` syncs the pages before their records.
         self.clock.flush();
         bump(&mut self.lifetime.flushes, 1);
         self.commit_metadata()
