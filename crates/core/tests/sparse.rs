@@ -306,7 +306,8 @@ fn a_punched_hole_reads_as_zeros_and_gives_its_blocks_back() {
 /// FALLOC_FL_ZERO_RANGE reads as zeros like a punch; without KEEP_SIZE it
 /// grows the file to the range's end. Modes flintfs does not take, and
 /// PUNCH_HOLE without KEEP_SIZE (as Linux), are refused with EOPNOTSUPP;
-/// a directory gives EISDIR.
+/// a directory gives EISDIR, a zero length EINVAL and a range past the
+/// largest file EFBIG.
 #[test]
 fn zero_range_grows_the_file_and_other_modes_are_refused() {
     let (mut fs, clock) = mounted();
@@ -325,6 +326,14 @@ fn zero_range_grows_the_file_and_other_modes_are_refused() {
         assert_eq!(error.errno, errno::EOPNOTSUPP, "mode {mode:#x}");
     }
     assert_eq!(fs.fallocate(1, 0, PAGE_BYTES, PUNCH).unwrap_err().errno, errno::EISDIR);
+    // vfs_fallocate's order: a zero length is EINVAL whatever the mode, and
+    // a range past the largest file EFBIG in every mode, changing nothing.
+    assert_eq!(fs.fallocate(file, 0, 0, 0x40).unwrap_err().errno, errno::EINVAL);
+    let beyond = u64::MAX / 2;
+    for mode in [PUNCH, flintfs_core::FALLOC_FL_ZERO_RANGE, flintfs_core::FALLOC_FL_ZERO_RANGE | 1, 0, 1] {
+        assert_eq!(fs.fallocate(file, beyond, PAGE_BYTES, mode).unwrap_err().errno, errno::EFBIG, "mode {mode:#x}");
+    }
+    assert_eq!(fs.getattr(file).unwrap().size, 22 * PAGE_BYTES);
     let mut fs = remount(fs, &clock);
     assert!(fs.read(file, 0, 1 << 20).unwrap() == expected, "after a remount");
     assert_clean(&mut fs);

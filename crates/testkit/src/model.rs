@@ -308,9 +308,15 @@ impl Model {
         }
     }
 
-    /// vfs_fallocate's errors for what is not a regular file.
-    fn fallocate_target(&self, path: &[Vec<u8>]) -> Result<(), i32> {
+    /// vfs_fallocate's errors: a zero length, then what is not a regular
+    /// file (a name that resolves to nothing fails its open first). The
+    /// largest file's EFBIG is the engine's limit, which generated offsets
+    /// never reach.
+    fn fallocate_target(&self, path: &[Vec<u8>], length: u64) -> Result<(), i32> {
         let id = self.resolve(path)?;
+        if length == 0 {
+            return Err(errno::EINVAL);
+        }
         match self.objects.get(&id) {
             Some(Object::Directory { .. }) => Err(errno::EISDIR),
             Some(Object::File { kind: Kind::Fifo, .. }) => Err(errno::ESPIPE),
@@ -361,7 +367,7 @@ impl Model {
                 Ok(())
             }
             Operation::PunchHole { path, offset, length } => {
-                self.fallocate_target(path)?;
+                self.fallocate_target(path, *length)?;
                 let data = self.data_mut(path)?;
                 let end = ((offset + length) as usize).min(data.len());
                 let start = (*offset as usize).min(end);
@@ -369,7 +375,7 @@ impl Model {
                 Ok(())
             }
             Operation::ZeroRange { path, offset, length, keep_size } => {
-                self.fallocate_target(path)?;
+                self.fallocate_target(path, *length)?;
                 let data = self.data_mut(path)?;
                 let range_end = (offset + length) as usize;
                 if !keep_size && range_end > data.len() {

@@ -205,6 +205,8 @@ fn zeroed_ranges_match_the_model() {
         Operation::Mkfifo { directory: vec![], name: b"p".to_vec() },
         zero("p", 0, 10, true),
         zero("missing", 0, 10, true),
+        zero("f", 100, 0, false),
+        zero("d", 0, 0, true),
         Operation::Remount,
     ];
     for offset in [0, 4_095, 8_192] {

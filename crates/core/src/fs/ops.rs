@@ -1120,6 +1120,9 @@ impl<D: FlashDevice> Fs<D> {
         }
         let end =
             offset.checked_add(length).ok_or_else(|| Error::new(errno::EFBIG, "fallocate past the largest offset"))?;
+        // Whatever the mode, as vfs_fallocate: a range past the largest
+        // file is EFBIG even where it would change nothing.
+        self.check_file_size(end)?;
         Ok((inode, end))
     }
 
@@ -1206,11 +1209,12 @@ impl<D: FlashDevice> Fs<D> {
     /// (`zero_range`); the other modes (collapse, insert, unshare) give
     /// EOPNOTSUPP.
     pub fn fallocate(&mut self, ino: u64, offset: u64, length: u64, mode: u32) -> Result<()> {
-        if !FALLOCATE_MODES.contains(&mode) {
-            return Err(Error::new(errno::EOPNOTSUPP, format!("fallocate mode {mode:#x} is not supported")));
-        }
+        // vfs_fallocate's order: the length, then the mode.
         if length == 0 {
             return Err(Error::invalid("fallocate of zero bytes"));
+        }
+        if !FALLOCATE_MODES.contains(&mode) {
+            return Err(Error::new(errno::EOPNOTSUPP, format!("fallocate mode {mode:#x} is not supported")));
         }
         if mode & (FALLOC_FL_PUNCH_HOLE | FALLOC_FL_ZERO_RANGE) != 0 {
             return self.zero_range(ino, offset, length, mode);
@@ -1249,11 +1253,6 @@ impl<D: FlashDevice> Fs<D> {
                 // a punch carries the writes before it wherever it falls
                 // (docs/SEMANTICS.md).
                 return fs.log_pending_state(ino);
-            }
-            if grows {
-                // Checked before anything changes: the truncate below
-                // would find it too late.
-                fs.check_file_size(end)?;
             }
             let inline = fs.is_inline(ino)?;
             let plan = ZeroPlan::new(offset, end.min(inode.size), inode.size, fs.block_bytes());
