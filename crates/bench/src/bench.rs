@@ -261,7 +261,8 @@ pub(crate) trait Files {
     fn fsync(&mut self, handle: u64) -> Outcome;
     fn close(&mut self, handle: u64) -> Outcome;
     fn unlink(&mut self, path: &str) -> Outcome;
-    /// Everything durable (not timed: the end of a workload).
+    /// Everything durable (outside the phase's time; filebench's loops
+    /// time it apart, as `sync_after_seconds`).
     fn sync_all(&mut self) -> Outcome;
     /// A clean unmount and a mount; the pages the mount read.
     fn remount(&mut self) -> Outcome<u64> {
@@ -389,14 +390,20 @@ impl Files for DirectoryFiles {
         Ok(std::fs::remove_file(self.root.join(path))?)
     }
     fn sync_all(&mut self) -> Outcome {
-        // SAFETY: sync has no preconditions.
-        unsafe { libc::sync() };
-        // sync(2) does not reach a FUSE file system (the kernel sends
-        // FUSE_SYNCFS to virtiofs only); an fsync of the mount's root is
-        // flintfs's sync there. Without it, what a workload prepared would
-        // still be buffered, and written in the measured part. On a kernel
-        // peer it is one more directory fsync after sync(2).
-        File::open(&self.root)?.sync_all()?;
+        // syncfs(2) of this mount alone, not sync(2): the timed sync after
+        // filebench's loop must not count whatever else the host has dirty.
+        // It writes back the kernel's page cache of a FUSE mount too, but
+        // does not reach the daemon (the kernel sends FUSE_SYNCFS to
+        // virtiofs only); an fsync of the mount's root is flintfs's sync
+        // there. Without it, what a workload prepared would still be
+        // buffered, and written in the measured part. On a kernel peer it
+        // is one more directory fsync after syncfs(2).
+        let root = File::open(&self.root)?;
+        // SAFETY: the descriptor is open for the call's duration.
+        if unsafe { libc::syncfs(std::os::fd::AsRawFd::as_raw_fd(&root)) } != 0 {
+            return Err(std::io::Error::last_os_error().into());
+        }
+        root.sync_all()?;
         Ok(())
     }
     fn space(&mut self) -> Outcome<(u64, u64)> {
@@ -877,6 +884,9 @@ fn personality(
     // flintfs's bounded data buffer programs most of it within the phase.
     // The sync that follows, timed, says what making the loop's writes
     // durable costs each target, beside the row's rate.
+    // The requests of the loop alone: the sync's write-back is not in
+    // the row's seconds.
+    phase.fuse_requests_at_end = files.fuse_requests();
     let synced = Instant::now();
     files.sync_all()?;
     let sync_seconds = synced.elapsed().as_secs_f64();
@@ -1039,6 +1049,9 @@ pub(crate) struct Phase {
     pub log_pages_at_start: Option<u64>,
     /// FUSE requests answered before the measured phase.
     pub fuse_requests_at_start: Option<u64>,
+    /// FUSE requests answered by its end, where a workload does untimed
+    /// work after it that makes requests (filebench's timed sync).
+    pub fuse_requests_at_end: Option<u64>,
     /// A workload's own figures, added to its row.
     pub fields: Vec<(String, Value)>,
 }
@@ -1413,7 +1426,7 @@ fn run_fuse_mounted(workload: &str, target: &str, size: Size, seed: u64, directo
     let (ops, phase) = timed_workload(workload, &mut files, size, seed);
     let seconds = phase.seconds;
     let remounted_pages = files.mount_pages;
-    let requests_at_end = files.fuse_requests();
+    let requests_at_end = phase.fuse_requests_at_end.or_else(|| files.fuse_requests());
     drop(files);
     // The floor: lookups of names that are not there, one request each.
     let floor = fuse_request_floor(&mountpoint, &live_requests);
@@ -1876,12 +1889,18 @@ pub fn bench(arguments: BenchArguments) -> Outcome<ExitCode> {
          a kernel peer's is only the workload's process."
             .into(),
     );
-    notes.push(
-        "The FUSE targets' images sync each flush to the host's disk (the mount's default, host_sync), as a \
-         kernel peer's fsync reaches its loop device's backing file; the in-process targets' emulator is memory \
-         and sleeps none of its device time, so their fsyncs cost host time only."
-            .into(),
-    );
+    let host_sync = !extra_mount_options().is_some_and(|options| options.split(',').any(|o| o == "nohost_sync"));
+    notes.push(if host_sync {
+        "The FUSE targets' images sync each flush to the host (host_sync, the mount's default), as a kernel \
+         peer's fsync reaches its loop device's backing file, both under the configuration line's directory; the \
+         in-process targets' emulator is memory and sleeps none of its device time, so their fsyncs cost host \
+         time only."
+            .into()
+    } else {
+        "The FUSE targets' images were mounted with nohost_sync: their fsyncs stay in the host's page cache, \
+         where a kernel peer's reach its loop device's backing file."
+            .into()
+    });
     if let Some(directory) = &arguments.report {
         let header = format!(
             "- command: `flintfs bench {} {}--peers {}`\n- configuration: {configuration}\n- machine: {}\n- date: {}\n\
