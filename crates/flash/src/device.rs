@@ -1264,10 +1264,6 @@ impl<B: Backend> FlashEmulator<B> {
         let condition = if capacity_pages == 0 { DurableCondition::Offline } else { DurableCondition::Empty };
         let zone_record = ZoneRecord { condition, write_pointer: 0, capacity_pages, generation };
         self.backend.write_block_records(first_block as u64, &blocks)?;
-        // The block records reach the host's disk before the zone record:
-        // a zone record a generation ahead of its blocks is an image open
-        // refuses, and the host writes back in any order.
-        self.sync_host()?;
         // From here the reset is durable: on open, blocks a generation ahead
         // of their zone record mean a completed reset.
         self.blocks[zone_blocks.clone()].copy_from_slice(&blocks);
@@ -1298,6 +1294,12 @@ impl<B: Backend> FlashEmulator<B> {
         zone_entry.state = if capacity_pages == 0 { ZoneState::Offline } else { ZoneState::Empty };
         zone_entry.durable = zone_record;
         self.dirty_zones.insert(zone);
+        // The block records reach the host's disk before the zone record:
+        // a zone record a generation ahead of its blocks is an image open
+        // refuses, and the host writes back in any order. After the
+        // memory is the reset's, so a failed sync leaves the zone record
+        // dirty for the next commit, as a failed write does.
+        self.sync_host()?;
         // The backend keeps the old slot bytes: slots at or past the write
         // pointer read as erased whatever they hold.
         self.backend.write_zone_record(zone, &zone_record)?;
