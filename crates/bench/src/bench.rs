@@ -261,9 +261,13 @@ pub(crate) trait Files {
     fn fsync(&mut self, handle: u64) -> Outcome;
     fn close(&mut self, handle: u64) -> Outcome;
     fn unlink(&mut self, path: &str) -> Outcome;
-    /// Everything durable (outside the phase's time; filebench's loops
-    /// time it apart, as `sync_after_seconds`).
+    /// Everything durable (outside the phase's time).
     fn sync_all(&mut self) -> Outcome;
+    /// Everything this target holds durable, and nothing else the host
+    /// has: the sync filebench's loops time apart (`sync_after_seconds`).
+    fn sync_mount(&mut self) -> Outcome {
+        self.sync_all()
+    }
     /// A clean unmount and a mount; the pages the mount read.
     fn remount(&mut self) -> Outcome<u64> {
         fail!("this target cannot remount")
@@ -390,14 +394,23 @@ impl Files for DirectoryFiles {
         Ok(std::fs::remove_file(self.root.join(path))?)
     }
     fn sync_all(&mut self) -> Outcome {
+        // SAFETY: sync has no preconditions.
+        unsafe { libc::sync() };
+        // sync(2) does not reach a FUSE file system (the kernel sends
+        // FUSE_SYNCFS to virtiofs only); an fsync of the mount's root is
+        // flintfs's sync there. Without it, what a workload prepared would
+        // still be buffered, and written in the measured part. On a kernel
+        // peer it is one more directory fsync after sync(2), which also
+        // writes back a FUSE image's pages the host holds (with
+        // nohost_sync), so the host does not write them in the phase.
+        File::open(&self.root)?.sync_all()?;
+        Ok(())
+    }
+    fn sync_mount(&mut self) -> Outcome {
         // syncfs(2) of this mount alone, not sync(2): the timed sync after
         // filebench's loop must not count whatever else the host has dirty.
         // It writes back the kernel's page cache of a FUSE mount too, but
-        // does not reach the daemon (the kernel sends FUSE_SYNCFS to
-        // virtiofs only); an fsync of the mount's root is flintfs's sync
-        // there. Without it, what a workload prepared would still be
-        // buffered, and written in the measured part. On a kernel peer it
-        // is one more directory fsync after syncfs(2).
+        // does not reach the daemon; the fsync of the root does.
         let root = File::open(&self.root)?;
         // SAFETY: the descriptor is open for the call's duration.
         if unsafe { libc::syncfs(std::os::fd::AsRawFd::as_raw_fd(&root)) } != 0 {
@@ -888,7 +901,7 @@ fn personality(
     // the row's seconds.
     phase.fuse_requests_at_end = files.fuse_requests();
     let synced = Instant::now();
-    files.sync_all()?;
+    files.sync_mount()?;
     let sync_seconds = synced.elapsed().as_secs_f64();
     phase.fields.push(("sync_after_seconds".into(), json!(sync_seconds)));
     phase.fields.push(("ops_per_s_with_sync".into(), json!(ops as f64 / (phase.seconds + sync_seconds).max(1e-9))));
@@ -1889,7 +1902,16 @@ pub fn bench(arguments: BenchArguments) -> Outcome<ExitCode> {
          a kernel peer's is only the workload's process."
             .into(),
     );
-    let host_sync = !extra_mount_options().is_some_and(|options| options.split(',').any(|o| o == "nohost_sync"));
+    // The last of host_sync and nohost_sync wins, as the daemon reads them.
+    let host_sync = extra_mount_options()
+        .and_then(|options| {
+            options
+                .split(',')
+                .map(str::trim)
+                .rfind(|option| matches!(*option, "host_sync" | "nohost_sync"))
+                .map(|option| option == "host_sync")
+        })
+        .unwrap_or(true);
     notes.push(if host_sync {
         "The FUSE targets' images sync each flush to the host (host_sync, the mount's default), as a kernel \
          peer's fsync reaches its loop device's backing file, both under the configuration line's directory; the \
