@@ -896,9 +896,8 @@ fn personality(
     // gigabytes on a large host) and writes it back after the phase, where
     // flintfs's bounded data buffer programs most of it within the phase.
     // The sync that follows, timed, says what making the loop's writes
-    // durable costs each target, beside the row's rate.
-    // The requests of the loop alone: the sync's write-back is not in
-    // the row's seconds.
+    // durable costs each target, beside the row's rate. The row's FUSE
+    // requests are the loop's alone, as its seconds are.
     phase.fuse_requests_at_end = files.fuse_requests();
     let synced = Instant::now();
     files.sync_mount()?;

@@ -325,6 +325,21 @@ impl Model {
         }
     }
 
+    /// The range reads as zeros after; without `keep_size` a range past the
+    /// end grows the file to cover it.
+    fn zero_range(&mut self, path: &[Vec<u8>], offset: u64, length: u64, keep_size: bool) -> Result<(), i32> {
+        self.fallocate_target(path, length)?;
+        let data = self.data_mut(path)?;
+        let range_end = (offset + length) as usize;
+        if !keep_size && range_end > data.len() {
+            data.resize(range_end, 0);
+        }
+        let end = range_end.min(data.len());
+        let start = (offset as usize).min(end);
+        data[start..end].fill(0);
+        Ok(())
+    }
+
     fn xattrs_mut(&mut self, path: &[Vec<u8>]) -> Result<&mut BTreeMap<Vec<u8>, Vec<u8>>, i32> {
         let id = self.resolve(path)?;
         match self.objects.get_mut(&id) {
@@ -366,25 +381,10 @@ impl Model {
                 self.data_mut(path)?.resize(*size as usize, 0);
                 Ok(())
             }
-            Operation::PunchHole { path, offset, length } => {
-                self.fallocate_target(path, *length)?;
-                let data = self.data_mut(path)?;
-                let end = ((offset + length) as usize).min(data.len());
-                let start = (*offset as usize).min(end);
-                data[start..end].fill(0);
-                Ok(())
-            }
+            // A punched hole is a zeroed range that keeps the size.
+            Operation::PunchHole { path, offset, length } => self.zero_range(path, *offset, *length, true),
             Operation::ZeroRange { path, offset, length, keep_size } => {
-                self.fallocate_target(path, *length)?;
-                let data = self.data_mut(path)?;
-                let range_end = (offset + length) as usize;
-                if !keep_size && range_end > data.len() {
-                    data.resize(range_end, 0);
-                }
-                let end = range_end.min(data.len());
-                let start = (*offset as usize).min(end);
-                data[start..end].fill(0);
-                Ok(())
+                self.zero_range(path, *offset, *length, *keep_size)
             }
             Operation::Read { path, offset, length } => {
                 let data = self.data_mut(path)?;
