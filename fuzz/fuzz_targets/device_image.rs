@@ -22,7 +22,7 @@ fuzz_target!(|bytes: &[u8]| {
     if bytes.len() >= 36 {
         let index = u32::from_le_bytes(bytes[..4].try_into().unwrap());
         let _ = decode_zone_record(index, &bytes[4..36], &geometry);
-        let _ = decode_block_record(u64::from(index), &bytes[4..36]);
+        let _ = decode_block_record(u64::from(index), &bytes[4..bytes.len().min(68)]);
         let _ = decode_overlay(&bytes[4..], index % 64, &geometry);
     }
     // As a file: the first bytes replace the start of a valid image, so the

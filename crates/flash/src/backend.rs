@@ -164,6 +164,12 @@ pub trait Backend {
     /// Makes everything written so far survive a host crash, where the
     /// backend can (the memory backend cannot and need not).
     fn sync(&mut self) -> Result<()>;
+    /// Whether open finds the pages a zone record counts that a host crash
+    /// lost (and lowers the write pointer to them), so a record need not
+    /// wait for a sync of its pages: a flush is then one sync, not two.
+    fn finds_lost_pages_at_open(&self) -> bool {
+        false
+    }
 }
 
 /// Pages in host memory, allocated a zone at a time on first use, so an

@@ -333,6 +333,14 @@ fn flip_bits(bytes: &mut [u8], rate: f64, rng: &mut Pcg64Mcg) -> u64 {
 }
 
 impl<B: Backend> FlashEmulator<B> {
+    pub(crate) fn backend_mut(&mut self) -> &mut B {
+        &mut self.backend
+    }
+
+    pub(crate) fn backend(&self) -> &B {
+        &self.backend
+    }
+
     pub(crate) fn from_parts(
         geometry: Geometry,
         options: DeviceOptions,
@@ -824,14 +832,15 @@ impl<B: Backend> FlashEmulator<B> {
             return Err(error);
         }
         // Recorded now, so a killed process keeps the page as a power cut
-        // would. Not with `host_sync`: the host may write the record back
-        // before the page it names, and a host crash would then leave a
-        // durable record ahead of its page. The record waits for the next
-        // flush, which syncs the pages first. Until then a killed process
+        // would. Not with `host_sync` on a backend that cannot find lost
+        // pages: the host may write the record back before the page it
+        // names, and a host crash would then leave a durable record ahead
+        // of its page. The record waits for the next flush, which syncs
+        // the pages first. Until then a killed process
         // or a crash loses the page: the zone falls back to its last
         // flushed write pointer, below `durable_write_pointer`, which the
         // engine never relies on (it trusts flushed pages only).
-        if record_now && !self.options.host_sync {
+        if record_now && (!self.options.host_sync || self.backend.finds_lost_pages_at_open()) {
             if self.overlay_dirty {
                 self.persist_overlay()?;
             }
@@ -911,8 +920,9 @@ impl<B: Backend> FlashEmulator<B> {
     fn commit_metadata(&mut self) -> Result<()> {
         // Pages before the records that make them durable, even across a
         // host crash: a flush's, and with `host_sync` those drained on
-        // their own since the last one, whose records waited for this.
-        if !self.dirty_zones.is_empty() || !self.dirty_blocks.is_empty() {
+        // their own since the last one, whose records waited for this. A
+        // backend that finds lost pages at open needs only the sync below.
+        if (!self.dirty_zones.is_empty() || !self.dirty_blocks.is_empty()) && !self.backend.finds_lost_pages_at_open() {
             self.sync_host()?;
         }
         if self.overlay_dirty {

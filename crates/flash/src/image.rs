@@ -4,7 +4,25 @@
 //! reopens in another process exactly as it was. Only durable state is
 //! written, so killing the process is a power cut. The byte layout is
 //! specified in `docs/DEVICE-IMAGE.md`; every decoder here is total.
+//!
+//! ## A host crash, with one sync a flush
+//! The host writes its page cache back in any order, so after a host crash
+//! a zone record may be on the disk while pages it counts are not. Every
+//! page slot therefore ends with a trailer (its physical index, its zone's
+//! generation, the session's epoch and a CRC over the whole slot), and a
+//! zone record carries, beside its write pointer, the write pointer its
+//! pages were known synced to when it was written. Open checks the slots
+//! between the two and lowers the write pointer to the first that does not
+//! hold, which leaves a durable prefix of the zone, as a power cut does.
+//! A flush is then its pages and records written together and one
+//! fdatasync, not a sync of the pages before the records.
+//! - The epoch is bumped (and synced) at every open. Slots a crash left
+//!   past a lowered write pointer are valid for their generation but carry
+//!   an older epoch than the record that names them, so they never count.
+//! - The checked window is what was written since the last sync, which
+//!   [`IMAGE_UNSYNCED_PAGES_MAX`] bounds.
 
+use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
@@ -21,12 +39,25 @@ use crate::geometry::Geometry;
 /// First bytes of every device image.
 pub const IMAGE_MAGIC: [u8; 8] = *b"FLINTDEV";
 /// The layout version this build reads and writes.
-pub const IMAGE_FORMAT_VERSION: u32 = 2;
+pub const IMAGE_FORMAT_VERSION: u32 = 3;
 /// Each of the two header copies occupies this many bytes.
 pub const HEADER_SLOT_BYTES: u64 = 4096;
 /// Bytes of one zone record and of one block record.
 pub const ZONE_RECORD_BYTES: u64 = 32;
-pub const BLOCK_RECORD_BYTES: u64 = 40;
+pub const BLOCK_RECORD_BYTES: u64 = 64;
+/// The unit a disk writes whole or not at all: no record straddles one, so
+/// a host crash leaves each record old or new, never part of each.
+pub const HOST_SECTOR_BYTES: u64 = 512;
+const _: () = assert!(HOST_SECTOR_BYTES.is_multiple_of(ZONE_RECORD_BYTES));
+const _: () = assert!(HOST_SECTOR_BYTES.is_multiple_of(BLOCK_RECORD_BYTES));
+/// Bytes of the trailer that ends each page slot (after the data and OOB).
+pub const SLOT_TRAILER_BYTES: u64 = 32;
+/// Most pages written since the last sync before the backend syncs on its
+/// own (with `host_sync`): what open may have to check after a host crash.
+pub const IMAGE_UNSYNCED_PAGES_MAX: u64 = 8192;
+const _: () = assert!(IMAGE_UNSYNCED_PAGES_MAX >= PENDING_SLOTS_MAX as u64);
+const TRAILER_MAGIC: [u8; 4] = *b"FIS3";
+const TRAILER_CRC: usize = SLOT_TRAILER_BYTES as usize - 4;
 /// Bytes of an overlay entry before any stored page.
 pub const OVERLAY_ENTRY_BYTES: u64 = 32;
 /// Most page slots the image backend gathers before it writes them in one
@@ -49,7 +80,8 @@ const HEADER_OVERLAY_BYTES: usize = 120;
 const HEADER_OVERLAY_CRC: usize = 128;
 const HEADER_COUNTER_COUNT: usize = 132;
 const HEADER_CLOCK: usize = 136;
-const HEADER_COUNTERS: usize = 144;
+const HEADER_EPOCH: usize = 144;
+const HEADER_COUNTERS: usize = 152;
 const HEADER_CRC: usize = HEADER_SLOT_BYTES as usize - 4;
 
 const _: () = assert!(HEADER_COUNTERS + 8 * 64 <= HEADER_CRC, "room for 64 counters");
@@ -81,12 +113,13 @@ pub struct ImageLayout {
 impl ImageLayout {
     pub fn of(geometry: &Geometry) -> ImageLayout {
         let align = |offset: u64| offset.div_ceil(REGION_ALIGNMENT_BYTES) * REGION_ALIGNMENT_BYTES;
-        let slot_bytes = u64::from(geometry.page_size_bytes) + u64::from(geometry.oob_size_bytes);
+        let media_bytes = u64::from(geometry.page_size_bytes) + u64::from(geometry.oob_size_bytes);
+        let slot_bytes = ImageLayout::slot_bytes(geometry);
         let zone_table_offset = 2 * HEADER_SLOT_BYTES;
         let block_table_offset = align(zone_table_offset + u64::from(geometry.zone_count) * ZONE_RECORD_BYTES);
         let overlay_slot_offset = align(block_table_offset + geometry.block_count() * BLOCK_RECORD_BYTES);
         let overlay_slot_bytes =
-            align(OVERLAY_ENTRIES_MAX as u64 * OVERLAY_ENTRY_BYTES + OVERLAY_STORED_PAGES_MAX as u64 * slot_bytes);
+            align(OVERLAY_ENTRIES_MAX as u64 * OVERLAY_ENTRY_BYTES + OVERLAY_STORED_PAGES_MAX as u64 * media_bytes);
         let nvm_offset = overlay_slot_offset + 2 * overlay_slot_bytes;
         let page_area_offset = align(nvm_offset + geometry.nvm_size_bytes);
         let image_bytes = page_area_offset + geometry.device_pages() * slot_bytes;
@@ -99,6 +132,11 @@ impl ImageLayout {
             page_area_offset,
             image_bytes,
         }
+    }
+
+    /// One page slot: the data, the OOB, then the trailer.
+    pub fn slot_bytes(geometry: &Geometry) -> u64 {
+        u64::from(geometry.page_size_bytes) + u64::from(geometry.oob_size_bytes) + SLOT_TRAILER_BYTES
     }
 
     fn to_array(self) -> [u64; 7] {
@@ -125,6 +163,8 @@ pub struct ImageHeader {
     pub overlay_bytes: u64,
     pub overlay_crc: u32,
     pub clock_ns: u64,
+    /// Bumped at every open: the session that wrote a slot or a record.
+    pub epoch: u32,
     pub counters: Counters,
 }
 
@@ -176,6 +216,7 @@ impl ImageHeader {
         let counters = self.counters.to_array();
         put_u32(&mut bytes, HEADER_COUNTER_COUNT, counters.len() as u32);
         put_u64(&mut bytes, HEADER_CLOCK, self.clock_ns);
+        put_u32(&mut bytes, HEADER_EPOCH, self.epoch);
         for (index, value) in counters.into_iter().enumerate() {
             put_u64(&mut bytes, HEADER_COUNTERS + 8 * index, value);
         }
@@ -244,6 +285,7 @@ impl ImageHeader {
             overlay_bytes: u64_at(bytes, HEADER_OVERLAY_BYTES),
             overlay_crc: u32_at(bytes, HEADER_OVERLAY_CRC),
             clock_ns: u64_at(bytes, HEADER_CLOCK),
+            epoch: u32_at(bytes, HEADER_EPOCH),
             counters,
         };
         if header.overlay_active_slot > 1 {
@@ -263,21 +305,42 @@ fn record_crc(index: u64, body: &[u8]) -> u32 {
     crc32c::crc32c_append(crc32c::crc32c(&index.to_le_bytes()), body)
 }
 
+/// A zone record as an image stores it: the device's record, and what open
+/// needs to find pages a host crash lost (see the module's documentation).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StoredZoneRecord {
+    pub record: ZoneRecord,
+    /// Pages below this were synced to the host's disk before the record
+    /// was written; open checks the slots from here to the write pointer.
+    pub synced_write_pointer: u32,
+    /// The epoch of the session that wrote the record, which every slot
+    /// it names past `synced_write_pointer` carries.
+    pub epoch: u32,
+}
+
 /// Encodes a zone record; the checksum covers the zone number, so a record
 /// found in the wrong slot is caught.
-pub fn encode_zone_record(zone: u32, record: &ZoneRecord) -> [u8; ZONE_RECORD_BYTES as usize] {
+pub fn encode_zone_record(zone: u32, stored: &StoredZoneRecord) -> [u8; ZONE_RECORD_BYTES as usize] {
+    let record = &stored.record;
+    assert!(stored.synced_write_pointer <= record.write_pointer, "zone {zone}: synced past the write pointer");
     let mut bytes = [0u8; ZONE_RECORD_BYTES as usize];
     bytes[0] = record.condition.to_byte();
     put_u32(&mut bytes, 4, record.write_pointer);
     put_u32(&mut bytes, 8, record.capacity_pages);
     put_u32(&mut bytes, 12, record.generation);
+    put_u32(&mut bytes, 16, stored.synced_write_pointer);
+    put_u32(&mut bytes, 20, stored.epoch);
     let crc = record_crc(u64::from(zone), &bytes[..28]);
     put_u32(&mut bytes, 28, crc);
     bytes
 }
 
 /// Decodes a zone record and checks it against the geometry.
-pub fn decode_zone_record(zone: u32, bytes: &[u8], geometry: &Geometry) -> std::result::Result<ZoneRecord, String> {
+pub fn decode_zone_record(
+    zone: u32,
+    bytes: &[u8],
+    geometry: &Geometry,
+) -> std::result::Result<StoredZoneRecord, String> {
     if bytes.len() != ZONE_RECORD_BYTES as usize {
         return Err(format!("zone {zone} record is {} bytes, expected {}", bytes.len(), ZONE_RECORD_BYTES));
     }
@@ -292,6 +355,13 @@ pub fn decode_zone_record(zone: u32, bytes: &[u8], geometry: &Geometry) -> std::
         capacity_pages: u32_at(bytes, 8),
         generation: u32_at(bytes, 12),
     };
+    let synced_write_pointer = u32_at(bytes, 16);
+    if synced_write_pointer > record.write_pointer || bytes[20 + 4..28].iter().any(|&byte| byte != 0) {
+        return Err(format!(
+            "zone {zone}: synced write pointer {synced_write_pointer} past the write pointer {}, or reserved bytes set",
+            record.write_pointer
+        ));
+    }
     if u64::from(record.capacity_pages) > geometry.zone_pages()
         || !record.capacity_pages.is_multiple_of(geometry.block_pages)
         || record.write_pointer > record.capacity_pages
@@ -315,7 +385,41 @@ pub fn decode_zone_record(zone: u32, bytes: &[u8], geometry: &Geometry) -> std::
             record.write_pointer, record.capacity_pages
         ));
     }
-    Ok(record)
+    Ok(StoredZoneRecord { record, synced_write_pointer, epoch: u32_at(bytes, 20) })
+}
+
+/// The trailer of the slot at `physical`, written in `epoch` while its zone
+/// was at `generation`. The CRC covers the data and OOB too, so a slot the
+/// host wrote back in part does not count.
+fn slot_trailer(
+    physical: u64,
+    generation: u32,
+    epoch: u32,
+    data: &[u8],
+    oob: &[u8],
+) -> [u8; SLOT_TRAILER_BYTES as usize] {
+    let mut trailer = [0u8; SLOT_TRAILER_BYTES as usize];
+    trailer[0..4].copy_from_slice(&TRAILER_MAGIC);
+    put_u32(&mut trailer, 4, generation);
+    put_u64(&mut trailer, 8, physical);
+    put_u32(&mut trailer, 16, epoch);
+    let crc = crc32c::crc32c_append(crc32c::crc32c_append(crc32c::crc32c(data), oob), &trailer[..TRAILER_CRC]);
+    put_u32(&mut trailer, TRAILER_CRC, crc);
+    trailer
+}
+
+/// Whether a whole slot (data, OOB, trailer) is the one written at
+/// `physical` in `epoch` while its zone was at `generation`.
+pub fn slot_is_valid(slot: &[u8], page_size_bytes: usize, physical: u64, generation: u32, epoch: u32) -> bool {
+    let Some(trailer_start) = slot.len().checked_sub(SLOT_TRAILER_BYTES as usize) else {
+        return false;
+    };
+    if page_size_bytes > trailer_start {
+        return false;
+    }
+    let (data, rest) = slot.split_at(page_size_bytes);
+    let (oob, trailer) = rest.split_at(trailer_start - page_size_bytes);
+    trailer == slot_trailer(physical, generation, epoch, data, oob)
 }
 
 const BLOCK_RECORD_CRC: usize = BLOCK_RECORD_BYTES as usize - 4;
@@ -353,6 +457,9 @@ pub fn decode_block_record(block: u64, bytes: &[u8]) -> std::result::Result<Bloc
     let flags = bytes[28];
     if flags & !BLOCK_FLAGS_KNOWN != 0 {
         return Err(format!("block {block} has unknown flags {flags:#04x}"));
+    }
+    if bytes[29..BLOCK_RECORD_CRC].iter().any(|&byte| byte != 0) {
+        return Err(format!("block {block} record has reserved bytes set"));
     }
     Ok(BlockRecord {
         erase_count: u32_at(bytes, 0),
@@ -439,18 +546,45 @@ pub fn decode_overlay(
     Ok(overlay)
 }
 
+/// Sees every write an image backend makes to its file and every sync that
+/// returned: a test builds from them what a host crash could leave.
+pub trait HostWriteObserver: Send {
+    fn written(&mut self, offset: u64, bytes: &[u8]);
+    fn synced(&mut self);
+}
+
 /// Durable state in an image file.
 pub struct ImageBackend {
     path: PathBuf,
     file: File,
     header: ImageHeader,
     slot_bytes: u64,
-    /// Sync between an overlay and the header that points at it.
+    /// Sync between an overlay and the header that points at it, keep
+    /// each zone's synced write pointer, and sync after
+    /// [`IMAGE_UNSYNCED_PAGES_MAX`] pages.
     host_sync: bool,
     /// Page slots written by `write_page` and not yet in the file: one
     /// stretch of consecutive slots, from file offset `pending_offset`.
     pending: Vec<u8>,
     pending_offset: u64,
+    /// Per zone: the generation slots are written with (the last zone
+    /// record's), the pages written in it (the device writes a zone's
+    /// pages in order, so this is its durable write pointer), and the
+    /// pages known synced (those written at the last sync).
+    zone_generations: Vec<u32>,
+    written_pages: Vec<u32>,
+    synced_write_pointers: Vec<u32>,
+    /// Pages written since the last sync.
+    unsynced_pages: u64,
+    /// Zones whose last record was written with its synced write pointer
+    /// below its write pointer, and that record: each sync writes them
+    /// again with the new synced write pointer, so open checks only what
+    /// was written since about the last sync, not every zone a long run
+    /// of writes without a flush filled.
+    floors_behind: BTreeMap<u32, ZoneRecord>,
+    /// Slots open checked for a host crash's losses.
+    slots_checked_at_open: u64,
+    observer: Option<Box<dyn HostWriteObserver>>,
 }
 
 /// The device on an image file.
@@ -461,6 +595,14 @@ impl ImageBackend {
         move |source| DeviceError::Io { path: self.path.display().to_string(), operation, source }
     }
 
+    /// Every write to the file goes through here, so an observer sees it.
+    fn write_at(&mut self, bytes: &[u8], offset: u64, operation: &'static str) -> Result<()> {
+        if let Some(observer) = &mut self.observer {
+            observer.written(offset, bytes);
+        }
+        self.file.write_all_at(bytes, offset).map_err(self.io(operation))
+    }
+
     /// Writes `header` as the next generation; only once it is written does
     /// it become the backend's header.
     fn write_header(&mut self, mut header: ImageHeader) -> Result<()> {
@@ -468,9 +610,31 @@ impl ImageBackend {
         let bytes = header.encode();
         assert_eq!(ImageHeader::decode(&bytes).as_ref(), Ok(&header), "header must read back as written");
         let offset = (header.generation % 2) * HEADER_SLOT_BYTES;
-        self.file.write_all_at(&bytes, offset).map_err(self.io("write header"))?;
+        self.write_at(&bytes, offset, "write header")?;
         self.header = header;
         Ok(())
+    }
+
+    /// What a zone record is stored as now: without `host_sync` nothing is
+    /// synced, and the host's page cache is trusted with every page.
+    fn stored_record(&self, zone: u32, record: &ZoneRecord) -> StoredZoneRecord {
+        let synced_write_pointer = if self.host_sync {
+            self.synced_write_pointers[zone as usize].min(record.write_pointer)
+        } else {
+            record.write_pointer
+        };
+        StoredZoneRecord { record: *record, synced_write_pointer, epoch: self.header.epoch }
+    }
+
+    /// Lets `observer` see every write and sync from now on (tests of what
+    /// a host crash leaves).
+    pub fn observe_host_writes(&mut self, observer: Box<dyn HostWriteObserver>) {
+        self.observer = Some(observer);
+    }
+
+    /// Slots the last open read to find pages a host crash lost.
+    pub fn slots_checked_at_open(&self) -> u64 {
+        self.slots_checked_at_open
     }
 
     fn page_offset(&self, physical: u64) -> u64 {
@@ -496,6 +660,9 @@ impl ImageBackend {
             return Ok(());
         }
         let (path, offset) = (&self.path, self.pending_offset);
+        if let Some(observer) = &mut self.observer {
+            observer.written(offset, &self.pending);
+        }
         self.file.write_all_at(&self.pending, offset).map_err(|source| DeviceError::Io {
             path: path.display().to_string(),
             operation: "write page",
@@ -594,15 +761,27 @@ impl FlashEmulator<ImageBackend> {
                 overlay_bytes: 0,
                 overlay_crc: crc32c::crc32c(&[]),
                 clock_ns: 0,
+                epoch: 0,
                 counters: Counters::default(),
             },
-            slot_bytes: u64::from(geometry.page_size_bytes + geometry.oob_size_bytes),
+            slot_bytes: ImageLayout::slot_bytes(&geometry),
             host_sync: options.host_sync,
             pending: Vec::new(),
             pending_offset: 0,
+            zone_generations: state.zones.iter().map(|record| record.generation).collect(),
+            written_pages: vec![0; geometry.zone_count as usize],
+            synced_write_pointers: vec![0; geometry.zone_count as usize],
+            unsynced_pages: 0,
+            floors_behind: BTreeMap::new(),
+            slots_checked_at_open: 0,
+            observer: None,
         };
-        let zone_table: Vec<u8> =
-            state.zones.iter().enumerate().flat_map(|(zone, record)| encode_zone_record(zone as u32, record)).collect();
+        let zone_table: Vec<u8> = state
+            .zones
+            .iter()
+            .enumerate()
+            .flat_map(|(zone, record)| encode_zone_record(zone as u32, &backend.stored_record(zone as u32, record)))
+            .collect();
         backend.file.write_all_at(&zone_table, layout.zone_table_offset).map_err(backend.io("write zone table"))?;
         let block_table: Vec<u8> = state
             .blocks
@@ -649,7 +828,7 @@ impl FlashEmulator<ImageBackend> {
         };
         let block_table =
             read(layout.block_table_offset, geometry.block_count() * BLOCK_RECORD_BYTES, "read block table")?;
-        let blocks = block_table
+        let mut blocks = block_table
             .chunks_exact(BLOCK_RECORD_BYTES as usize)
             .enumerate()
             .map(|(block, bytes)| decode_block_record(block as u64, bytes))
@@ -658,17 +837,37 @@ impl FlashEmulator<ImageBackend> {
         let zone_table =
             read(layout.zone_table_offset, u64::from(geometry.zone_count) * ZONE_RECORD_BYTES, "read zone table")?;
         let mut zones = Vec::with_capacity(geometry.zone_count as usize);
+        let epoch = headers[0].epoch.wrapping_add(1);
+        // Zones whose record open changes, and blocks whose record it
+        // completes; both are written before open returns.
+        let mut lowered = Vec::new();
+        let mut completed_blocks = Vec::new();
+        let mut slots_checked_at_open = 0;
         for (zone, bytes) in zone_table.chunks_exact(ZONE_RECORD_BYTES as usize).enumerate() {
-            let mut record =
+            let stored =
                 decode_zone_record(zone as u32, bytes, &geometry).map_err(|reason| image_error(path, reason))?;
+            let mut record = stored.record;
             let first = zone as u64 * u64::from(geometry.zone_blocks);
-            let zone_blocks = &blocks[first as usize..(first + u64::from(geometry.zone_blocks)) as usize];
-            let mapped = zone_blocks.iter().filter(|block| !block.excluded).count() as u32;
+            let block_range = first as usize..(first + u64::from(geometry.zone_blocks)) as usize;
             let next_generation = record.generation.wrapping_add(1);
-            if zone_blocks.iter().all(|block| block.zone_generation == next_generation) {
+            let of_reset = |block: &BlockRecord| block.zone_generation == next_generation;
+            let before_reset = |block: &BlockRecord| block.zone_generation == record.generation;
+            if blocks[block_range.clone()].iter().any(of_reset)
+                && blocks[block_range.clone()].iter().all(|block| of_reset(block) || before_reset(block))
+            {
                 // A reset writes the zone's block records, then its zone
-                // record: a process killed between the two leaves exactly
-                // this, and the reset had completed.
+                // record: a process killed between the two leaves all its
+                // blocks a generation ahead, and a host crash some of them
+                // (each record is whole: none straddles a sector). The
+                // reset had begun, so it completes: the blocks behind take
+                // the erase it gave the others.
+                for (index, block) in blocks[block_range.clone()].iter_mut().enumerate() {
+                    if before_reset(block) {
+                        *block = completed_reset(block, next_generation);
+                        completed_blocks.push(first + index as u64);
+                    }
+                }
+                let mapped = blocks[block_range].iter().filter(|block| !block.excluded).count() as u32;
                 let capacity_pages = mapped * geometry.block_pages;
                 record = ZoneRecord {
                     condition: if capacity_pages == 0 { DurableCondition::Offline } else { DurableCondition::Empty },
@@ -676,7 +875,8 @@ impl FlashEmulator<ImageBackend> {
                     capacity_pages,
                     generation: next_generation,
                 };
-            } else if zone_blocks.iter().any(|block| block.zone_generation != record.generation) {
+                lowered.push(zone as u32);
+            } else if !blocks[block_range.clone()].iter().all(before_reset) {
                 return Err(image_error(
                     path,
                     format!(
@@ -684,18 +884,61 @@ impl FlashEmulator<ImageBackend> {
                         record.generation
                     ),
                 ));
-            } else if mapped * geometry.block_pages != record.capacity_pages {
+            } else if mapped_blocks(&blocks[block_range.clone()]) * geometry.block_pages != record.capacity_pages {
                 return Err(image_error(
                     path,
                     format!(
-                        "zone {zone}: capacity {} disagrees with its {mapped} mapped blocks",
-                        record.capacity_pages
+                        "zone {zone}: capacity {} disagrees with its {} mapped blocks",
+                        record.capacity_pages,
+                        mapped_blocks(&blocks[block_range])
                     ),
                 ));
+            } else if stored.synced_write_pointer < record.write_pointer {
+                // Pages past the synced write pointer may not have reached
+                // the disk before a host crash: the zone keeps the prefix
+                // whose slots hold.
+                let block_map: Vec<u64> = (0..u64::from(geometry.zone_blocks))
+                    .filter(|&offset| !blocks[block_range.start + offset as usize].excluded)
+                    .map(|offset| first + offset)
+                    .collect();
+                let mut slot = vec![0u8; ImageLayout::slot_bytes(&geometry) as usize];
+                let mut page = stored.synced_write_pointer;
+                while page < record.write_pointer {
+                    let block = block_map[(page / geometry.block_pages) as usize];
+                    let physical = block * u64::from(geometry.block_pages) + u64::from(page % geometry.block_pages);
+                    let offset = layout.page_area_offset + physical * slot.len() as u64;
+                    file.read_exact_at(&mut slot, offset).map_err(|source| DeviceError::Io {
+                        path: path.display().to_string(),
+                        operation: "check page slot",
+                        source,
+                    })?;
+                    slots_checked_at_open += 1;
+                    let page_size = geometry.page_size_bytes as usize;
+                    if !slot_is_valid(&slot, page_size, physical, record.generation, stored.epoch) {
+                        break;
+                    }
+                    page += 1;
+                }
+                if page < record.write_pointer {
+                    // A finished zone (full below its capacity) and a
+                    // read-only one stay so, whatever pages they lose, as
+                    // at a power cut.
+                    let finished = matches!(record.condition, DurableCondition::Full)
+                        && record.write_pointer < record.capacity_pages;
+                    record.condition = match record.condition {
+                        DurableCondition::ReadOnly => DurableCondition::ReadOnly,
+                        _ if finished => DurableCondition::Full,
+                        _ if page == 0 => DurableCondition::Empty,
+                        _ => DurableCondition::Closed,
+                    };
+                    record.write_pointer = page;
+                    lowered.push(zone as u32);
+                }
             }
             zones.push(record);
         }
         let header = headers.into_iter().next().expect("at least one valid header");
+        let (header_counters, clock_ns) = (header.counters, header.clock_ns);
         let overlay_offset =
             layout.overlay_slot_offset + u64::from(header.overlay_active_slot) * layout.overlay_slot_bytes;
         let overlay_bytes = read(overlay_offset, header.overlay_bytes, "read overlay")?;
@@ -725,18 +968,83 @@ impl FlashEmulator<ImageBackend> {
             }
         }
         let nvm = read(layout.nvm_offset, geometry.nvm_size_bytes, "read NVM")?;
-        let state = DurableState { zones, blocks, overlay, counters: header.counters, clock_ns: header.clock_ns, nvm };
-        let backend = ImageBackend {
+        let write_pointers: Vec<u32> = zones.iter().map(|record| record.write_pointer).collect();
+        let mut backend = ImageBackend {
             path: path.to_path_buf(),
             file,
-            slot_bytes: u64::from(geometry.page_size_bytes + geometry.oob_size_bytes),
+            slot_bytes: ImageLayout::slot_bytes(&geometry),
             header,
             host_sync: options.host_sync,
             pending: Vec::new(),
             pending_offset: 0,
+            zone_generations: zones.iter().map(|record| record.generation).collect(),
+            written_pages: write_pointers.clone(),
+            synced_write_pointers: write_pointers,
+            unsynced_pages: 0,
+            floors_behind: BTreeMap::new(),
+            slots_checked_at_open,
+            observer: None,
         };
+        // A new epoch before anything is written in it, and the zones whose
+        // write pointer was lowered recorded as they are now. With
+        // `host_sync`, one sync makes both, and every page the zones count
+        // (a killed process leaves them in the host's cache only), durable.
+        for &block in &completed_blocks {
+            let offset = layout.block_table_offset + block * BLOCK_RECORD_BYTES;
+            backend.write_at(&encode_block_record(block, &blocks[block as usize]), offset, "write block record")?;
+        }
+        if !completed_blocks.is_empty() && options.host_sync {
+            // As at a reset: the blocks on the disk before the zone record.
+            backend.sync()?;
+        }
+        for &zone in &lowered {
+            let stored = StoredZoneRecord {
+                record: zones[zone as usize],
+                synced_write_pointer: zones[zone as usize].write_pointer,
+                epoch,
+            };
+            let offset = layout.zone_table_offset + u64::from(zone) * ZONE_RECORD_BYTES;
+            backend.write_at(&encode_zone_record(zone, &stored), offset, "write zone record")?;
+        }
+        backend.write_header(ImageHeader { epoch, ..backend.header.clone() })?;
+        if options.host_sync {
+            backend.sync()?;
+        }
+        let state = DurableState { zones, blocks, overlay, counters: header_counters, clock_ns, nvm };
         FlashEmulator::from_parts(geometry, options, backend, state)
     }
+}
+
+impl FlashEmulator<ImageBackend> {
+    /// Lets `observer` see every write the image's file gets and every
+    /// sync that returns, from now on.
+    pub fn observe_host_writes(&mut self, observer: Box<dyn HostWriteObserver>) {
+        self.backend_mut().observe_host_writes(observer);
+    }
+
+    /// Slots open read to find pages a host crash lost.
+    pub fn slots_checked_at_open(&self) -> u64 {
+        self.backend().slots_checked_at_open()
+    }
+}
+
+fn mapped_blocks(blocks: &[BlockRecord]) -> u32 {
+    blocks.iter().filter(|block| !block.excluded).count() as u32
+}
+
+/// A block's record as the zone reset that did not reach it would have
+/// left it (the erase without a failure draw).
+fn completed_reset(block: &BlockRecord, generation: u32) -> BlockRecord {
+    let mut record = BlockRecord { zone_generation: generation, ..*block };
+    if record.bad {
+        record.excluded = true;
+    } else {
+        record.erase_count = record.erase_count.saturating_add(1);
+        record.reads_since_erase = 0;
+        record.programmed_at_ns = 0;
+        record.interrupted_erase_seed = None;
+    }
+    record
 }
 
 /// One process at a time: a second opener gets a clear error instead of two
@@ -762,7 +1070,7 @@ impl Backend for ImageBackend {
     fn read_page(&mut self, physical: u64, data: &mut [u8], oob: &mut [u8]) -> Result<()> {
         if let Some(slot) = self.pending_slot(physical) {
             data.copy_from_slice(&slot[..data.len()]);
-            oob.copy_from_slice(&slot[data.len()..]);
+            oob.copy_from_slice(&slot[data.len()..data.len() + oob.len()]);
             return Ok(());
         }
         let offset = self.page_offset(physical);
@@ -772,7 +1080,8 @@ impl Backend for ImageBackend {
 
     fn read_oob(&mut self, physical: u64, oob: &mut [u8]) -> Result<()> {
         if let Some(slot) = self.pending_slot(physical) {
-            oob.copy_from_slice(&slot[self.header.geometry.page_size_bytes as usize..]);
+            let start = self.header.geometry.page_size_bytes as usize;
+            oob.copy_from_slice(&slot[start..start + oob.len()]);
             return Ok(());
         }
         let offset = self.page_offset(physical) + u64::from(self.header.geometry.page_size_bytes);
@@ -784,11 +1093,23 @@ impl Backend for ImageBackend {
     /// costs one system call, not one a page: that was a quarter of the
     /// mount daemon's request handling while copying a tree onto it.
     fn write_page(&mut self, physical: u64, data: &[u8], oob: &[u8]) -> Result<()> {
-        assert_eq!(data.len() + oob.len(), self.slot_bytes as usize, "a page slot is its data and OOB");
+        assert_eq!(
+            (data.len() + oob.len()) as u64 + SLOT_TRAILER_BYTES,
+            self.slot_bytes,
+            "a page slot is its data, OOB and trailer"
+        );
+        // Before the slot is gathered, so a failed sync leaves nothing
+        // gathered twice when the device tries the page again.
+        if self.host_sync && self.unsynced_pages >= IMAGE_UNSYNCED_PAGES_MAX {
+            self.sync()?;
+        }
+        let zone = (physical / self.header.geometry.zone_pages()) as usize;
+        let trailer = slot_trailer(physical, self.zone_generations[zone], self.header.epoch, data, oob);
         let offset = self.page_offset(physical);
         let follows = offset == self.pending_offset + self.pending.len() as u64;
         if !self.pending.is_empty()
-            && (!follows || self.pending.len() + data.len() + oob.len() > PENDING_SLOTS_MAX * self.slot_bytes as usize)
+            && (!follows
+                || self.pending.len() + self.slot_bytes as usize > PENDING_SLOTS_MAX * self.slot_bytes as usize)
         {
             self.write_pending()?;
         }
@@ -797,20 +1118,44 @@ impl Backend for ImageBackend {
         }
         self.pending.extend_from_slice(data);
         self.pending.extend_from_slice(oob);
+        self.pending.extend_from_slice(&trailer);
+        self.written_pages[zone] += 1;
+        self.unsynced_pages += 1;
         Ok(())
     }
 
     fn write_nvm(&mut self, offset: u64, bytes: &[u8]) -> Result<()> {
         self.write_pending()?;
         let position = self.header.layout.nvm_offset + offset;
-        self.file.write_all_at(bytes, position).map_err(self.io("write NVM"))
+        self.write_at(bytes, position, "write NVM")
     }
 
     fn write_zone_record(&mut self, zone: u32, record: &ZoneRecord) -> Result<()> {
         self.write_pending()?;
+        let index = zone as usize;
+        if record.generation != self.zone_generations[index] {
+            // A reset: its record comes before any page of the new life.
+            assert_eq!(record.write_pointer, 0, "zone {zone}: a new generation starts empty");
+            self.zone_generations[index] = record.generation;
+            self.written_pages[index] = 0;
+            self.synced_write_pointers[index] = 0;
+        }
+        assert_eq!(
+            record.write_pointer, self.written_pages[index],
+            "zone {zone}: a record's write pointer is the pages written"
+        );
+        let stored = self.stored_record(zone, record);
+        if stored.synced_write_pointer < record.write_pointer {
+            self.floors_behind.insert(zone, *record);
+        } else {
+            self.floors_behind.remove(&zone);
+        }
         let offset = self.header.layout.zone_table_offset + u64::from(zone) * ZONE_RECORD_BYTES;
-        let bytes = encode_zone_record(zone, record);
-        self.file.write_all_at(&bytes, offset).map_err(self.io("write zone record"))
+        self.write_at(&encode_zone_record(zone, &stored), offset, "write zone record")
+    }
+
+    fn finds_lost_pages_at_open(&self) -> bool {
+        true
     }
 
     fn write_block_records(&mut self, first_block: u64, records: &[BlockRecord]) -> Result<()> {
@@ -821,7 +1166,7 @@ impl Backend for ImageBackend {
             .enumerate()
             .flat_map(|(index, record)| encode_block_record(first_block + index as u64, record))
             .collect();
-        self.file.write_all_at(&bytes, offset).map_err(self.io("write block records"))
+        self.write_at(&bytes, offset, "write block records")
     }
 
     fn write_overlay(&mut self, overlay: &Overlay, generation_of: &dyn Fn(u64) -> u32) -> Result<()> {
@@ -832,7 +1177,7 @@ impl Backend for ImageBackend {
         assert!(bytes.len() as u64 <= self.header.layout.overlay_slot_bytes, "overlay exceeds its slot");
         let slot = 1 - self.header.overlay_active_slot;
         let offset = self.header.layout.overlay_slot_offset + u64::from(slot) * self.header.layout.overlay_slot_bytes;
-        self.file.write_all_at(&bytes, offset).map_err(self.io("write overlay"))?;
+        self.write_at(&bytes, offset, "write overlay")?;
         if self.host_sync {
             self.sync()?;
         }
@@ -858,6 +1203,23 @@ impl Backend for ImageBackend {
 
     fn sync(&mut self) -> Result<()> {
         self.write_pending()?;
-        self.file.sync_data().map_err(self.io("sync"))
+        self.file.sync_data().map_err(self.io("sync"))?;
+        self.synced_write_pointers.copy_from_slice(&self.written_pages);
+        self.unsynced_pages = 0;
+        if let Some(observer) = &mut self.observer {
+            observer.synced();
+        }
+        // Durable at the next sync; until then (or if a write fails here)
+        // the record on the disk has the lower synced write pointer, which
+        // only makes open check more slots.
+        while let Some((zone, record)) = self.floors_behind.pop_first() {
+            let offset = self.header.layout.zone_table_offset + u64::from(zone) * ZONE_RECORD_BYTES;
+            let bytes = encode_zone_record(zone, &self.stored_record(zone, &record));
+            if self.write_at(&bytes, offset, "write zone record").is_err() {
+                self.floors_behind.insert(zone, record);
+                break;
+            }
+        }
+        Ok(())
     }
 }
