@@ -584,6 +584,10 @@ pub struct ImageBackend {
     floors_behind: BTreeMap<u32, ZoneRecord>,
     /// Slots open checked for a host crash's losses.
     slots_checked_at_open: u64,
+    /// An fdatasync failed: what the host's cache holds is then unknown
+    /// (the kernel may have dropped the pages it could not write), so
+    /// nothing more is written or synced until the image is opened again.
+    sync_failed: bool,
     observer: Option<Box<dyn HostWriteObserver>>,
 }
 
@@ -595,8 +599,20 @@ impl ImageBackend {
         move |source| DeviceError::Io { path: self.path.display().to_string(), operation, source }
     }
 
+    fn refuse_after_failed_sync(&self) -> Result<()> {
+        if self.sync_failed {
+            return Err(DeviceError::Io {
+                path: self.path.display().to_string(),
+                operation: "write after a failed fdatasync (open the image again)",
+                source: std::io::Error::from_raw_os_error(libc::EIO),
+            });
+        }
+        Ok(())
+    }
+
     /// Every write to the file goes through here, so an observer sees it.
     fn write_at(&mut self, bytes: &[u8], offset: u64, operation: &'static str) -> Result<()> {
+        self.refuse_after_failed_sync()?;
         if let Some(observer) = &mut self.observer {
             observer.written(offset, bytes);
         }
@@ -624,6 +640,15 @@ impl ImageBackend {
             record.write_pointer
         };
         StoredZoneRecord { record: *record, synced_write_pointer, epoch: self.header.epoch }
+    }
+
+    /// The zone's next life: no page of it written or synced yet.
+    fn begin_generation(&mut self, zone: u32, generation: u32) {
+        let index = zone as usize;
+        self.zone_generations[index] = generation;
+        self.written_pages[index] = 0;
+        self.synced_write_pointers[index] = 0;
+        self.floors_behind.remove(&zone);
     }
 
     /// Lets `observer` see every write and sync from now on (tests of what
@@ -659,6 +684,7 @@ impl ImageBackend {
         if self.pending.is_empty() {
             return Ok(());
         }
+        self.refuse_after_failed_sync()?;
         let (path, offset) = (&self.path, self.pending_offset);
         if let Some(observer) = &mut self.observer {
             observer.written(offset, &self.pending);
@@ -774,6 +800,7 @@ impl FlashEmulator<ImageBackend> {
             unsynced_pages: 0,
             floors_behind: BTreeMap::new(),
             slots_checked_at_open: 0,
+            sync_failed: false,
             observer: None,
         };
         let zone_table: Vec<u8> = state
@@ -983,6 +1010,7 @@ impl FlashEmulator<ImageBackend> {
             unsynced_pages: 0,
             floors_behind: BTreeMap::new(),
             slots_checked_at_open,
+            sync_failed: false,
             observer: None,
         };
         // A new epoch before anything is written in it, and the zones whose
@@ -1007,9 +1035,11 @@ impl FlashEmulator<ImageBackend> {
             backend.write_at(&encode_zone_record(zone, &stored), offset, "write zone record")?;
         }
         backend.write_header(ImageHeader { epoch, ..backend.header.clone() })?;
-        if options.host_sync {
-            backend.sync()?;
-        }
+        // Even without `host_sync`: the epoch must be on the disk before any
+        // slot of this session is, or a host crash could hand it out again
+        // to a later session, whose records would then count this one's
+        // stale slots.
+        backend.sync()?;
         let state = DurableState { zones, blocks, overlay, counters: header_counters, clock_ns, nvm };
         FlashEmulator::from_parts(geometry, options, backend, state)
     }
@@ -1134,11 +1164,11 @@ impl Backend for ImageBackend {
         self.write_pending()?;
         let index = zone as usize;
         if record.generation != self.zone_generations[index] {
-            // A reset: its record comes before any page of the new life.
+            // A reset whose block records did not come through here first
+            // (none does today): its record comes before any page of the
+            // new life.
             assert_eq!(record.write_pointer, 0, "zone {zone}: a new generation starts empty");
-            self.zone_generations[index] = record.generation;
-            self.written_pages[index] = 0;
-            self.synced_write_pointers[index] = 0;
+            self.begin_generation(zone, record.generation);
         }
         assert_eq!(
             record.write_pointer, self.written_pages[index],
@@ -1166,7 +1196,19 @@ impl Backend for ImageBackend {
             .enumerate()
             .flat_map(|(index, record)| encode_block_record(first_block + index as u64, record))
             .collect();
-        self.write_at(&bytes, offset, "write block records")
+        self.write_at(&bytes, offset, "write block records")?;
+        // A reset's block records carry the zone's next generation, and
+        // once written the reset has happened (open completes it): pages
+        // from here on belong to the new life, even if the sync and the
+        // zone record that follow fail and wait for a later commit.
+        let zone_blocks = u64::from(self.header.geometry.zone_blocks);
+        for (index, record) in records.iter().enumerate() {
+            let zone = ((first_block + index as u64) / zone_blocks) as u32;
+            if record.zone_generation != self.zone_generations[zone as usize] {
+                self.begin_generation(zone, record.zone_generation);
+            }
+        }
+        Ok(())
     }
 
     fn write_overlay(&mut self, overlay: &Overlay, generation_of: &dyn Fn(u64) -> u32) -> Result<()> {
@@ -1203,7 +1245,11 @@ impl Backend for ImageBackend {
 
     fn sync(&mut self) -> Result<()> {
         self.write_pending()?;
-        self.file.sync_data().map_err(self.io("sync"))?;
+        self.refuse_after_failed_sync()?;
+        if let Err(source) = self.file.sync_data() {
+            self.sync_failed = true;
+            return Err(DeviceError::Io { path: self.path.display().to_string(), operation: "sync", source });
+        }
         self.synced_write_pointers.copy_from_slice(&self.written_pages);
         self.unsynced_pages = 0;
         if let Some(observer) = &mut self.observer {
