@@ -24,7 +24,15 @@
 //! - a trailer is valid when its magic, zone, page and zone generation
 //!   match, and its CRC (over the format's nonce, the spare area and the
 //!   trailer) holds;
-//! - a zone's write pointer is its first slot without a valid trailer.
+//! - a zone's write pointer is its first slot without a valid trailer, or
+//!   whose epoch is below the slot's before it.
+//!
+//! The epoch is the header's, raised (and synced, both copies) at every
+//! open. A crash can leave whole slots past the first that did not land;
+//! open ends the prefix before them, and the session writes over the
+//! prefix's end with a higher epoch. A later open then stops at the first
+//! old slot left past what the session wrote: a slot that did not count
+//! once never counts again.
 //!
 //! A reset raises the zone's generation in the zone table before it
 //! returns, so stale slots of the zone's last life stop counting. A zone's
@@ -60,7 +68,7 @@ use crate::{Counters, DeviceError, FlashDevice, Geometry, PageAddress, PageState
 /// The first bytes of a block-backend device.
 pub const BLOCK_MAGIC: [u8; 8] = *b"FLNTBLK\0";
 /// The block layout's version; a device of another is refused by name.
-pub const BLOCK_FORMAT_VERSION: u32 = 1;
+pub const BLOCK_FORMAT_VERSION: u32 = 2;
 /// Bytes of one header copy (two copies open the device).
 pub const BLOCK_HEADER_BYTES: u64 = 4096;
 /// Bytes of one zone's record in the zone table.
@@ -83,7 +91,7 @@ const TRAILER_MAGIC: [u8; 4] = *b"FPG1";
 /// In a zone record: the zone is not marked full.
 const NOT_FULL: u32 = u32::MAX;
 /// Bytes of the header that the CRC covers.
-const HEADER_FIELDS_BYTES: usize = 48;
+const HEADER_FIELDS_BYTES: usize = 52;
 
 const _: () = assert!(BLOCK_ZONE_RECORD_BYTES * 16 == FILE_SECTOR_BYTES as usize);
 const _: () = assert!((BLOCK_HEADER_BYTES as usize).is_multiple_of(BUFFER_ALIGNMENT_BYTES));
@@ -226,6 +234,8 @@ pub struct BlockFlash {
     geometry: Geometry,
     layout: BlockLayout,
     nonce: u64,
+    /// This session's: every slot it writes carries it.
+    epoch: u32,
     zones: Vec<Zone>,
     /// Zones whose record changed (first used, or full) and is still to be
     /// written: at the next flush, before it returns.
@@ -319,7 +329,7 @@ fn open_file(path: &Path, create: bool) -> Result<(File, bool, bool)> {
     Ok((file, direct, is_block))
 }
 
-fn encode_header(geometry: &Geometry, sector_bytes: u32, nonce: u64) -> Vec<u8> {
+fn encode_header(geometry: &Geometry, sector_bytes: u32, nonce: u64, epoch: u32) -> Vec<u8> {
     let mut bytes = vec![0u8; BLOCK_HEADER_BYTES as usize];
     bytes[0..8].copy_from_slice(&BLOCK_MAGIC);
     let fields = [
@@ -336,13 +346,24 @@ fn encode_header(geometry: &Geometry, sector_bytes: u32, nonce: u64) -> Vec<u8> 
         bytes[8 + 4 * index..12 + 4 * index].copy_from_slice(&field.to_le_bytes());
     }
     bytes[40..48].copy_from_slice(&nonce.to_le_bytes());
+    bytes[48..52].copy_from_slice(&epoch.to_le_bytes());
     let crc = crc32c::crc32c(&bytes[..HEADER_FIELDS_BYTES]);
-    bytes[48..52].copy_from_slice(&crc.to_le_bytes());
+    bytes[HEADER_FIELDS_BYTES..HEADER_FIELDS_BYTES + 4].copy_from_slice(&crc.to_le_bytes());
     bytes
 }
 
-/// Decodes a header copy: the geometry, sector size and nonce, or why not.
-pub fn decode_block_header(bytes: &[u8]) -> std::result::Result<(Geometry, u32, u64), String> {
+/// A decoded header copy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BlockHeader {
+    pub geometry: Geometry,
+    pub sector_bytes: u32,
+    pub nonce: u64,
+    /// The session that last opened the device (0: the one that made it).
+    pub epoch: u32,
+}
+
+/// Decodes a header copy, or says why not.
+pub fn decode_block_header(bytes: &[u8]) -> std::result::Result<BlockHeader, String> {
     let Some(fields) = bytes.get(..HEADER_FIELDS_BYTES + 4) else {
         return Err(format!("a header of {} bytes is too short", bytes.len()));
     };
@@ -350,12 +371,13 @@ pub fn decode_block_header(bytes: &[u8]) -> std::result::Result<(Geometry, u32, 
         return Err("not a flintfs block device (no FLNTBLK magic)".into());
     }
     let word = |index: usize| u32::from_le_bytes(fields[8 + 4 * index..12 + 4 * index].try_into().expect("4 bytes"));
-    let crc = u32::from_le_bytes(fields[48..52].try_into().expect("4 bytes"));
-    if crc != crc32c::crc32c(&fields[..HEADER_FIELDS_BYTES]) {
-        return Err("the header's CRC does not match".into());
-    }
+    // The version first: another version keeps its CRC elsewhere.
     if word(0) != BLOCK_FORMAT_VERSION {
         return Err(format!("block layout version {}; this build reads version {BLOCK_FORMAT_VERSION}", word(0)));
+    }
+    let crc = u32::from_le_bytes(fields[HEADER_FIELDS_BYTES..HEADER_FIELDS_BYTES + 4].try_into().expect("4 bytes"));
+    if crc != crc32c::crc32c(&fields[..HEADER_FIELDS_BYTES]) {
+        return Err("the header's CRC does not match".into());
     }
     let geometry = Geometry {
         page_size_bytes: word(1),
@@ -372,7 +394,8 @@ pub fn decode_block_header(bytes: &[u8]) -> std::result::Result<(Geometry, u32, 
         return Err(format!("a sector of {sector_bytes} bytes"));
     }
     let nonce = u64::from_le_bytes(fields[40..48].try_into().expect("8 bytes"));
-    Ok((geometry, sector_bytes, nonce))
+    let epoch = u32::from_le_bytes(fields[48..52].try_into().expect("4 bytes"));
+    Ok(BlockHeader { geometry, sector_bytes, nonce, epoch })
 }
 
 fn encode_zone_record(zone: u32, record: &Zone) -> [u8; BLOCK_ZONE_RECORD_BYTES] {
@@ -434,6 +457,7 @@ impl BlockFlash {
         layout: BlockLayout,
         geometry: Geometry,
         nonce: u64,
+        epoch: u32,
     ) -> BlockFlash {
         BlockFlash {
             path: path.to_path_buf(),
@@ -442,6 +466,7 @@ impl BlockFlash {
             geometry,
             layout,
             nonce,
+            epoch,
             zones: Vec::new(),
             unwritten_records: BTreeSet::new(),
             counters: Counters::default(),
@@ -518,7 +543,7 @@ impl BlockFlash {
                 Zone { generation: 1, erase_count: 0, write_pointer: 0, full: false, in_use: false, open: false };
                 geometry.zone_count as usize
             ];
-        let mut device = BlockFlash::assemble(path, file, direct, layout, geometry, create.nonce);
+        let mut device = BlockFlash::assemble(path, file, direct, layout, geometry, create.nonce, 0);
         device.zones = zones;
         // Tables first, header last: a device is not one until its header
         // is there.
@@ -527,7 +552,7 @@ impl BlockFlash {
             device.write_at(layout.table_offset + copy * layout.table_bytes, &table, "writing the zone table")?;
             device.sync()?;
         }
-        let header = encode_header(&geometry, sector_bytes, create.nonce);
+        let header = encode_header(&geometry, sector_bytes, create.nonce, 0);
         for copy in 0..2 {
             device.write_at(copy * BLOCK_HEADER_BYTES, &header, "writing the header")?;
         }
@@ -542,18 +567,29 @@ impl BlockFlash {
         let path = path.as_ref();
         let (file, direct, _) = open_file(path, false)?;
         let mut header = AlignedBuffer::zeroed(BLOCK_HEADER_BYTES as usize);
-        let mut found = Err(String::new());
+        let mut copies = Vec::new();
+        let mut reasons = Vec::new();
         for copy in 0..2 {
             if let Err(error) = read_at(&file, &mut header, copy * BLOCK_HEADER_BYTES) {
-                found = Err(format!("reading the header: {error}"));
+                reasons.push(format!("reading the header: {error}"));
                 continue;
             }
-            found = decode_block_header(&header);
-            if found.is_ok() {
-                break;
+            match decode_block_header(&header) {
+                Ok(decoded) => copies.push(decoded),
+                Err(reason) => reasons.push(reason),
             }
         }
-        let (geometry, sector_bytes, nonce) = found.map_err(|reason| refused(path, reason))?;
+        // The copy of the higher epoch: open writes copy A, then copy B.
+        let Some(found) = copies.iter().copied().max_by_key(|copy| copy.epoch) else {
+            return Err(refused(path, reasons.first().cloned().unwrap_or_default()));
+        };
+        if copies.iter().any(|copy| {
+            (copy.geometry, copy.sector_bytes, copy.nonce) != (found.geometry, found.sector_bytes, found.nonce)
+        }) {
+            return Err(refused(path, "the two header copies disagree on the geometry or the format's nonce"));
+        }
+        let BlockHeader { geometry, sector_bytes, nonce, epoch } = found;
+        let epoch = epoch.checked_add(1).ok_or_else(|| refused(path, "opened 4,294,967,295 times: no epoch left"))?;
         let layout = BlockLayout::of(&geometry, sector_bytes);
         let length = if std::fs::metadata(path).is_ok_and(|metadata| metadata.file_type().is_block_device()) {
             block_device_facts(&file).map_err(io_error(path, "reading the device's size"))?.1
@@ -566,7 +602,16 @@ impl BlockFlash {
                 format!("truncated: {length} bytes, the layout needs {}", layout.device_bytes(&geometry)),
             ));
         }
-        let mut device = BlockFlash::assemble(path, file, direct, layout, geometry, nonce);
+        let mut device = BlockFlash::assemble(path, file, direct, layout, geometry, nonce, epoch);
+        // The new epoch on the device, both copies, before any slot of this
+        // session can be: otherwise a crash could give it to a later
+        // session too, whose prefix would then take this one's old slots.
+        let header = encode_header(&geometry, sector_bytes, nonce, epoch);
+        for copy in 0..2 {
+            device.write_at(copy * BLOCK_HEADER_BYTES, &header, "writing the header")?;
+            device.sync()?;
+        }
+        device.counters = Counters::default();
         device.load_zones()?;
         device.lifetime_before = device.read_summary();
         Ok(device)
@@ -610,7 +655,12 @@ impl BlockFlash {
                 continue;
             }
             let mut page = 0;
-            while page < zone_pages && self.slot_counts(PageAddress::new(zone, page))? {
+            let mut epoch_before = 0;
+            while page < zone_pages {
+                match self.slot_epoch(PageAddress::new(zone, page))? {
+                    Some(epoch) if epoch >= epoch_before && epoch < self.epoch => epoch_before = epoch,
+                    _ => break,
+                }
                 page += 1;
             }
             self.open_pages_read += u64::from(page) + u64::from(page < zone_pages);
@@ -624,34 +674,31 @@ impl BlockFlash {
         Ok(())
     }
 
-    /// Whether a slot's trailer says it was programmed in the zone's
-    /// current life.
-    fn slot_counts(&mut self, address: PageAddress) -> Result<bool> {
+    /// The epoch of the session that programmed a slot in the zone's
+    /// current life, or `None` when its trailer says it was not.
+    fn slot_epoch(&mut self, address: PageAddress) -> Result<Option<u32>> {
         let mut spare = AlignedBuffer::zeroed(self.layout.spare_area_bytes as usize);
         let offset = self.layout.slot_offset(&self.geometry, address) + u64::from(self.geometry.page_size_bytes);
         self.timed(|device| read_at(&device.file, &mut spare, offset)).map_err(io_error(&self.path, "scanning"))?;
-        Ok(self.trailer_matches(address, &spare))
-    }
-
-    fn trailer_matches(&self, address: PageAddress, spare: &[u8]) -> bool {
         let oob_bytes = self.geometry.oob_size_bytes as usize;
         let trailer = &spare[spare.len() - BLOCK_TRAILER_BYTES..];
-        let expected = self.trailer(address, &spare[..oob_bytes]);
-        trailer == expected
+        let epoch = u32::from_le_bytes(trailer[24..28].try_into().expect("4 bytes"));
+        Ok((trailer == self.trailer(address, &spare[..oob_bytes], epoch)).then_some(epoch))
     }
 
-    fn trailer(&self, address: PageAddress, oob: &[u8]) -> [u8; BLOCK_TRAILER_BYTES] {
+    fn trailer(&self, address: PageAddress, oob: &[u8], epoch: u32) -> [u8; BLOCK_TRAILER_BYTES] {
         let mut trailer = [0u8; BLOCK_TRAILER_BYTES];
         trailer[0..4].copy_from_slice(&TRAILER_MAGIC);
         trailer[4..8].copy_from_slice(&address.zone.to_le_bytes());
         trailer[8..12].copy_from_slice(&address.page.to_le_bytes());
         trailer[12..16].copy_from_slice(&(oob.len() as u32).to_le_bytes());
         trailer[16..24].copy_from_slice(&self.zones[address.zone as usize].generation.to_le_bytes());
+        trailer[24..28].copy_from_slice(&epoch.to_le_bytes());
         let crc = crc32c::crc32c_append(
             crc32c::crc32c_append(crc32c::crc32c(&self.nonce.to_le_bytes()), oob),
-            &trailer[..24],
+            &trailer[..28],
         );
-        trailer[24..28].copy_from_slice(&crc.to_le_bytes());
+        trailer[28..32].copy_from_slice(&crc.to_le_bytes());
         trailer
     }
 
@@ -884,7 +931,7 @@ impl FlashDevice for BlockFlash {
             (self.pending_zone, self.pending_first_page) = (address.zone, address.page);
         }
         let slot_bytes = self.layout.slot_bytes as usize;
-        let trailer = self.trailer(address, oob);
+        let trailer = self.trailer(address, oob, self.epoch);
         let buffer = self.pending.get_or_insert_with(|| AlignedBuffer::zeroed(BLOCK_PENDING_SLOTS_MAX * slot_bytes));
         let slot = &mut buffer[self.pending_slots * slot_bytes..(self.pending_slots + 1) * slot_bytes];
         let page_bytes = data.len();

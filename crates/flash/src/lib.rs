@@ -134,7 +134,7 @@ pub use backend::{
     OVERLAY_ENTRIES_MAX, OVERLAY_STORED_PAGES_MAX,
 };
 pub use block::{
-    block_device_size, decode_block_header, BlockCreate, BlockFlash, BlockLayout, BLOCK_FORMAT_VERSION,
+    block_device_size, decode_block_header, BlockCreate, BlockFlash, BlockHeader, BlockLayout, BLOCK_FORMAT_VERSION,
     BLOCK_HEADER_BYTES, BLOCK_MAGIC, BLOCK_PENDING_SLOTS_MAX, BLOCK_TRAILER_BYTES, BLOCK_ZONE_RECORD_BYTES,
 };
 pub use counters::Counters;

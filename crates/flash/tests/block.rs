@@ -125,6 +125,16 @@ fn a_slot_that_did_not_land_ends_the_prefix() {
     let mut device = BlockFlash::open(&path).unwrap();
     assert_eq!(device.report_zone(0).unwrap().write_pointer, 3);
     program(&mut device, 0, 3..4);
+    device.flush().unwrap();
+    drop(device);
+    // Slots 4..8 still hold whole trailers of the zone's generation, from
+    // the session before the open that ended the prefix at 3. They must
+    // not count now that slot 3 is whole again: the file system never
+    // wrote them in this session (and its recovery discarded them).
+    let mut device = BlockFlash::open(&path).unwrap();
+    assert_eq!(device.report_zone(0).unwrap().write_pointer, 4, "stale slots past a lowered write pointer");
+    let (mut data, mut oob) = (vec![0u8; 4096], vec![0u8; 128]);
+    assert_eq!(device.read_page(PageAddress::new(0, 4), &mut data, &mut oob).unwrap(), PageState::Erased);
 }
 
 #[test]
