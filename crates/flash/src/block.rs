@@ -25,7 +25,8 @@
 //!   match, and its CRC (over the format's nonce, the spare area and the
 //!   trailer) holds;
 //! - a zone's write pointer is its first slot without a valid trailer, or
-//!   whose epoch is below the slot's before it.
+//!   whose epoch is below the slot's before it (or not below this
+//!   session's, which no slot written before the open can have).
 //!
 //! The epoch is the header's, raised (and synced, both copies) at every
 //! open. A crash can leave whole slots past the first that did not land;
@@ -371,12 +372,18 @@ pub fn decode_block_header(bytes: &[u8]) -> std::result::Result<BlockHeader, Str
         return Err("not a flintfs block device (no FLNTBLK magic)".into());
     }
     let word = |index: usize| u32::from_le_bytes(fields[8 + 4 * index..12 + 4 * index].try_into().expect("4 bytes"));
-    // The version first: another version keeps its CRC elsewhere.
-    if word(0) != BLOCK_FORMAT_VERSION {
-        return Err(format!("block layout version {}; this build reads version {BLOCK_FORMAT_VERSION}", word(0)));
-    }
+    // The version first, whatever the CRC says: version 1 keeps its CRC
+    // elsewhere. A CRC that fails too says the version may be the damage.
     let crc = u32::from_le_bytes(fields[HEADER_FIELDS_BYTES..HEADER_FIELDS_BYTES + 4].try_into().expect("4 bytes"));
-    if crc != crc32c::crc32c(&fields[..HEADER_FIELDS_BYTES]) {
+    let crc_holds = crc == crc32c::crc32c(&fields[..HEADER_FIELDS_BYTES]);
+    if word(0) != BLOCK_FORMAT_VERSION {
+        let doubt = if crc_holds { "" } else { " (or a damaged header)" };
+        return Err(format!(
+            "block layout version {}{doubt}; this build reads version {BLOCK_FORMAT_VERSION}",
+            word(0)
+        ));
+    }
+    if !crc_holds {
         return Err("the header's CRC does not match".into());
     }
     let geometry = Geometry {
@@ -509,10 +516,14 @@ impl BlockFlash {
         self.pending.as_deref().map(|buffer| &buffer[index * slot_bytes..(index + 1) * slot_bytes])
     }
 
-    /// Whether `path` starts with a block-backend header.
+    /// Whether `path` starts with a block-backend header, in either copy:
+    /// every open rewrites copy A, and a crash can leave it damaged.
     pub fn probe(path: &Path) -> bool {
-        let mut bytes = vec![0u8; HEADER_FIELDS_BYTES + 4];
-        File::open(path).and_then(|file| file.read_exact_at(&mut bytes, 0)).is_ok() && bytes[0..8] == BLOCK_MAGIC
+        let Ok(file) = File::open(path) else {
+            return false;
+        };
+        let mut bytes = vec![0u8; BLOCK_MAGIC.len()];
+        (0..2).any(|copy| file.read_exact_at(&mut bytes, copy * BLOCK_HEADER_BYTES).is_ok() && bytes == BLOCK_MAGIC)
     }
 
     /// Lays a fresh device out on `path`: a block device, or a regular file
@@ -586,7 +597,10 @@ impl BlockFlash {
         if copies.iter().any(|copy| {
             (copy.geometry, copy.sector_bytes, copy.nonce) != (found.geometry, found.sector_bytes, found.nonce)
         }) {
-            return Err(refused(path, "the two header copies disagree on the geometry or the format's nonce"));
+            return Err(refused(
+                path,
+                "the two header copies disagree on the geometry or the format's nonce (an interrupted mkfs?)",
+            ));
         }
         let BlockHeader { geometry, sector_bytes, nonce, epoch } = found;
         let epoch = epoch.checked_add(1).ok_or_else(|| refused(path, "opened 4,294,967,295 times: no epoch left"))?;

@@ -147,13 +147,42 @@ fn damaged_or_foreign_layouts_are_refused_or_survived() {
     let layout = device.layout();
     drop(device);
     let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
-    // Header copy A and zone-table copy A damaged: copies B answer.
+    // Header copy A and zone-table copy A damaged: copies B answer, and
+    // the device is still recognised as one (every open rewrites copy A,
+    // so a crash can leave it so).
     file.write_all_at(&[0xAB; 64], 0).unwrap();
     file.write_all_at(&[0xAB; 512], layout.table_offset).unwrap();
     drop(file);
+    assert!(BlockFlash::probe(&path));
     let device = BlockFlash::open(&path).unwrap();
     assert_eq!(device.report_zone(0).unwrap().write_pointer, 16);
     drop(device);
+    // Open wrote both copies with its epoch: copy A of a higher epoch than
+    // a copy B left behind wins.
+    let mut header_b = vec![0u8; 4096];
+    std::fs::File::open(&path).unwrap().read_exact_at(&mut header_b, 4096).unwrap();
+    let epoch_b = flintfs_flash::decode_block_header(&header_b).unwrap().epoch;
+    drop(BlockFlash::open(&path).unwrap());
+    let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+    file.write_all_at(&header_b, 4096).unwrap();
+    drop(file);
+    drop(BlockFlash::open(&path).unwrap());
+    let mut header_a = vec![0u8; 4096];
+    std::fs::File::open(&path).unwrap().read_exact_at(&mut header_a, 0).unwrap();
+    assert_eq!(flintfs_flash::decode_block_header(&header_a).unwrap().epoch, epoch_b + 2);
+    // Version 1 (no epochs in its slots) in both copies: refused by name.
+    let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+    for copy in 0..2u64 {
+        file.write_all_at(&1u32.to_le_bytes(), copy * 4096 + 8).unwrap();
+    }
+    drop(file);
+    let error = BlockFlash::open(&path).err().expect("refused").to_string();
+    assert!(error.contains("block layout version 1") && error.contains("reads version 2"), "{error}");
+    let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+    for copy in 0..2u64 {
+        file.write_all_at(&2u32.to_le_bytes(), copy * 4096 + 8).unwrap();
+    }
+    drop(file);
     // Both copies of zone 0's record damaged: refused, with the zone named.
     let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
     file.write_all_at(&[0xAB; 512], layout.table_offset + layout.table_bytes).unwrap();
