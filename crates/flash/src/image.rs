@@ -550,6 +550,11 @@ pub fn decode_overlay(
 /// returned: a test builds from them what a host crash could leave.
 pub trait HostWriteObserver: Send {
     fn written(&mut self, offset: u64, bytes: &[u8]);
+    /// Called before each fdatasync: an error stands for the fdatasync
+    /// failing (a test of what follows one), and the call is not made.
+    fn before_sync(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
     fn synced(&mut self);
 }
 
@@ -1246,7 +1251,8 @@ impl Backend for ImageBackend {
     fn sync(&mut self) -> Result<()> {
         self.write_pending()?;
         self.refuse_after_failed_sync()?;
-        if let Err(source) = self.file.sync_data() {
+        let injected = self.observer.as_mut().map_or(Ok(()), |observer| observer.before_sync());
+        if let Err(source) = injected.and_then(|()| self.file.sync_data()) {
             self.sync_failed = true;
             return Err(DeviceError::Io { path: self.path.display().to_string(), operation: "sync", source });
         }

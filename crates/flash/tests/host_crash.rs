@@ -19,7 +19,10 @@
 //! - a finished zone stays full.
 //!
 //! The run then goes on with the crashed image, so later crashes meet slots
-//! an earlier crash left past a lowered write pointer. A failure names its
+//! an earlier crash left past a lowered write pointer. Some fdatasyncs are
+//! made to fail: the device must then refuse everything until it is opened
+//! again, and what it finds then is what a crash leaves (a reset or finish
+//! whose sync failed may or may not have happened). A failure names its
 //! seed; `FLINTFS_HOST_CRASH_SEEDS` and `FLINTFS_HOST_CRASH_STEPS` make the
 //! run longer.
 
@@ -45,6 +48,13 @@ struct Journal {
     synced: Vec<u8>,
     /// Writes since, in order.
     writes: Vec<(u64, Vec<u8>)>,
+    /// The next fdatasync fails (and what it would have written is then
+    /// any subset, as at a crash: the kernel may have written some pages
+    /// and dropped the others).
+    fail_next_sync: bool,
+    failed_syncs: u32,
+    /// Draws what a failed fdatasync wrote.
+    rng: Option<Pcg64Mcg>,
 }
 
 impl Journal {
@@ -59,8 +69,11 @@ impl Journal {
     /// The file a crash now could leave: the synced file and, of each
     /// sector written since, the last write or nothing.
     fn crash_image(&self, rng: &mut Pcg64Mcg) -> Vec<u8> {
-        let mut image = self.synced.clone();
-        for (offset, bytes) in &self.writes {
+        Journal::some_of(self.synced.clone(), &self.writes, rng)
+    }
+
+    fn some_of(mut image: Vec<u8>, writes: &[(u64, Vec<u8>)], rng: &mut Pcg64Mcg) -> Vec<u8> {
+        for (offset, bytes) in writes {
             let mut start = *offset;
             let end = offset + bytes.len() as u64;
             while start < end {
@@ -84,6 +97,22 @@ impl HostWriteObserver for Recorder {
         self.0.lock().unwrap().writes.push((offset, bytes.to_vec()));
     }
 
+    fn before_sync(&mut self) -> std::io::Result<()> {
+        let mut journal = self.0.lock().unwrap();
+        if std::mem::take(&mut journal.fail_next_sync) {
+            journal.failed_syncs += 1;
+            // The kernel wrote some of the pages and dropped the others
+            // (marked clean, never written): a later sync that returns
+            // does not bring them back.
+            let mut rng = journal.rng.take().expect("a seeded journal");
+            let writes = std::mem::take(&mut journal.writes);
+            journal.synced = Journal::some_of(std::mem::take(&mut journal.synced), &writes, &mut rng);
+            journal.rng = Some(rng);
+            return Err(std::io::Error::from_raw_os_error(libc::EIO));
+        }
+        Ok(())
+    }
+
     fn synced(&mut self) {
         let mut journal = self.0.lock().unwrap();
         let writes = std::mem::take(&mut journal.writes);
@@ -103,9 +132,13 @@ fn host_options() -> DeviceOptions {
 
 /// Opens `path` and watches it: the journal starts from the file as open
 /// left it (synced: open ends with a sync).
-fn open_watched(path: &Path) -> (ImageFlash, Arc<Mutex<Journal>>) {
+fn open_watched(path: &Path, seed: u64) -> (ImageFlash, Arc<Mutex<Journal>>) {
     let mut device = ImageFlash::open_image(path, host_options()).expect("open");
-    let journal = Arc::new(Mutex::new(Journal { synced: std::fs::read(path).unwrap(), writes: Vec::new() }));
+    let journal = Arc::new(Mutex::new(Journal {
+        synced: std::fs::read(path).unwrap(),
+        rng: Some(Pcg64Mcg::seed_from_u64(seed)),
+        ..Journal::default()
+    }));
     device.observe_host_writes(Box::new(Recorder(journal.clone())));
     (device, journal)
 }
@@ -118,6 +151,10 @@ struct ZoneModel {
     /// Pages a crash must keep.
     promised: u32,
     finished: bool,
+    /// A reset or finish whose sync failed: it may or may not have
+    /// happened.
+    reset_in_doubt: bool,
+    finish_in_doubt: bool,
 }
 
 struct Run {
@@ -140,8 +177,9 @@ impl Run {
         );
     }
 
-    /// One step of the workload.
-    fn step(&mut self, device: &mut ImageFlash, rng: &mut Pcg64Mcg) {
+    /// One step of the workload; an error is a failed fdatasync the
+    /// journal injected, after which the device refuses everything.
+    fn step(&mut self, device: &mut ImageFlash, rng: &mut Pcg64Mcg) -> flintfs_flash::Result<()> {
         let reports = device.report_zones();
         let open = reports.iter().filter(|report| report.state == ZoneState::Open).count() as u32;
         let writable: Vec<u32> = reports
@@ -162,10 +200,11 @@ impl Run {
             let page = reports[zone as usize].write_pointer;
             let tag = self.next_tag;
             self.next_tag = self.next_tag.wrapping_add(1);
-            program(device, zone, page, tag);
+            let (data, oob) = page_bytes(&self.geometry, PageAddress::new(zone, page), tag);
+            device.program_page(PageAddress::new(zone, page), &data, &oob)?;
             self.zones[zone as usize].tags.push(tag);
         } else if roll < 77 {
-            device.flush().unwrap_or_else(|error| panic!("seed {}: flush: {error}", self.seed));
+            device.flush()?;
             for model in &mut self.zones {
                 model.promised = model.tags.len() as u32;
             }
@@ -173,7 +212,10 @@ impl Run {
             let used: Vec<u32> =
                 reports.iter().filter(|report| report.write_pointer > 0).map(|report| report.zone).collect();
             if let Some(&zone) = used.get(rng.random_range(0..used.len().max(1))) {
-                device.reset_zone(zone).unwrap_or_else(|error| panic!("seed {}: reset: {error}", self.seed));
+                if let Err(error) = device.reset_zone(zone) {
+                    self.zones[zone as usize].reset_in_doubt = true;
+                    return Err(error);
+                }
                 self.zones[zone as usize] = ZoneModel::default();
             }
         } else if roll < 85 {
@@ -183,7 +225,10 @@ impl Run {
                 .map(|report| report.zone)
                 .collect();
             if let Some(&zone) = open_zones.get(rng.random_range(0..open_zones.len().max(1))) {
-                device.finish_zone(zone).unwrap_or_else(|error| panic!("seed {}: finish: {error}", self.seed));
+                if let Err(error) = device.finish_zone(zone) {
+                    self.zones[zone as usize].finish_in_doubt = true;
+                    return Err(error);
+                }
                 // Full from now on, whatever a crash drops; its buffered
                 // pages wait for a flush, as at a power cut.
                 self.zones[zone as usize].finished = true;
@@ -196,6 +241,7 @@ impl Run {
                 self.check_page(device, zone, page, "in session");
             }
         }
+        Ok(())
     }
 
     /// Holds a freshly crashed and opened device to the promises, then
@@ -204,8 +250,12 @@ impl Run {
         let context = format!("after crash {crash}");
         for report in device.report_zones() {
             let zone = report.zone;
-            let model = &self.zones[zone as usize];
             let kept = report.write_pointer;
+            if self.zones[zone as usize].reset_in_doubt && kept == 0 {
+                // The reset happened.
+                self.zones[zone as usize] = ZoneModel::default();
+            }
+            let model = &self.zones[zone as usize];
             assert!(
                 kept >= model.promised && kept as usize <= model.tags.len(),
                 "seed {}: {context}: zone {zone} kept {kept} pages, promised {} of {} accepted",
@@ -213,7 +263,7 @@ impl Run {
                 model.promised,
                 model.tags.len()
             );
-            if model.finished {
+            if model.finished && !model.finish_in_doubt {
                 assert_eq!(report.state, ZoneState::Full, "seed {}: {context}: zone {zone} was finished", self.seed);
             }
             for page in 0..kept {
@@ -222,6 +272,9 @@ impl Run {
             let model = &mut self.zones[zone as usize];
             model.tags.truncate(kept as usize);
             model.promised = kept;
+            model.finished = report.state == ZoneState::Full && kept < report.capacity_pages;
+            model.reset_in_doubt = false;
+            model.finish_in_doubt = false;
         }
     }
 }
@@ -233,37 +286,52 @@ fn crash_into(journal: &Mutex<Journal>, rng: &mut Pcg64Mcg, directory: &Path, cr
     path
 }
 
-fn run_seed(seed: u64, steps: u32) {
+/// Runs one seed; returns the fdatasyncs it made fail.
+fn run_seed(seed: u64, steps: u32) -> u32 {
     let directory = tempfile::tempdir().unwrap();
     let geometry = crash_geometry();
     let mut path = directory.path().join("device.img");
     drop(ImageFlash::create_image(&path, geometry, host_options()).unwrap());
-    let (mut device, mut journal) = open_watched(&path);
+    let (mut device, mut journal) = open_watched(&path, seed);
     let mut rng = Pcg64Mcg::seed_from_u64(seed);
     let mut run = Run { seed, geometry, zones: vec![ZoneModel::default(); geometry.zone_count as usize], next_tag: 0 };
     let mut crashes = 0;
+    let mut failed_syncs = 0;
     for step in 0..steps {
-        run.step(&mut device, &mut rng);
-        if rng.random_range(0..40) == 0 || step + 1 == steps {
+        journal.lock().unwrap().fail_next_sync = rng.random_range(0..60) == 0;
+        let failed = run.step(&mut device, &mut rng).is_err();
+        if failed {
+            assert!(journal.lock().unwrap().failed_syncs > 0, "seed {seed}: an error with no failed sync");
+            // Going on after a failed fdatasync must not make anything the
+            // disk lost count (the device refuses every write until it is
+            // opened again).
+            for _ in 0..rng.random_range(0..4) {
+                let _ = run.step(&mut device, &mut rng);
+            }
+        }
+        // After a failed fdatasync the device refuses everything until it
+        // is opened again; what reached the disk is then as at a crash.
+        if failed || rng.random_range(0..40) == 0 || step + 1 == steps {
             crashes += 1;
+            failed_syncs += journal.lock().unwrap().failed_syncs;
             let crashed = crash_into(&journal, &mut rng, directory.path(), crashes);
             // The process goes with the host; what it still held is lost.
             drop(device);
             std::fs::remove_file(&path).unwrap();
             path = crashed;
-            (device, journal) = open_watched(&path);
+            (device, journal) = open_watched(&path, seed.wrapping_add(u64::from(crashes)));
             run.check_after_crash(&mut device, crashes);
         }
     }
+    failed_syncs
 }
 
 #[test]
 fn a_host_crash_keeps_what_was_promised() {
     let seeds: u64 = std::env::var("FLINTFS_HOST_CRASH_SEEDS").ok().and_then(|value| value.parse().ok()).unwrap_or(64);
     let steps: u32 = std::env::var("FLINTFS_HOST_CRASH_STEPS").ok().and_then(|value| value.parse().ok()).unwrap_or(400);
-    for seed in 0..seeds {
-        run_seed(seed, steps);
-    }
+    let failed_syncs: u32 = (0..seeds).map(|seed| run_seed(seed, steps)).sum();
+    assert!(seeds < 8 || failed_syncs > 0, "no fdatasync was made to fail");
 }
 
 /// Open reads only the slots written since about the last sync, however
