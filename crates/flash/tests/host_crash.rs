@@ -24,7 +24,8 @@
 //! again, and what it finds then is what a crash leaves (a reset or finish
 //! whose sync failed may or may not have happened). A failure names its
 //! seed; `FLINTFS_HOST_CRASH_SEEDS` and `FLINTFS_HOST_CRASH_STEPS` make the
-//! run longer.
+//! run longer, `FLINTFS_HOST_CRASH_FIRST_SEED` starts it elsewhere, and
+//! `FLINTFS_HOST_CRASH_TRACE=1` prints each step of a seed.
 
 mod common;
 
@@ -38,6 +39,10 @@ use flintfs_flash::{
 };
 use rand::{Rng, SeedableRng};
 use rand_pcg::Pcg64Mcg;
+
+fn trace() -> bool {
+    std::env::var_os("FLINTFS_HOST_CRASH_TRACE").is_some()
+}
 
 /// What the host's disk can tear a write into.
 const SECTOR_BYTES: u64 = 512;
@@ -151,9 +156,10 @@ struct ZoneModel {
     /// Pages a crash must keep.
     promised: u32,
     finished: bool,
-    /// A reset or finish whose sync failed: it may or may not have
-    /// happened.
-    reset_in_doubt: bool,
+    /// A reset whose sync failed after the device took it: the life
+    /// before it (its tags and promise), which a crash may bring back.
+    before_doubtful_reset: Option<(Vec<u8>, u32)>,
+    /// A finish whose sync failed: the zone may or may not stay full.
     finish_in_doubt: bool,
 }
 
@@ -192,7 +198,7 @@ impl Run {
             .map(|report| report.zone)
             .collect();
         let roll = rng.random_range(0..100);
-        if std::env::var("HC_DEBUG").is_ok() {
+        if trace() {
             eprintln!("roll {roll} wp {:?}", reports.iter().map(|r| (r.write_pointer, r.state)).collect::<Vec<_>>());
         }
         if roll < 65 && !writable.is_empty() {
@@ -203,6 +209,9 @@ impl Run {
             let (data, oob) = page_bytes(&self.geometry, PageAddress::new(zone, page), tag);
             device.program_page(PageAddress::new(zone, page), &data, &oob)?;
             self.zones[zone as usize].tags.push(tag);
+            if trace() {
+                eprintln!("programmed zone {zone} page {page} tag {tag}");
+            }
         } else if roll < 77 {
             device.flush()?;
             for model in &mut self.zones {
@@ -212,11 +221,22 @@ impl Run {
             let used: Vec<u32> =
                 reports.iter().filter(|report| report.write_pointer > 0).map(|report| report.zone).collect();
             if let Some(&zone) = used.get(rng.random_range(0..used.len().max(1))) {
-                if let Err(error) = device.reset_zone(zone) {
-                    self.zones[zone as usize].reset_in_doubt = true;
-                    return Err(error);
+                let reset = device.reset_zone(zone);
+                if trace() {
+                    eprintln!("reset zone {zone}: {:?}", reset.as_ref().err());
                 }
-                self.zones[zone as usize] = ZoneModel::default();
+                if reset.is_ok() || device.report_zone(zone).unwrap().write_pointer == 0 {
+                    // Taken, at least in the session.
+                    let model = std::mem::take(&mut self.zones[zone as usize]);
+                    if reset.is_err() {
+                        // After a failed sync nothing more reaches the
+                        // disk: an earlier doubtful life stays the one a
+                        // crash may bring back.
+                        self.zones[zone as usize].before_doubtful_reset =
+                            model.before_doubtful_reset.or(Some((model.tags, model.promised)));
+                    }
+                }
+                reset?;
             }
         } else if roll < 85 {
             let open_zones: Vec<u32> = reports
@@ -251,9 +271,20 @@ impl Run {
         for report in device.report_zones() {
             let zone = report.zone;
             let kept = report.write_pointer;
-            if self.zones[zone as usize].reset_in_doubt && kept == 0 {
-                // The reset happened.
-                self.zones[zone as usize] = ZoneModel::default();
+            if trace() {
+                let model = &self.zones[zone as usize];
+                eprintln!(
+                    "zone {zone}: kept {kept} {:?}, model tags {:?} promised {} doubtful {:?}",
+                    report.state, model.tags, model.promised, model.before_doubtful_reset
+                );
+            }
+            if let Some((tags, promised)) = self.zones[zone as usize].before_doubtful_reset.take() {
+                // Pages of the new life are never durable (the device
+                // refused every write after the failed sync), so any page
+                // kept is the old life's.
+                if kept > 0 {
+                    self.zones[zone as usize] = ZoneModel { tags, promised, ..ZoneModel::default() };
+                }
             }
             let model = &self.zones[zone as usize];
             assert!(
@@ -273,7 +304,6 @@ impl Run {
             model.tags.truncate(kept as usize);
             model.promised = kept;
             model.finished = report.state == ZoneState::Full && kept < report.capacity_pages;
-            model.reset_in_doubt = false;
             model.finish_in_doubt = false;
         }
     }
@@ -300,6 +330,9 @@ fn run_seed(seed: u64, steps: u32) -> u32 {
     for step in 0..steps {
         journal.lock().unwrap().fail_next_sync = rng.random_range(0..60) == 0;
         let failed = run.step(&mut device, &mut rng).is_err();
+        if trace() && failed {
+            eprintln!("step failed (injected sync failure)");
+        }
         if failed {
             assert!(journal.lock().unwrap().failed_syncs > 0, "seed {seed}: an error with no failed sync");
             // Going on after a failed fdatasync must not make anything the
@@ -313,6 +346,9 @@ fn run_seed(seed: u64, steps: u32) -> u32 {
         // is opened again; what reached the disk is then as at a crash.
         if failed || rng.random_range(0..40) == 0 || step + 1 == steps {
             crashes += 1;
+            if trace() {
+                eprintln!("crash {crashes}");
+            }
             failed_syncs += journal.lock().unwrap().failed_syncs;
             let crashed = crash_into(&journal, &mut rng, directory.path(), crashes);
             // The process goes with the host; what it still held is lost.
@@ -330,7 +366,9 @@ fn run_seed(seed: u64, steps: u32) -> u32 {
 fn a_host_crash_keeps_what_was_promised() {
     let seeds: u64 = std::env::var("FLINTFS_HOST_CRASH_SEEDS").ok().and_then(|value| value.parse().ok()).unwrap_or(64);
     let steps: u32 = std::env::var("FLINTFS_HOST_CRASH_STEPS").ok().and_then(|value| value.parse().ok()).unwrap_or(400);
-    let failed_syncs: u32 = (0..seeds).map(|seed| run_seed(seed, steps)).sum();
+    let first: u64 =
+        std::env::var("FLINTFS_HOST_CRASH_FIRST_SEED").ok().and_then(|value| value.parse().ok()).unwrap_or(0);
+    let failed_syncs: u32 = (first..first + seeds).map(|seed| run_seed(seed, steps)).sum();
     assert!(seeds < 8 || failed_syncs > 0, "no fdatasync was made to fail");
 }
 
