@@ -376,8 +376,12 @@ pub fn decode_block_header(bytes: &[u8]) -> std::result::Result<BlockHeader, Str
     // elsewhere. A CRC that fails too says the version may be the damage.
     let crc = u32::from_le_bytes(fields[HEADER_FIELDS_BYTES..HEADER_FIELDS_BYTES + 4].try_into().expect("4 bytes"));
     let crc_holds = crc == crc32c::crc32c(&fields[..HEADER_FIELDS_BYTES]);
+    // Version 1's CRC covers bytes 0..48 and sits at 48.
+    let version_1_crc_holds =
+        u32::from_le_bytes(fields[48..52].try_into().expect("4 bytes")) == crc32c::crc32c(&fields[..48]);
     if word(0) != BLOCK_FORMAT_VERSION {
-        let doubt = if crc_holds { "" } else { " (or a damaged header)" };
+        let intact = crc_holds || (word(0) == 1 && version_1_crc_holds);
+        let doubt = if intact { "" } else { " (or a damaged header)" };
         return Err(format!(
             "block layout version {}{doubt}; this build reads version {BLOCK_FORMAT_VERSION}",
             word(0)
@@ -516,14 +520,14 @@ impl BlockFlash {
         self.pending.as_deref().map(|buffer| &buffer[index * slot_bytes..(index + 1) * slot_bytes])
     }
 
-    /// Whether `path` starts with a block-backend header, in either copy:
-    /// every open rewrites copy A, and a crash can leave it damaged.
+    /// Whether `path` starts with a block-backend header. Copy A only:
+    /// open rewrites it, but a crash leaves its first sector old or new,
+    /// and both hold the magic; a device whose first sector another tool
+    /// wrote since (mkswap writes only the first 4 KiB) is not taken for
+    /// flintfs on the strength of a copy B left behind, and overwritten.
     pub fn probe(path: &Path) -> bool {
-        let Ok(file) = File::open(path) else {
-            return false;
-        };
         let mut bytes = vec![0u8; BLOCK_MAGIC.len()];
-        (0..2).any(|copy| file.read_exact_at(&mut bytes, copy * BLOCK_HEADER_BYTES).is_ok() && bytes == BLOCK_MAGIC)
+        File::open(path).and_then(|file| file.read_exact_at(&mut bytes, 0)).is_ok() && bytes == BLOCK_MAGIC
     }
 
     /// Lays a fresh device out on `path`: a block device, or a regular file

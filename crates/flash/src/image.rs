@@ -50,6 +50,9 @@ pub const BLOCK_RECORD_BYTES: u64 = 64;
 pub const HOST_SECTOR_BYTES: u64 = 512;
 const _: () = assert!(HOST_SECTOR_BYTES.is_multiple_of(ZONE_RECORD_BYTES));
 const _: () = assert!(HOST_SECTOR_BYTES.is_multiple_of(BLOCK_RECORD_BYTES));
+// Tables start on a region boundary, so record `i` sits at `i * size` in
+// whole sectors' terms too.
+const _: () = assert!(REGION_ALIGNMENT_BYTES.is_multiple_of(HOST_SECTOR_BYTES));
 /// Bytes of the trailer that ends each page slot (after the data and OOB).
 pub const SLOT_TRAILER_BYTES: u64 = 32;
 /// Most pages written since the last sync before the backend syncs on its
@@ -270,6 +273,9 @@ impl ImageHeader {
                 layout.to_array()
             ));
         }
+        if bytes[HEADER_EPOCH + 4..HEADER_COUNTERS].iter().any(|&byte| byte != 0) {
+            return Err("reserved header bytes are set".into());
+        }
         let counter_count = u32_at(bytes, HEADER_COUNTER_COUNT) as usize;
         if counter_count != Counters::FIELD_NAMES.len() {
             return Err(format!("{counter_count} counters, expected {}", Counters::FIELD_NAMES.len()));
@@ -356,7 +362,7 @@ pub fn decode_zone_record(
         generation: u32_at(bytes, 12),
     };
     let synced_write_pointer = u32_at(bytes, 16);
-    if synced_write_pointer > record.write_pointer || bytes[20 + 4..28].iter().any(|&byte| byte != 0) {
+    if synced_write_pointer > record.write_pointer || bytes[24..28].iter().any(|&byte| byte != 0) {
         return Err(format!(
             "zone {zone}: synced write pointer {synced_write_pointer} past the write pointer {}, or reserved bytes set",
             record.write_pointer
@@ -587,8 +593,10 @@ pub struct ImageBackend {
     /// was written since about the last sync, not every zone a long run
     /// of writes without a flush filled.
     floors_behind: BTreeMap<u32, ZoneRecord>,
-    /// Slots open checked for a host crash's losses.
+    /// Slots open checked for a host crash's losses, and zones whose write
+    /// pointer it lowered for them.
     slots_checked_at_open: u64,
+    zones_lowered_at_open: u32,
     /// An fdatasync failed: what the host's cache holds is then unknown
     /// (the kernel may have dropped the pages it could not write), so
     /// nothing more is written or synced until the image is opened again.
@@ -665,6 +673,11 @@ impl ImageBackend {
     /// Slots the last open read to find pages a host crash lost.
     pub fn slots_checked_at_open(&self) -> u64 {
         self.slots_checked_at_open
+    }
+
+    /// Zones whose write pointer the last open lowered past lost pages.
+    pub fn zones_lowered_at_open(&self) -> u32 {
+        self.zones_lowered_at_open
     }
 
     fn page_offset(&self, physical: u64) -> u64 {
@@ -805,6 +818,7 @@ impl FlashEmulator<ImageBackend> {
             unsynced_pages: 0,
             floors_behind: BTreeMap::new(),
             slots_checked_at_open: 0,
+            zones_lowered_at_open: 0,
             sync_failed: false,
             observer: None,
         };
@@ -869,12 +883,18 @@ impl FlashEmulator<ImageBackend> {
         let zone_table =
             read(layout.zone_table_offset, u64::from(geometry.zone_count) * ZONE_RECORD_BYTES, "read zone table")?;
         let mut zones = Vec::with_capacity(geometry.zone_count as usize);
-        let epoch = headers[0].epoch.wrapping_add(1);
-        // Zones whose record open changes, and blocks whose record it
-        // completes; both are written before open returns.
-        let mut lowered = Vec::new();
+        let epoch = headers[0]
+            .epoch
+            .checked_add(1)
+            .ok_or_else(|| image_error(path, "opened 4,294,967,295 times: no epoch left"))?;
+        // Zones whose record open writes again (every zone it checked,
+        // lowered or not, so that no window is checked again at the next
+        // open), and blocks whose record it completes; both are written
+        // before open returns.
+        let mut rewritten = Vec::new();
         let mut completed_blocks = Vec::new();
         let mut slots_checked_at_open = 0;
+        let mut zones_lowered_at_open = 0;
         for (zone, bytes) in zone_table.chunks_exact(ZONE_RECORD_BYTES as usize).enumerate() {
             let stored =
                 decode_zone_record(zone as u32, bytes, &geometry).map_err(|reason| image_error(path, reason))?;
@@ -907,7 +927,7 @@ impl FlashEmulator<ImageBackend> {
                     capacity_pages,
                     generation: next_generation,
                 };
-                lowered.push(zone as u32);
+                rewritten.push(zone as u32);
             } else if !blocks[block_range.clone()].iter().all(before_reset) {
                 return Err(image_error(
                     path,
@@ -964,8 +984,9 @@ impl FlashEmulator<ImageBackend> {
                         _ => DurableCondition::Closed,
                     };
                     record.write_pointer = page;
-                    lowered.push(zone as u32);
+                    zones_lowered_at_open += 1;
                 }
+                rewritten.push(zone as u32);
             }
             zones.push(record);
         }
@@ -1015,11 +1036,12 @@ impl FlashEmulator<ImageBackend> {
             unsynced_pages: 0,
             floors_behind: BTreeMap::new(),
             slots_checked_at_open,
+            zones_lowered_at_open,
             sync_failed: false,
             observer: None,
         };
-        // A new epoch before anything is written in it, and the zones whose
-        // write pointer was lowered recorded as they are now. With
+        // A new epoch before anything is written in it, and the zones it
+        // checked recorded as they are now. With
         // `host_sync`, one sync makes both, and every page the zones count
         // (a killed process leaves them in the host's cache only), durable.
         for &block in &completed_blocks {
@@ -1030,7 +1052,7 @@ impl FlashEmulator<ImageBackend> {
             // As at a reset: the blocks on the disk before the zone record.
             backend.sync()?;
         }
-        for &zone in &lowered {
+        for &zone in &rewritten {
             let stored = StoredZoneRecord {
                 record: zones[zone as usize],
                 synced_write_pointer: zones[zone as usize].write_pointer,
@@ -1060,6 +1082,11 @@ impl FlashEmulator<ImageBackend> {
     /// Slots open read to find pages a host crash lost.
     pub fn slots_checked_at_open(&self) -> u64 {
         self.backend().slots_checked_at_open()
+    }
+
+    /// Zones whose write pointer open lowered past pages a host crash lost.
+    pub fn zones_lowered_at_open(&self) -> u32 {
+        self.backend().zones_lowered_at_open()
     }
 }
 

@@ -35,7 +35,7 @@ use std::sync::{Arc, Mutex};
 use common::*;
 use flintfs_flash::{
     DeviceOptions, FaultConfig, FlashDevice, Geometry, HostWriteObserver, ImageFlash, PageAddress, PageState,
-    ZoneState, IMAGE_UNSYNCED_PAGES_MAX,
+    ZoneState, HOST_SECTOR_BYTES, IMAGE_UNSYNCED_PAGES_MAX,
 };
 use rand::{Rng, SeedableRng};
 use rand_pcg::Pcg64Mcg;
@@ -45,7 +45,13 @@ fn trace() -> bool {
 }
 
 /// What the host's disk can tear a write into.
-const SECTOR_BYTES: u64 = 512;
+const SECTOR_BYTES: u64 = HOST_SECTOR_BYTES;
+/// One step in this many has its first fdatasync fail.
+const FAILED_SYNC_ONE_STEP_IN: u32 = 60;
+/// One step in this many ends in a host crash.
+const CRASH_ONE_STEP_IN: u32 = 40;
+/// Most steps a run takes after a failed fdatasync before the crash.
+const STEPS_AFTER_A_FAILED_SYNC_MAX: u32 = 3;
 
 #[derive(Default)]
 struct Journal {
@@ -157,10 +163,32 @@ struct ZoneModel {
     promised: u32,
     finished: bool,
     /// A reset whose sync failed after the device took it: the life
-    /// before it (its tags and promise), which a crash may bring back.
-    before_doubtful_reset: Option<(Vec<u8>, u32)>,
+    /// before it, which a crash may bring back.
+    before_doubtful_reset: Option<DoubtfulLife>,
     /// A finish whose sync failed: the zone may or may not stay full.
     finish_in_doubt: bool,
+}
+
+/// A zone's life before a reset whose sync failed.
+#[derive(Clone, Debug)]
+struct DoubtfulLife {
+    tags: Vec<u8>,
+    promised: u32,
+    finished: bool,
+    /// The zone's highest erase count then: a reset that took raised it.
+    erase_count_max: u32,
+}
+
+/// What a seed's run went through, so that a run that never reached the
+/// paths it is for fails instead of passing.
+#[derive(Default)]
+struct RunStats {
+    failed_syncs: u32,
+    /// Zones an open found short of the pages their session had accepted,
+    /// and of those, the ones whose record counted pages the crash lost.
+    zones_cut_short: u32,
+    zones_lowered_at_open: u32,
+    slots_checked_at_open: u64,
 }
 
 struct Run {
@@ -232,8 +260,13 @@ impl Run {
                         // After a failed sync nothing more reaches the
                         // disk: an earlier doubtful life stays the one a
                         // crash may bring back.
-                        self.zones[zone as usize].before_doubtful_reset =
-                            model.before_doubtful_reset.or(Some((model.tags, model.promised)));
+                        let life = DoubtfulLife {
+                            tags: model.tags,
+                            promised: model.promised,
+                            finished: model.finished,
+                            erase_count_max: reports[zone as usize].erase_count_max,
+                        };
+                        self.zones[zone as usize].before_doubtful_reset = model.before_doubtful_reset.or(Some(life));
                     }
                 }
                 reset?;
@@ -266,8 +299,10 @@ impl Run {
 
     /// Holds a freshly crashed and opened device to the promises, then
     /// takes what it kept as the new state.
-    fn check_after_crash(&mut self, device: &mut ImageFlash, crash: u32) {
+    fn check_after_crash(&mut self, device: &mut ImageFlash, crash: u32, stats: &mut RunStats) {
         let context = format!("after crash {crash}");
+        stats.slots_checked_at_open += device.slots_checked_at_open();
+        stats.zones_lowered_at_open += device.zones_lowered_at_open();
         for report in device.report_zones() {
             let zone = report.zone;
             let kept = report.write_pointer;
@@ -278,12 +313,15 @@ impl Run {
                     report.state, model.tags, model.promised, model.before_doubtful_reset
                 );
             }
-            if let Some((tags, promised)) = self.zones[zone as usize].before_doubtful_reset.take() {
+            if let Some(life) = self.zones[zone as usize].before_doubtful_reset.take() {
                 // Pages of the new life are never durable (the device
                 // refused every write after the failed sync), so any page
-                // kept is the old life's.
-                if kept > 0 {
-                    self.zones[zone as usize] = ZoneModel { tags, promised, ..ZoneModel::default() };
+                // kept is the old life's; an empty zone is the reset, which
+                // raised the erase counts, unless the old life had nothing
+                // to lose.
+                if kept > 0 || report.erase_count_max == life.erase_count_max {
+                    let DoubtfulLife { tags, promised, finished, .. } = life;
+                    self.zones[zone as usize] = ZoneModel { tags, promised, finished, ..ZoneModel::default() };
                 }
             }
             let model = &self.zones[zone as usize];
@@ -299,6 +337,9 @@ impl Run {
             }
             for page in 0..kept {
                 self.check_page(device, zone, page, &context);
+            }
+            if (kept as usize) < model.tags.len() {
+                stats.zones_cut_short += 1;
             }
             let model = &mut self.zones[zone as usize];
             model.tags.truncate(kept as usize);
@@ -316,8 +357,7 @@ fn crash_into(journal: &Mutex<Journal>, rng: &mut Pcg64Mcg, directory: &Path, cr
     path
 }
 
-/// Runs one seed; returns the fdatasyncs it made fail.
-fn run_seed(seed: u64, steps: u32) -> u32 {
+fn run_seed(seed: u64, steps: u32, stats: &mut RunStats) {
     let directory = tempfile::tempdir().unwrap();
     let geometry = crash_geometry();
     let mut path = directory.path().join("device.img");
@@ -326,9 +366,8 @@ fn run_seed(seed: u64, steps: u32) -> u32 {
     let mut rng = Pcg64Mcg::seed_from_u64(seed);
     let mut run = Run { seed, geometry, zones: vec![ZoneModel::default(); geometry.zone_count as usize], next_tag: 0 };
     let mut crashes = 0;
-    let mut failed_syncs = 0;
     for step in 0..steps {
-        journal.lock().unwrap().fail_next_sync = rng.random_range(0..60) == 0;
+        journal.lock().unwrap().fail_next_sync = rng.random_range(0..FAILED_SYNC_ONE_STEP_IN) == 0;
         let failed = run.step(&mut device, &mut rng).is_err();
         if trace() && failed {
             eprintln!("step failed (injected sync failure)");
@@ -338,28 +377,27 @@ fn run_seed(seed: u64, steps: u32) -> u32 {
             // Going on after a failed fdatasync must not make anything the
             // disk lost count (the device refuses every write until it is
             // opened again).
-            for _ in 0..rng.random_range(0..4) {
+            for _ in 0..rng.random_range(0..=STEPS_AFTER_A_FAILED_SYNC_MAX) {
                 let _ = run.step(&mut device, &mut rng);
             }
         }
         // After a failed fdatasync the device refuses everything until it
         // is opened again; what reached the disk is then as at a crash.
-        if failed || rng.random_range(0..40) == 0 || step + 1 == steps {
+        if failed || rng.random_range(0..CRASH_ONE_STEP_IN) == 0 || step + 1 == steps {
             crashes += 1;
             if trace() {
                 eprintln!("crash {crashes}");
             }
-            failed_syncs += journal.lock().unwrap().failed_syncs;
+            stats.failed_syncs += journal.lock().unwrap().failed_syncs;
             let crashed = crash_into(&journal, &mut rng, directory.path(), crashes);
             // The process goes with the host; what it still held is lost.
             drop(device);
             std::fs::remove_file(&path).unwrap();
             path = crashed;
             (device, journal) = open_watched(&path, seed.wrapping_add(u64::from(crashes)));
-            run.check_after_crash(&mut device, crashes);
+            run.check_after_crash(&mut device, crashes, stats);
         }
     }
-    failed_syncs
 }
 
 #[test]
@@ -368,8 +406,17 @@ fn a_host_crash_keeps_what_was_promised() {
     let steps: u32 = std::env::var("FLINTFS_HOST_CRASH_STEPS").ok().and_then(|value| value.parse().ok()).unwrap_or(400);
     let first: u64 =
         std::env::var("FLINTFS_HOST_CRASH_FIRST_SEED").ok().and_then(|value| value.parse().ok()).unwrap_or(0);
-    let failed_syncs: u32 = (first..first + seeds).map(|seed| run_seed(seed, steps)).sum();
-    assert!(seeds < 8 || failed_syncs > 0, "no fdatasync was made to fail");
+    let mut stats = RunStats::default();
+    for seed in first..first + seeds {
+        run_seed(seed, steps, &mut stats);
+    }
+    // The paths this is for were taken: else it passes for nothing.
+    if seeds >= 8 {
+        assert!(stats.failed_syncs > 0, "no fdatasync was made to fail");
+        assert!(stats.slots_checked_at_open > 0, "no open checked a slot");
+        assert!(stats.zones_cut_short > 0, "no open found a zone short of its accepted pages");
+        assert!(stats.zones_lowered_at_open > 0, "no open lowered a write pointer past lost pages");
+    }
 }
 
 /// Open reads only the slots written since about the last sync, however
