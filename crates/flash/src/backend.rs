@@ -86,6 +86,26 @@ pub struct BlockRecord {
     pub zone_generation: u32,
 }
 
+impl BlockRecord {
+    /// The record a zone reset of `generation` leaves: a bad block is
+    /// excluded from the zone's numbering and not erased; a good one is
+    /// erased (one more cycle, read and retention counts cleared). The
+    /// device's reset and an image open completing a reset cut short both
+    /// take it from here.
+    pub fn after_reset(&self, generation: u32) -> BlockRecord {
+        let mut record = BlockRecord { zone_generation: generation, ..*self };
+        if record.bad {
+            record.excluded = true;
+        } else {
+            record.erase_count = record.erase_count.saturating_add(1);
+            record.reads_since_erase = 0;
+            record.programmed_at_ns = 0;
+            record.interrupted_erase_seed = None;
+        }
+        record
+    }
+}
+
 /// What the medium really holds at a page, where it differs from what was
 /// programmed there. The pristine data stays in the backend untouched.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -1250,19 +1250,15 @@ impl<B: Backend> FlashEmulator<B> {
         let mut erased = Vec::new();
         for (offset, record) in blocks.iter_mut().enumerate() {
             let block = (first_block + offset) as u64;
-            record.zone_generation = generation;
-            if record.bad {
-                record.excluded = true;
-                continue;
-            }
+            // From the erase count before this erase.
             let failure_probability = self.options.faults.wear_failure_probability(
                 self.options.faults.erase_failure_probability_at_endurance,
                 record.erase_count,
             );
-            record.erase_count = record.erase_count.saturating_add(1);
-            record.reads_since_erase = 0;
-            record.programmed_at_ns = 0;
-            record.interrupted_erase_seed = None;
+            *record = record.after_reset(generation);
+            if record.bad {
+                continue;
+            }
             erased.push(block);
             if failure_probability > 0.0 && self.rng.random_bool(failure_probability) {
                 record.bad = true;
@@ -1322,7 +1318,9 @@ impl<B: Backend> FlashEmulator<B> {
     }
 }
 
-fn block_map_of(geometry: &Geometry, blocks: &[BlockRecord], zone: u32) -> Vec<u32> {
+/// The offsets (within the zone) of the blocks that hold a zone's pages,
+/// in order: those not excluded.
+pub(crate) fn block_map_of(geometry: &Geometry, blocks: &[BlockRecord], zone: u32) -> Vec<u32> {
     let first = u64::from(zone) * u64::from(geometry.zone_blocks);
     (0..geometry.zone_blocks).filter(|&offset| !blocks[(first + u64::from(offset)) as usize].excluded).collect()
 }

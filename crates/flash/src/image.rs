@@ -32,7 +32,7 @@ use crate::backend::{
     OVERLAY_ENTRIES_MAX, OVERLAY_STORED_PAGES_MAX,
 };
 use crate::counters::Counters;
-use crate::device::{fresh_state, DeviceOptions, FlashEmulator};
+use crate::device::{block_map_of, fresh_state, DeviceOptions, FlashEmulator};
 use crate::error::{DeviceError, Result};
 use crate::geometry::Geometry;
 
@@ -304,6 +304,13 @@ impl ImageHeader {
             ));
         }
         Ok(header)
+    }
+}
+
+impl ImageLayout {
+    /// Where zone `zone`'s record sits in the file.
+    pub fn zone_record_offset(&self, zone: u32) -> u64 {
+        self.zone_table_offset + u64::from(zone) * ZONE_RECORD_BYTES
     }
 }
 
@@ -915,12 +922,11 @@ impl FlashEmulator<ImageBackend> {
                 // the erase it gave the others.
                 for (index, block) in blocks[block_range.clone()].iter_mut().enumerate() {
                     if before_reset(block) {
-                        *block = completed_reset(block, next_generation);
+                        *block = block.after_reset(next_generation);
                         completed_blocks.push(first + index as u64);
                     }
                 }
-                let mapped = blocks[block_range].iter().filter(|block| !block.excluded).count() as u32;
-                let capacity_pages = mapped * geometry.block_pages;
+                let capacity_pages = block_map_of(&geometry, &blocks, zone as u32).len() as u32 * geometry.block_pages;
                 record = ZoneRecord {
                     condition: if capacity_pages == 0 { DurableCondition::Offline } else { DurableCondition::Empty },
                     write_pointer: 0,
@@ -936,27 +942,26 @@ impl FlashEmulator<ImageBackend> {
                         record.generation
                     ),
                 ));
-            } else if mapped_blocks(&blocks[block_range.clone()]) * geometry.block_pages != record.capacity_pages {
+            } else if block_map_of(&geometry, &blocks, zone as u32).len() as u32 * geometry.block_pages
+                != record.capacity_pages
+            {
                 return Err(image_error(
                     path,
                     format!(
                         "zone {zone}: capacity {} disagrees with its {} mapped blocks",
                         record.capacity_pages,
-                        mapped_blocks(&blocks[block_range])
+                        block_map_of(&geometry, &blocks, zone as u32).len()
                     ),
                 ));
             } else if stored.synced_write_pointer < record.write_pointer {
                 // Pages past the synced write pointer may not have reached
                 // the disk before a host crash: the zone keeps the prefix
                 // whose slots hold.
-                let block_map: Vec<u64> = (0..u64::from(geometry.zone_blocks))
-                    .filter(|&offset| !blocks[block_range.start + offset as usize].excluded)
-                    .map(|offset| first + offset)
-                    .collect();
+                let block_map = block_map_of(&geometry, &blocks, zone as u32);
                 let mut slot = vec![0u8; ImageLayout::slot_bytes(&geometry) as usize];
                 let mut page = stored.synced_write_pointer;
                 while page < record.write_pointer {
-                    let block = block_map[(page / geometry.block_pages) as usize];
+                    let block = first + u64::from(block_map[(page / geometry.block_pages) as usize]);
                     let physical = block * u64::from(geometry.block_pages) + u64::from(page % geometry.block_pages);
                     let offset = layout.page_area_offset + physical * slot.len() as u64;
                     file.read_exact_at(&mut slot, offset).map_err(|source| DeviceError::Io {
@@ -1058,7 +1063,7 @@ impl FlashEmulator<ImageBackend> {
                 synced_write_pointer: zones[zone as usize].write_pointer,
                 epoch,
             };
-            let offset = layout.zone_table_offset + u64::from(zone) * ZONE_RECORD_BYTES;
+            let offset = layout.zone_record_offset(zone);
             backend.write_at(&encode_zone_record(zone, &stored), offset, "write zone record")?;
         }
         backend.write_header(ImageHeader { epoch, ..backend.header.clone() })?;
@@ -1088,25 +1093,6 @@ impl FlashEmulator<ImageBackend> {
     pub fn zones_lowered_at_open(&self) -> u32 {
         self.backend().zones_lowered_at_open()
     }
-}
-
-fn mapped_blocks(blocks: &[BlockRecord]) -> u32 {
-    blocks.iter().filter(|block| !block.excluded).count() as u32
-}
-
-/// A block's record as the zone reset that did not reach it would have
-/// left it (the erase without a failure draw).
-fn completed_reset(block: &BlockRecord, generation: u32) -> BlockRecord {
-    let mut record = BlockRecord { zone_generation: generation, ..*block };
-    if record.bad {
-        record.excluded = true;
-    } else {
-        record.erase_count = record.erase_count.saturating_add(1);
-        record.reads_since_erase = 0;
-        record.programmed_at_ns = 0;
-        record.interrupted_erase_seed = None;
-    }
-    record
 }
 
 /// One process at a time: a second opener gets a clear error instead of two
@@ -1212,7 +1198,7 @@ impl Backend for ImageBackend {
         } else {
             self.floors_behind.remove(&zone);
         }
-        let offset = self.header.layout.zone_table_offset + u64::from(zone) * ZONE_RECORD_BYTES;
+        let offset = self.header.layout.zone_record_offset(zone);
         self.write_at(&encode_zone_record(zone, &stored), offset, "write zone record")
     }
 
@@ -1292,7 +1278,7 @@ impl Backend for ImageBackend {
         // the record on the disk has the lower synced write pointer, which
         // only makes open check more slots.
         while let Some((zone, record)) = self.floors_behind.pop_first() {
-            let offset = self.header.layout.zone_table_offset + u64::from(zone) * ZONE_RECORD_BYTES;
+            let offset = self.header.layout.zone_record_offset(zone);
             let bytes = encode_zone_record(zone, &self.stored_record(zone, &record));
             if self.write_at(&bytes, offset, "write zone record").is_err() {
                 self.floors_behind.insert(zone, record);
