@@ -21,9 +21,22 @@
 //!   an older epoch than the record that names them, so they never count.
 //! - The checked window is what was written since the last sync, which
 //!   [`IMAGE_UNSYNCED_PAGES_MAX`] bounds.
+//!
+//! ## Host blocks allocated ahead
+//! The image is sparse, and an fdatasync that has to allocate the host
+//! file system's blocks for the pages it writes also commits that file
+//! system's journal: on ext4 that made a flush of one page through a mount
+//! cost 367 µs against 261 µs where the blocks had been written before. So
+//! after each sync the backend writes zeros into the holes of the next
+//! [`IMAGE_ALLOCATE_AHEAD_BYTES`] past the last page of every zone written
+//! since the sync before, once less than half of that is left. Those zeros
+//! reach the disk with the next sync, the only one in a stretch of flushes
+//! that allocates. Only holes are filled (`SEEK_HOLE`), never a slot that
+//! was ever written, so nothing a record can count changes.
 
 use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
+use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
@@ -59,6 +72,14 @@ pub const SLOT_TRAILER_BYTES: u64 = 32;
 /// own (with `host_sync`): what open may have to check after a host crash.
 pub const IMAGE_UNSYNCED_PAGES_MAX: u64 = 8192;
 const _: () = assert!(IMAGE_UNSYNCED_PAGES_MAX >= PENDING_SLOTS_MAX as u64);
+/// How far past a zone's last written page the backend makes sure the
+/// image's host blocks exist (written zeros, not holes) after a sync, so
+/// the flushes that follow do not allocate (see the module's comment).
+pub const IMAGE_ALLOCATE_AHEAD_BYTES: u64 = 1 << 20;
+/// The zeros are written in pieces of this many bytes.
+const ZERO_PIECE_BYTES: usize = 64 * 1024;
+const _: () = assert!(IMAGE_ALLOCATE_AHEAD_BYTES >= 2 * ZERO_PIECE_BYTES as u64);
+static ZERO_PIECE: [u8; ZERO_PIECE_BYTES] = [0; ZERO_PIECE_BYTES];
 const TRAILER_MAGIC: [u8; 4] = *b"FIS3";
 const TRAILER_CRC: usize = SLOT_TRAILER_BYTES as usize - 4;
 /// Bytes of an overlay entry before any stored page.
@@ -600,6 +621,9 @@ pub struct ImageBackend {
     /// was written since about the last sync, not every zone a long run
     /// of writes without a flush filled.
     floors_behind: BTreeMap<u32, ZoneRecord>,
+    /// Per zone: the file offset up to which this session knows the zone's
+    /// slots have host blocks (no holes); [`IMAGE_ALLOCATE_AHEAD_BYTES`].
+    allocated_through: Vec<u64>,
     /// Slots open checked for a host crash's losses, and zones whose write
     /// pointer it lowered for them.
     slots_checked_at_open: u64,
@@ -698,6 +722,58 @@ impl ImageBackend {
         let start = self.page_offset(physical).checked_sub(self.pending_offset)? as usize;
         let slot_bytes = self.slot_bytes as usize;
         (start + slot_bytes <= self.pending.len()).then(|| &self.pending[start..start + slot_bytes])
+    }
+
+    /// Makes sure the image has host blocks (zeros where it had holes) for
+    /// [`IMAGE_ALLOCATE_AHEAD_BYTES`] past the zone's last written page,
+    /// when less than half of that is left. Best effort: the sync before
+    /// it returned, and a hole left here only costs the next sync an
+    /// allocation, so an error (a full host disk) stops it quietly.
+    fn allocate_ahead(&mut self, zone: u32) {
+        let zone_pages = self.header.geometry.zone_pages();
+        let first = u64::from(zone) * zone_pages;
+        let written_end = self.page_offset(first + u64::from(self.written_pages[zone as usize]));
+        let zone_end = self.page_offset(first + zone_pages);
+        let target = zone_end.min(written_end + IMAGE_ALLOCATE_AHEAD_BYTES);
+        let known = self.allocated_through[zone as usize].max(written_end);
+        if known >= zone_end.min(written_end + IMAGE_ALLOCATE_AHEAD_BYTES / 2) {
+            return;
+        }
+        if self.fill_holes(known, target).is_ok() {
+            self.allocated_through[zone as usize] = target;
+        }
+    }
+
+    /// Writes zeros into every hole of the file in `[start, end)`. Written
+    /// bytes, data or zeros, are left alone. A file system that cannot say
+    /// where its holes are gets nothing written.
+    fn fill_holes(&mut self, start: u64, end: u64) -> Result<()> {
+        let descriptor = self.file.as_raw_fd();
+        let seek = |position: u64, whence: libc::c_int| -> Option<u64> {
+            let position = libc::off_t::try_from(position).ok()?;
+            // SAFETY: lseek on a descriptor this backend owns; it moves
+            // only the file offset, which no call here uses (every read and
+            // write is positioned).
+            let found = unsafe { libc::lseek(descriptor, position, whence) };
+            u64::try_from(found).ok()
+        };
+        let mut position = start;
+        while position < end {
+            let Some(hole) = seek(position, libc::SEEK_HOLE) else { return Ok(()) };
+            if hole >= end {
+                return Ok(());
+            }
+            // No data after the hole (ENXIO) is a hole to the end.
+            let data = seek(hole, libc::SEEK_DATA).unwrap_or(end).min(end);
+            let mut offset = hole;
+            while offset < data {
+                let length = (data - offset).min(ZERO_PIECE_BYTES as u64) as usize;
+                self.write_at(&ZERO_PIECE[..length], offset, "allocate ahead")?;
+                offset += length as u64;
+            }
+            position = data;
+        }
+        Ok(())
     }
 
     /// Writes the gathered slots. Every method that writes calls this
@@ -824,6 +900,7 @@ impl FlashEmulator<ImageBackend> {
             synced_write_pointers: vec![0; geometry.zone_count as usize],
             unsynced_pages: 0,
             floors_behind: BTreeMap::new(),
+            allocated_through: vec![0; geometry.zone_count as usize],
             slots_checked_at_open: 0,
             zones_lowered_at_open: 0,
             sync_failed: false,
@@ -1040,6 +1117,7 @@ impl FlashEmulator<ImageBackend> {
             synced_write_pointers: write_pointers,
             unsynced_pages: 0,
             floors_behind: BTreeMap::new(),
+            allocated_through: vec![0; geometry.zone_count as usize],
             slots_checked_at_open,
             zones_lowered_at_open,
             sync_failed: false,
@@ -1269,6 +1347,9 @@ impl Backend for ImageBackend {
             self.sync_failed = true;
             return Err(DeviceError::Io { path: self.path.display().to_string(), operation: "sync", source });
         }
+        let written_since: Vec<u32> = (0..self.written_pages.len() as u32)
+            .filter(|&zone| self.written_pages[zone as usize] != self.synced_write_pointers[zone as usize])
+            .collect();
         self.synced_write_pointers.copy_from_slice(&self.written_pages);
         self.unsynced_pages = 0;
         if let Some(observer) = &mut self.observer {
@@ -1284,6 +1365,9 @@ impl Backend for ImageBackend {
                 self.floors_behind.insert(zone, record);
                 break;
             }
+        }
+        for zone in written_since {
+            self.allocate_ahead(zone);
         }
         Ok(())
     }

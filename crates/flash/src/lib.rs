@@ -151,8 +151,8 @@ pub use geometry::{
 pub use image::{
     decode_block_record, decode_overlay, decode_zone_record, encode_block_record, encode_overlay, encode_zone_record,
     slot_is_valid, HostWriteObserver, ImageBackend, ImageFlash, ImageHeader, ImageLayout, StoredZoneRecord,
-    BLOCK_RECORD_BYTES, HEADER_SLOT_BYTES, HOST_SECTOR_BYTES, IMAGE_FORMAT_VERSION, IMAGE_MAGIC,
-    IMAGE_UNSYNCED_PAGES_MAX, PENDING_SLOTS_MAX, SLOT_TRAILER_BYTES, ZONE_RECORD_BYTES,
+    BLOCK_RECORD_BYTES, HEADER_SLOT_BYTES, HOST_SECTOR_BYTES, IMAGE_ALLOCATE_AHEAD_BYTES, IMAGE_FORMAT_VERSION,
+    IMAGE_MAGIC, IMAGE_UNSYNCED_PAGES_MAX, PENDING_SLOTS_MAX, SLOT_TRAILER_BYTES, ZONE_RECORD_BYTES,
 };
 pub use timing::{TimingConfig, CHANNELS_MAX, DIES_PER_CHANNEL_MAX};
 

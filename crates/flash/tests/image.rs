@@ -11,7 +11,7 @@ use common::*;
 use flintfs_flash::{
     decode_block_record, decode_overlay, decode_zone_record, BlockRecord, Counters, DeviceError, DeviceOptions,
     FaultConfig, FlashDevice, Geometry, ImageBackend, ImageFlash, ImageHeader, ImageLayout, Overlay, PageAddress,
-    ZoneReport, HEADER_SLOT_BYTES,
+    ZoneReport, HEADER_SLOT_BYTES, IMAGE_ALLOCATE_AHEAD_BYTES,
 };
 use proptest::prelude::*;
 
@@ -428,4 +428,67 @@ fn corrupted_image_metadata_never_panics() {
         }
     }
     assert!(refused > 0);
+}
+
+/// Where the file system under the test directory says the next hole at
+/// or after `offset` is (`None` if it cannot say).
+fn next_hole(file: &std::fs::File, offset: u64) -> Option<u64> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: lseek on a descriptor the test owns; reads are positioned.
+    let found = unsafe { libc::lseek(file.as_raw_fd(), offset as libc::off_t, libc::SEEK_HOLE) };
+    u64::try_from(found).ok()
+}
+
+#[test]
+fn a_sync_allocates_host_blocks_ahead_of_the_written_pages_and_nowhere_else() {
+    let directory = tempfile::tempdir().unwrap();
+    let path = directory.path().join("device.img");
+    // Zones of 4 MiB of slots: more than IMAGE_ALLOCATE_AHEAD_BYTES.
+    let geometry = Geometry { zone_count: 4, zone_blocks: 16, block_pages: 64, ..Geometry::default() };
+    let layout = ImageLayout::of(&geometry);
+    let slot_bytes = ImageLayout::slot_bytes(&geometry);
+    let zone_bytes = geometry.zone_pages() * slot_bytes;
+    assert!(zone_bytes > 2 * IMAGE_ALLOCATE_AHEAD_BYTES);
+    let zone_start = |zone: u64| layout.page_area_offset + zone * zone_bytes;
+    let mut device = ImageFlash::create_image(&path, geometry, image_options(FaultConfig::none(0))).unwrap();
+    let probe = std::fs::File::open(&path).unwrap();
+    if next_hole(&probe, zone_start(2)) != Some(zone_start(2)) {
+        eprintln!("skipped: the file system under {} does not report holes", directory.path().display());
+        return;
+    }
+    let mut written = Vec::new();
+    for page in 0..3 {
+        let address = PageAddress::new(1, page);
+        let (data, oob) = page_bytes(&geometry, address, 7);
+        device.program_page(address, &data, &oob).unwrap();
+        written.push((address, data));
+    }
+    device.flush().unwrap();
+    let written_end = zone_start(1) + 3 * slot_bytes;
+    let hole = next_hole(&probe, zone_start(1)).unwrap();
+    assert!(
+        hole >= written_end + IMAGE_ALLOCATE_AHEAD_BYTES,
+        "zone 1 has a hole at {hole}, within {IMAGE_ALLOCATE_AHEAD_BYTES} bytes of its last page's end {written_end}"
+    );
+    assert!(hole < zone_start(2), "only the next {IMAGE_ALLOCATE_AHEAD_BYTES} bytes are allocated, not zone 1's rest");
+    assert_eq!(next_hole(&probe, zone_start(2)), Some(zone_start(2)), "an unwritten zone stays a hole");
+    // A few pages later nothing more is written; past half the stretch the
+    // next sync allocates further.
+    let pages_in_half = (IMAGE_ALLOCATE_AHEAD_BYTES / 2).div_ceil(slot_bytes) as u32;
+    for page in 3..3 + pages_in_half + 1 {
+        let address = PageAddress::new(1, page);
+        let (data, oob) = page_bytes(&geometry, address, 7);
+        device.program_page(address, &data, &oob).unwrap();
+        written.push((address, data));
+    }
+    device.flush().unwrap();
+    let written_end = zone_start(1) + u64::from(3 + pages_in_half + 1) * slot_bytes;
+    assert!(next_hole(&probe, zone_start(1)).unwrap() >= written_end + IMAGE_ALLOCATE_AHEAD_BYTES);
+    // The zeros changed nothing a record counts.
+    drop(device);
+    let mut reopened = ImageFlash::open_image(&path, image_options(FaultConfig::none(0))).unwrap();
+    assert_eq!(reopened.report_zone(1).unwrap().write_pointer, 3 + pages_in_half + 1);
+    for (address, data) in written {
+        assert_eq!(read(&mut reopened, address.zone, address.page).1, data, "page {address:?}");
+    }
 }
