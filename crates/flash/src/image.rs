@@ -28,11 +28,13 @@
 //! system's journal: on ext4 that made a flush of one page through a mount
 //! cost 367 µs against 261 µs where the blocks had been written before. So
 //! after each sync the backend writes zeros into the holes of the next
-//! [`IMAGE_ALLOCATE_AHEAD_BYTES`] past the last page of every zone written
+//! [`IMAGE_ALLOCATE_AHEAD_BYTES`] past the last slot of every zone written
 //! since the sync before, once less than half of that is left. Those zeros
 //! reach the disk with the next sync, the only one in a stretch of flushes
 //! that allocates. Only holes are filled (`SEEK_HOLE`), never a slot that
-//! was ever written, so nothing a record can count changes.
+//! was ever written, so nothing a record can count changes. It is skipped
+//! where it gains nothing (copy-on-write and memory file systems), and
+//! stops for the session after an error or when the host disk runs low.
 
 use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
@@ -76,6 +78,10 @@ const _: () = assert!(IMAGE_UNSYNCED_PAGES_MAX >= PENDING_SLOTS_MAX as u64);
 /// image's host blocks exist (written zeros, not holes) after a sync, so
 /// the flushes that follow do not allocate (see the module's comment).
 pub const IMAGE_ALLOCATE_AHEAD_BYTES: u64 = 1 << 20;
+/// Free bytes the host file system must have for the backend to allocate
+/// ahead at all.
+pub const IMAGE_ALLOCATE_AHEAD_ROOM_BYTES: u64 = 64 << 20;
+const _: () = assert!(IMAGE_ALLOCATE_AHEAD_ROOM_BYTES >= 16 * IMAGE_ALLOCATE_AHEAD_BYTES);
 /// The zeros are written in pieces of this many bytes.
 const ZERO_PIECE_BYTES: usize = 64 * 1024;
 const _: () = assert!(IMAGE_ALLOCATE_AHEAD_BYTES >= 2 * ZERO_PIECE_BYTES as u64);
@@ -622,8 +628,16 @@ pub struct ImageBackend {
     /// of writes without a flush filled.
     floors_behind: BTreeMap<u32, ZoneRecord>,
     /// Per zone: the file offset up to which this session knows the zone's
-    /// slots have host blocks (no holes); [`IMAGE_ALLOCATE_AHEAD_BYTES`].
+    /// slots have host blocks (no holes), and the offset just past the last
+    /// slot written in the zone's current life (0 before any): pages go
+    /// through the zone's block map, so a zone with an excluded block has
+    /// its slots further on than its write pointer says.
+    /// [`IMAGE_ALLOCATE_AHEAD_BYTES`].
     allocated_through: Vec<u64>,
+    written_ends: Vec<u64>,
+    /// Whether to allocate ahead: not on a host file system where it gains
+    /// nothing, and not after it failed once or the host disk ran low.
+    allocate_ahead: bool,
     /// Slots open checked for a host crash's losses, and zones whose write
     /// pointer it lowered for them.
     slots_checked_at_open: u64,
@@ -692,6 +706,7 @@ impl ImageBackend {
         self.zone_generations[index] = generation;
         self.written_pages[index] = 0;
         self.synced_write_pointers[index] = 0;
+        self.written_ends[index] = 0;
         self.floors_behind.remove(&zone);
     }
 
@@ -725,46 +740,61 @@ impl ImageBackend {
     }
 
     /// Makes sure the image has host blocks (zeros where it had holes) for
-    /// [`IMAGE_ALLOCATE_AHEAD_BYTES`] past the zone's last written page,
+    /// [`IMAGE_ALLOCATE_AHEAD_BYTES`] past the zone's last written slot,
     /// when less than half of that is left. Best effort: the sync before
-    /// it returned, and a hole left here only costs the next sync an
-    /// allocation, so an error (a full host disk) stops it quietly.
+    /// it returned, and a hole left here only costs a later sync an
+    /// allocation. An error, or a host disk with less than
+    /// [`IMAGE_ALLOCATE_AHEAD_ROOM_BYTES`] free, stops it for the session:
+    /// zeros must not be what fills the host's disk (a file system that
+    /// finds no room only at write-back would fail the next fdatasync).
     fn allocate_ahead(&mut self, zone: u32) {
+        let written_end = self.written_ends[zone as usize];
+        if !self.allocate_ahead || written_end == 0 {
+            return;
+        }
         let zone_pages = self.header.geometry.zone_pages();
-        let first = u64::from(zone) * zone_pages;
-        let written_end = self.page_offset(first + u64::from(self.written_pages[zone as usize]));
-        let zone_end = self.page_offset(first + zone_pages);
+        let zone_end = self.page_offset((u64::from(zone) + 1) * zone_pages);
         let target = zone_end.min(written_end + IMAGE_ALLOCATE_AHEAD_BYTES);
         let known = self.allocated_through[zone as usize].max(written_end);
         if known >= zone_end.min(written_end + IMAGE_ALLOCATE_AHEAD_BYTES / 2) {
             return;
         }
-        if self.fill_holes(known, target).is_ok() {
-            self.allocated_through[zone as usize] = target;
+        if host_free_bytes(&self.file).is_none_or(|free| free < IMAGE_ALLOCATE_AHEAD_ROOM_BYTES)
+            || self.fill_holes(known, target).is_err()
+        {
+            self.allocate_ahead = false;
+            return;
         }
+        self.allocated_through[zone as usize] = target;
     }
 
     /// Writes zeros into every hole of the file in `[start, end)`. Written
-    /// bytes, data or zeros, are left alone. A file system that cannot say
-    /// where its holes are gets nothing written.
+    /// bytes, data or zeros, are left alone; where the file system cannot
+    /// say where its data is, nothing is written and the error returned.
     fn fill_holes(&mut self, start: u64, end: u64) -> Result<()> {
         let descriptor = self.file.as_raw_fd();
-        let seek = |position: u64, whence: libc::c_int| -> Option<u64> {
-            let position = libc::off_t::try_from(position).ok()?;
+        let seek = |position: u64, whence: libc::c_int| -> std::io::Result<u64> {
+            let position =
+                libc::off_t::try_from(position).map_err(|_| std::io::Error::from_raw_os_error(libc::EOVERFLOW))?;
             // SAFETY: lseek on a descriptor this backend owns; it moves
-            // only the file offset, which no call here uses (every read and
+            // only the file offset, which nothing here uses (every read and
             // write is positioned).
             let found = unsafe { libc::lseek(descriptor, position, whence) };
-            u64::try_from(found).ok()
+            u64::try_from(found).map_err(|_| std::io::Error::last_os_error())
         };
         let mut position = start;
         while position < end {
-            let Some(hole) = seek(position, libc::SEEK_HOLE) else { return Ok(()) };
+            let hole = seek(position, libc::SEEK_HOLE).map_err(self.io("find a hole"))?;
             if hole >= end {
                 return Ok(());
             }
-            // No data after the hole (ENXIO) is a hole to the end.
-            let data = seek(hole, libc::SEEK_DATA).unwrap_or(end).min(end);
+            // ENXIO: no data after the hole, a hole to the end of the file.
+            // Any other error must not be taken for a hole.
+            let data = match seek(hole, libc::SEEK_DATA) {
+                Ok(data) => data.min(end),
+                Err(error) if error.raw_os_error() == Some(libc::ENXIO) => end,
+                Err(error) => return Err(self.io("find data")(error)),
+            };
             let mut offset = hole;
             while offset < data {
                 let length = (data - offset).min(ZERO_PIECE_BYTES as u64) as usize;
@@ -855,6 +885,38 @@ fn read_headers(path: &Path, file: &File) -> Result<Vec<ImageHeader>> {
     Ok(candidates)
 }
 
+/// Whether writing zeros ahead gives the host file system's blocks to the
+/// writes that follow: not where every write allocates anew (btrfs,
+/// bcachefs and ZFS copy on write) or where there is no disk and no journal
+/// (tmpfs, ramfs).
+fn host_allocates_in_place(file: &File) -> bool {
+    const COPY_ON_WRITE_OR_MEMORY: [i64; 5] = [
+        0x9123_683E, // btrfs
+        0xCA45_1A4E, // bcachefs
+        0x2FC1_2FC1, // ZFS
+        0x0102_1994, // tmpfs
+        0x8584_58F6, // ramfs
+    ];
+    // SAFETY: an all-zero statfs is a valid value, filled in by fstatfs.
+    let mut status: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: fstatfs on a descriptor this backend owns, into `status`.
+    if unsafe { libc::fstatfs(file.as_raw_fd(), &mut status) } != 0 {
+        return false;
+    }
+    !COPY_ON_WRITE_OR_MEMORY.contains(&(status.f_type as i64))
+}
+
+/// Bytes an unprivileged writer may still use on the host file system.
+fn host_free_bytes(file: &File) -> Option<u64> {
+    // SAFETY: an all-zero statvfs is a valid value, filled in by fstatvfs.
+    let mut status: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: fstatvfs on a descriptor this backend owns, into `status`.
+    if unsafe { libc::fstatvfs(file.as_raw_fd(), &mut status) } != 0 {
+        return None;
+    }
+    Some(status.f_bavail.saturating_mul(status.f_frsize))
+}
+
 impl FlashEmulator<ImageBackend> {
     /// Creates a new image file for a fresh device; refuses a path that
     /// already exists. The file is sparse: untouched pages take no space.
@@ -876,6 +938,7 @@ impl FlashEmulator<ImageBackend> {
             source,
         })?;
         let state = fresh_state(&geometry, &options.faults);
+        let allocate_ahead = host_allocates_in_place(&file);
         let mut backend = ImageBackend {
             path: path.to_path_buf(),
             file,
@@ -901,6 +964,8 @@ impl FlashEmulator<ImageBackend> {
             unsynced_pages: 0,
             floors_behind: BTreeMap::new(),
             allocated_through: vec![0; geometry.zone_count as usize],
+            written_ends: vec![0; geometry.zone_count as usize],
+            allocate_ahead,
             slots_checked_at_open: 0,
             zones_lowered_at_open: 0,
             sync_failed: false,
@@ -1104,6 +1169,7 @@ impl FlashEmulator<ImageBackend> {
         }
         let nvm = read(layout.nvm_offset, geometry.nvm_size_bytes, "read NVM")?;
         let write_pointers: Vec<u32> = zones.iter().map(|record| record.write_pointer).collect();
+        let allocate_ahead = host_allocates_in_place(&file);
         let mut backend = ImageBackend {
             path: path.to_path_buf(),
             file,
@@ -1118,6 +1184,8 @@ impl FlashEmulator<ImageBackend> {
             unsynced_pages: 0,
             floors_behind: BTreeMap::new(),
             allocated_through: vec![0; geometry.zone_count as usize],
+            written_ends: vec![0; geometry.zone_count as usize],
+            allocate_ahead,
             slots_checked_at_open,
             zones_lowered_at_open,
             sync_failed: false,
@@ -1246,6 +1314,7 @@ impl Backend for ImageBackend {
         self.pending.extend_from_slice(oob);
         self.pending.extend_from_slice(&trailer);
         self.written_pages[zone] += 1;
+        self.written_ends[zone] = self.written_ends[zone].max(offset + self.slot_bytes);
         self.unsynced_pages += 1;
         Ok(())
     }
