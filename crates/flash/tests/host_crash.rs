@@ -29,6 +29,7 @@
 
 mod common;
 
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
@@ -353,7 +354,16 @@ impl Run {
 fn crash_into(journal: &Mutex<Journal>, rng: &mut Pcg64Mcg, directory: &Path, crash: u32) -> PathBuf {
     let image = journal.lock().unwrap().crash_image(rng);
     let path = directory.join(format!("crash-{crash}.img"));
-    std::fs::write(&path, image).unwrap();
+    // Sparse where the image is zeros, as the image it stands for was: the
+    // next session then allocates ahead into holes again (a 4 KiB piece of
+    // zeros reads the same as a hole).
+    let file = std::fs::File::create(&path).unwrap();
+    file.set_len(image.len() as u64).unwrap();
+    for (index, piece) in image.chunks(4096).enumerate() {
+        if piece.iter().any(|&byte| byte != 0) {
+            file.write_all_at(piece, index as u64 * 4096).unwrap();
+        }
+    }
     path
 }
 
