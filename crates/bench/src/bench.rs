@@ -1584,7 +1584,11 @@ fn write_backing(path: &Path, bytes: u64) -> Outcome<()> {
 /// The workload on a kernel file system on a loop device.
 fn run_kernel(workload: &str, target: &str, size: Size, seed: u64, directory: &Path) -> Outcome<Value> {
     let backing = directory.join(format!("{target}.img"));
-    write_backing(&backing, device_bytes(size, workload))?;
+    if let Err(error) = write_backing(&backing, device_bytes(size, workload)) {
+        // A full TMPDIR: leave no partial file of up to the device's size.
+        let _ = std::fs::remove_file(&backing);
+        return Err(error);
+    }
     let loop_device = run_command("losetup", &["--find", "--show", &backing.to_string_lossy()])?;
     let result = (|| -> Outcome<Value> {
         let flintfs = flintfs_binary().unwrap_or_else(|| PathBuf::from("flintfs"));

@@ -627,17 +627,17 @@ pub struct ImageBackend {
     /// was written since about the last sync, not every zone a long run
     /// of writes without a flush filled.
     floors_behind: BTreeMap<u32, ZoneRecord>,
-    /// Per zone: the file offset up to which this session knows the zone's
-    /// slots have host blocks (no holes), and the offset just past the last
-    /// slot written in the zone's current life (0 before any): pages go
-    /// through the zone's block map, so a zone with an excluded block has
-    /// its slots further on than its write pointer says.
-    /// [`IMAGE_ALLOCATE_AHEAD_BYTES`].
+    /// Per zone, for allocating ahead ([`IMAGE_ALLOCATE_AHEAD_BYTES`]): the
+    /// file offset up to which this session knows the zone's slots have
+    /// host blocks (no holes), and the offset just past the last slot
+    /// written in the zone's current life (0 before any). Pages go through
+    /// the zone's block map, so a zone with an excluded block has its slots
+    /// further on than its write pointer says.
     allocated_through: Vec<u64>,
     written_ends: Vec<u64>,
     /// Whether to allocate ahead: not on a host file system where it gains
     /// nothing, and not after it failed once or the host disk ran low.
-    allocate_ahead: bool,
+    allocates_ahead: bool,
     /// Slots open checked for a host crash's losses, and zones whose write
     /// pointer it lowered for them.
     slots_checked_at_open: u64,
@@ -721,6 +721,12 @@ impl ImageBackend {
         self.slots_checked_at_open
     }
 
+    /// Whether the backend still allocates host blocks ahead of its writes
+    /// ([`IMAGE_ALLOCATE_AHEAD_BYTES`]).
+    pub fn allocates_ahead(&self) -> bool {
+        self.allocates_ahead
+    }
+
     /// Zones whose write pointer the last open lowered past lost pages.
     pub fn zones_lowered_at_open(&self) -> u32 {
         self.zones_lowered_at_open
@@ -749,7 +755,7 @@ impl ImageBackend {
     /// finds no room only at write-back would fail the next fdatasync).
     fn allocate_ahead(&mut self, zone: u32) {
         let written_end = self.written_ends[zone as usize];
-        if !self.allocate_ahead || written_end == 0 {
+        if !self.allocates_ahead || written_end == 0 {
             return;
         }
         let zone_pages = self.header.geometry.zone_pages();
@@ -762,7 +768,7 @@ impl ImageBackend {
         if host_free_bytes(&self.file).is_none_or(|free| free < IMAGE_ALLOCATE_AHEAD_ROOM_BYTES)
             || self.fill_holes(known, target).is_err()
         {
-            self.allocate_ahead = false;
+            self.allocates_ahead = false;
             return;
         }
         self.allocated_through[zone as usize] = target;
@@ -890,20 +896,22 @@ fn read_headers(path: &Path, file: &File) -> Result<Vec<ImageHeader>> {
 /// bcachefs and ZFS copy on write) or where there is no disk and no journal
 /// (tmpfs, ramfs).
 fn host_allocates_in_place(file: &File) -> bool {
-    const COPY_ON_WRITE_OR_MEMORY: [i64; 5] = [
-        0x9123_683E, // btrfs
-        0xCA45_1A4E, // bcachefs
-        0x2FC1_2FC1, // ZFS
-        0x0102_1994, // tmpfs
-        0x8584_58F6, // ramfs
-    ];
+    // Their statfs magic numbers (linux/magic.h; ZFS's own).
+    const BTRFS_MAGIC: u32 = 0x9123_683E;
+    const BCACHEFS_MAGIC: u32 = 0xCA45_1A4E;
+    const ZFS_MAGIC: u32 = 0x2FC1_2FC1;
+    const TMPFS_MAGIC: u32 = 0x0102_1994;
+    const RAMFS_MAGIC: u32 = 0x8584_58F6;
+    const COPY_ON_WRITE_OR_MEMORY: [u32; 5] = [BTRFS_MAGIC, BCACHEFS_MAGIC, ZFS_MAGIC, TMPFS_MAGIC, RAMFS_MAGIC];
     // SAFETY: an all-zero statfs is a valid value, filled in by fstatfs.
     let mut status: libc::statfs = unsafe { std::mem::zeroed() };
     // SAFETY: fstatfs on a descriptor this backend owns, into `status`.
     if unsafe { libc::fstatfs(file.as_raw_fd(), &mut status) } != 0 {
         return false;
     }
-    !COPY_ON_WRITE_OR_MEMORY.contains(&(status.f_type as i64))
+    // The magic is 32 bits wide; `f_type`'s own type is wider on some
+    // targets and signed on others, so compare the low 32 bits.
+    !COPY_ON_WRITE_OR_MEMORY.contains(&(status.f_type as u32))
 }
 
 /// Bytes an unprivileged writer may still use on the host file system.
@@ -938,7 +946,7 @@ impl FlashEmulator<ImageBackend> {
             source,
         })?;
         let state = fresh_state(&geometry, &options.faults);
-        let allocate_ahead = host_allocates_in_place(&file);
+        let allocates_ahead = host_allocates_in_place(&file);
         let mut backend = ImageBackend {
             path: path.to_path_buf(),
             file,
@@ -965,7 +973,7 @@ impl FlashEmulator<ImageBackend> {
             floors_behind: BTreeMap::new(),
             allocated_through: vec![0; geometry.zone_count as usize],
             written_ends: vec![0; geometry.zone_count as usize],
-            allocate_ahead,
+            allocates_ahead,
             slots_checked_at_open: 0,
             zones_lowered_at_open: 0,
             sync_failed: false,
@@ -1169,7 +1177,7 @@ impl FlashEmulator<ImageBackend> {
         }
         let nvm = read(layout.nvm_offset, geometry.nvm_size_bytes, "read NVM")?;
         let write_pointers: Vec<u32> = zones.iter().map(|record| record.write_pointer).collect();
-        let allocate_ahead = host_allocates_in_place(&file);
+        let allocates_ahead = host_allocates_in_place(&file);
         let mut backend = ImageBackend {
             path: path.to_path_buf(),
             file,
@@ -1185,7 +1193,7 @@ impl FlashEmulator<ImageBackend> {
             floors_behind: BTreeMap::new(),
             allocated_through: vec![0; geometry.zone_count as usize],
             written_ends: vec![0; geometry.zone_count as usize],
-            allocate_ahead,
+            allocates_ahead,
             slots_checked_at_open,
             zones_lowered_at_open,
             sync_failed: false,
@@ -1233,6 +1241,13 @@ impl FlashEmulator<ImageBackend> {
     /// Slots open read to find pages a host crash lost.
     pub fn slots_checked_at_open(&self) -> u64 {
         self.backend().slots_checked_at_open()
+    }
+
+    /// Whether the image still allocates host blocks ahead of its writes:
+    /// not on a copy-on-write or memory file system, nor after an error or
+    /// with the host disk low.
+    pub fn allocates_ahead(&self) -> bool {
+        self.backend().allocates_ahead()
     }
 
     /// Zones whose write pointer open lowered past pages a host crash lost.

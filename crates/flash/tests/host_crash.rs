@@ -357,11 +357,12 @@ fn crash_into(journal: &Mutex<Journal>, rng: &mut Pcg64Mcg, directory: &Path, cr
     // Sparse where the image is zeros, as the image it stands for was: the
     // next session then allocates ahead into holes again (a 4 KiB piece of
     // zeros reads the same as a hole).
+    const PIECE_BYTES: usize = 4096;
     let file = std::fs::File::create(&path).unwrap();
     file.set_len(image.len() as u64).unwrap();
-    for (index, piece) in image.chunks(4096).enumerate() {
+    for (index, piece) in image.chunks(PIECE_BYTES).enumerate() {
         if piece.iter().any(|&byte| byte != 0) {
-            file.write_all_at(piece, index as u64 * 4096).unwrap();
+            file.write_all_at(piece, (index * PIECE_BYTES) as u64).unwrap();
         }
     }
     path
