@@ -1431,9 +1431,15 @@ impl Backend for ImageBackend {
             self.sync_failed = true;
             return Err(DeviceError::Io { path: self.path.display().to_string(), operation: "sync", source });
         }
-        let written_since: Vec<u32> = (0..self.written_pages.len() as u32)
-            .filter(|&zone| self.written_pages[zone as usize] != self.synced_write_pointers[zone as usize])
-            .collect();
+        // Only where allocating ahead is on: a sync is on every fsync's
+        // path, and the list walks every zone.
+        let written_since: Vec<u32> = if self.allocates_ahead {
+            (0..self.written_pages.len() as u32)
+                .filter(|&zone| self.written_pages[zone as usize] != self.synced_write_pointers[zone as usize])
+                .collect()
+        } else {
+            Vec::new()
+        };
         self.synced_write_pointers.copy_from_slice(&self.written_pages);
         self.unsynced_pages = 0;
         if let Some(observer) = &mut self.observer {
