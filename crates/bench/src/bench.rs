@@ -258,9 +258,10 @@ pub(crate) trait Files {
     fn write_at(&mut self, handle: u64, offset: u64, data: &[u8]) -> Outcome;
     fn size(&mut self, handle: u64) -> Outcome<u64>;
     /// Writes `data` at the end of the file, as filebench's appendfile and
-    /// appendfilerand and PostMark's append do: a seek to the end and a
-    /// write, with no stat. Where a target has no seek (the engine, and
-    /// littlefs here), its size and a write at it.
+    /// appendfilerand do: a seek to the end and a write, with no stat.
+    /// Where a target keeps no file position (the engine, and littlefs
+    /// here, which opens by path at every call), its size and a write at
+    /// it.
     fn append(&mut self, handle: u64, data: &[u8]) -> Outcome {
         let end = self.size(handle)?;
         self.write_at(handle, end, data)
@@ -333,7 +334,7 @@ struct DirectoryFiles {
     /// The file system's memory now (the daemon's heap, or the kernel's
     /// slab growth since the mount).
     memory: Option<Box<dyn FnMut() -> Outcome<u64>>>,
-    /// Reused by `read_all`, [`READ_WHOLE_IO_BYTES`] once used.
+    /// Reused by `read_all`: [`READ_WHOLE_IO_BYTES`].
     read_buffer: Vec<u8>,
 }
 
@@ -356,7 +357,9 @@ impl DirectoryFiles {
             snapshot: Some(snapshot),
             requests: None,
             memory: None,
-            read_buffer: Vec::new(),
+            // Made here, not at the first read, which is timed, and filled
+            // (not zeroed, which maps pages untouched) so its pages are in.
+            read_buffer: vec![0xA5; READ_WHOLE_IO_BYTES],
         }
     }
 
@@ -393,12 +396,15 @@ impl Files for DirectoryFiles {
         Ok(self.file(handle)?.metadata()?.len())
     }
     fn append(&mut self, handle: u64, data: &[u8]) -> Outcome {
-        // lseek(SEEK_END) and write(2), no fstat. Over FUSE an fstat asks
-        // the file system whenever the kernel holds the attributes stale
-        // (after a write-back, for one), and its reply clears the inode's
-        // no-privileges mark, so the write after it asks for
-        // security.capability as well: varmail made 16 requests a loop
-        // with the fstat, 13 without.
+        // lseek(SEEK_END) and write(2), no fstat. Over FUSE the seek asks
+        // the kernel for the size alone, which the writeback cache keeps
+        // (it still asks the file system once the attribute timeout has
+        // passed). An fstat asks for every basic attribute, which the
+        // kernel marks stale more often (the blocks at every close and
+        // write-back), and its reply clears the inode's no-privileges mark,
+        // so the write after it asks for security.capability too. With
+        // this and `read_all`'s stat, varmail made 16 requests a loop;
+        // without either, 13.
         let mut file = self.file(handle)?;
         file.seek(std::io::SeekFrom::End(0))?;
         Ok(file.write_all(data)?)
@@ -408,9 +414,8 @@ impl Files for DirectoryFiles {
         // its I/O size (1 MiB) until the end, with no stat. std's
         // `read_to_end` makes a statx to size its buffer, and over FUSE
         // that was a GETATTR for most whole-file reads (webserver made
-        // 0.32 requests an operation with it, 0.001 without).
+        // 0.32 requests an operation with it, 0.0009 without).
         let mut buffer = std::mem::take(&mut self.read_buffer);
-        buffer.resize(READ_WHOLE_IO_BYTES, 0);
         let result = (|| -> Outcome<usize> {
             let mut file = self.file(handle)?;
             file.seek(std::io::SeekFrom::Start(0))?;
@@ -1075,6 +1080,9 @@ fn postmark(files: &mut dyn Files, size: Size, random: &mut Pcg64Mcg, phase: &mu
         }
         let pick = path(live[random.random_range(0..live.len())]);
         let handle = files.open(&pick)?;
+        // PostMark opens with stdio (fopen) by default, and stdio stats the
+        // file to size its buffer: a stat, then the reads or the append.
+        files.size(handle)?;
         if random.random_bool(0.5) {
             files.read_all(handle)?;
         } else {
