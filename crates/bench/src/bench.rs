@@ -266,6 +266,13 @@ pub(crate) trait Files {
         let end = self.size(handle)?;
         self.write_at(handle, end, data)
     }
+    /// What stdio does at a stream's first read or write: an fstat, to
+    /// size its buffer (PostMark opens with stdio). Only where the
+    /// target's own reads and appends make no stat (a mounted target): the
+    /// engine's and littlefs's ask for the size already.
+    fn stat_for_stdio(&mut self, _handle: u64) -> Outcome {
+        Ok(())
+    }
     fn read_all(&mut self, handle: u64) -> Outcome<usize>;
     fn fsync(&mut self, handle: u64) -> Outcome;
     fn close(&mut self, handle: u64) -> Outcome;
@@ -357,9 +364,10 @@ impl DirectoryFiles {
             snapshot: Some(snapshot),
             requests: None,
             memory: None,
-            // Made here, not at the first read, which is timed, and filled
-            // (not zeroed, which maps pages untouched) so its pages are in.
-            read_buffer: vec![0xA5; READ_WHOLE_IO_BYTES],
+            // Zeroed, so its pages stay untouched until a read fills them:
+            // a kernel peer's row reports this process's peak memory, and
+            // a read touches only as much as the file holds.
+            read_buffer: vec![0; READ_WHOLE_IO_BYTES],
         }
     }
 
@@ -402,35 +410,33 @@ impl Files for DirectoryFiles {
         // passed). An fstat asks for every basic attribute, which the
         // kernel marks stale more often (the blocks at every close and
         // write-back), and its reply clears the inode's no-privileges mark,
-        // so the write after it asks for security.capability too. With
-        // this and `read_all`'s stat, varmail made 16 requests a loop;
-        // without either, 13.
+        // so the write after it asks for security.capability too
+        // (`docs/BENCHMARKS.md`, "the bench's appends and whole-file reads").
         let mut file = self.file(handle)?;
         file.seek(std::io::SeekFrom::End(0))?;
         Ok(file.write_all(data)?)
+    }
+    fn stat_for_stdio(&mut self, handle: u64) -> Outcome {
+        self.file(handle)?.metadata()?;
+        Ok(())
     }
     fn read_all(&mut self, handle: u64) -> Outcome<usize> {
         // As filebench's readwholefile: a seek to the start and reads of
         // its I/O size (1 MiB) until the end, with no stat. std's
         // `read_to_end` makes a statx to size its buffer, and over FUSE
-        // that was a GETATTR for most whole-file reads (webserver made
-        // 0.32 requests an operation with it, 0.0009 without).
-        let mut buffer = std::mem::take(&mut self.read_buffer);
-        let result = (|| -> Outcome<usize> {
-            let mut file = self.file(handle)?;
-            file.seek(std::io::SeekFrom::Start(0))?;
-            let mut total = 0;
-            loop {
-                match file.read(&mut buffer) {
-                    Ok(0) => return Ok(total),
-                    Ok(read) => total += read,
-                    Err(error) if error.kind() == std::io::ErrorKind::Interrupted => {}
-                    Err(error) => return Err(error.into()),
-                }
+        // that was a GETATTR for most whole-file reads.
+        let mut file = self.open.get(&handle).ok_or_else(|| Failure(format!("no open file {handle}")))?;
+        let buffer = &mut self.read_buffer;
+        file.seek(std::io::SeekFrom::Start(0))?;
+        let mut total_bytes = 0;
+        loop {
+            match file.read(buffer) {
+                Ok(0) => return Ok(total_bytes),
+                Ok(bytes) => total_bytes += bytes,
+                Err(error) if error.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(error) => return Err(error.into()),
             }
-        })();
-        self.read_buffer = buffer;
-        result
+        }
     }
     fn fsync(&mut self, handle: u64) -> Outcome {
         Ok(self.file(handle)?.sync_all()?)
@@ -1082,7 +1088,7 @@ fn postmark(files: &mut dyn Files, size: Size, random: &mut Pcg64Mcg, phase: &mu
         let handle = files.open(&pick)?;
         // PostMark opens with stdio (fopen) by default, and stdio stats the
         // file to size its buffer: a stat, then the reads or the append.
-        files.size(handle)?;
+        files.stat_for_stdio(handle)?;
         if random.random_bool(0.5) {
             files.read_all(handle)?;
         } else {
