@@ -378,8 +378,14 @@ impl DirectoryFiles {
     }
 
     fn file(&self, handle: u64) -> Outcome<&File> {
-        self.open.get(&handle).ok_or_else(|| Failure(format!("no open file {handle}")))
+        open_file(&self.open, handle)
     }
+}
+
+/// The open file a handle names: apart from `DirectoryFiles::file` so that
+/// `read_all` can hold it beside its buffer, another field.
+fn open_file(open: &HashMap<u64, File>, handle: u64) -> Outcome<&File> {
+    open.get(&handle).ok_or_else(|| Failure(format!("no open file {handle}")))
 }
 
 impl Files for DirectoryFiles {
@@ -425,7 +431,7 @@ impl Files for DirectoryFiles {
         // its I/O size (1 MiB) until the end, with no stat. std's
         // `read_to_end` makes a statx to size its buffer, and over FUSE
         // that was a GETATTR for most whole-file reads.
-        let mut file = self.open.get(&handle).ok_or_else(|| Failure(format!("no open file {handle}")))?;
+        let mut file = open_file(&self.open, handle)?;
         let buffer = &mut self.read_buffer;
         file.seek(std::io::SeekFrom::Start(0))?;
         let mut total_bytes = 0;
@@ -1675,14 +1681,13 @@ fn run_kernel(workload: &str, target: &str, size: Size, seed: u64, directory: &P
         // kernel peers through mount(8). Both unmount with umount(8).
         let mount_with = if block_backend {
             vec![flintfs.clone(), "mount".to_string()]
-        } else if target == "btrfs-zstd" {
-            // Every extent compressed, as RCFFS compresses every chunk; the
-            // level is zstd's default, 3, as flintfs-zstd's. No discard
-            // (btrfs's default since Linux 6.2 is discard=async), which
-            // would punch the backing file's blocks out again.
-            vec!["mount".to_string(), "-o".to_string(), "compress-force=zstd,nodiscard".to_string()]
-        } else if target == "btrfs" {
-            vec!["mount".to_string(), "-o".to_string(), "nodiscard".to_string()]
+        } else if matches!(target, "btrfs" | "btrfs-zstd") {
+            // No discard (btrfs's default since Linux 6.2 is discard=async),
+            // which would punch the backing file's blocks out again. With
+            // zstd, every extent compressed, as RCFFS compresses every chunk;
+            // the level is zstd's default, 3, as flintfs-zstd's.
+            let options = if target == "btrfs-zstd" { "compress-force=zstd,nodiscard" } else { "nodiscard" };
+            vec!["mount".to_string(), "-o".to_string(), options.to_string()]
         } else {
             vec!["mount".to_string()]
         };
