@@ -1336,9 +1336,21 @@ impl<D: FlashDevice> Protected<D> {
         let half = pages.len() / 2;
         let (first, second) = pages.split_at_mut(half);
         let (first_headers, second_headers) = headers.split_at(half);
+        // A refused thread (a pids limit, no memory for its stack) must not
+        // fail the write: the half it would have sealed is taken back.
+        let second = std::sync::Mutex::new(Some((second, second_headers)));
+        let seal_second = || {
+            if let Some((pages, headers)) = second.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).take() {
+                seal_all(pages, headers);
+            }
+        };
         std::thread::scope(|scope| {
-            scope.spawn(|| seal_all(second, second_headers));
+            let helper = std::thread::Builder::new().spawn_scoped(scope, seal_second);
             seal_all(first, first_headers);
+            match helper {
+                Ok(helper) => helper.join().expect("sealing does not panic"),
+                Err(_) => seal_second(),
+            }
         });
     }
 
@@ -1989,6 +2001,39 @@ mod tests {
             count: 0,
         };
         crate::volume::program(device, PageAddress::new(ZONE, page), &header, &data).unwrap();
+    }
+
+    /// A run long enough to be sealed on two threads comes out byte for
+    /// byte as each page sealed alone: the halves are the same pure
+    /// function of their pages, whichever thread (or, when no thread can
+    /// be had, this one) seals them.
+    #[test]
+    fn a_run_sealed_on_two_threads_is_sealed_as_page_by_page() {
+        let device = device();
+        let pages = SEAL_PARALLEL_PAGES_MIN * 2 + 1;
+        let data: Vec<Vec<u8>> = (0..pages).map(|page| vec![(page * 37 + 11) as u8; 4096]).collect();
+        let headers: Vec<PageHeader> = (0..pages as u32)
+            .map(|page| PageHeader {
+                kind: PageKind::DataBlock,
+                end_of_record: false,
+                zone_generation: 3,
+                sequence: 300 + u64::from(page),
+                zone: ZONE,
+                page,
+                inverted: InvertedIndex::default(),
+                length: 4096,
+                count: 0,
+            })
+            .collect();
+        let mut run: Vec<(&[u8], Vec<u8>)> = data.iter().map(|page| (page.as_slice(), vec![0u8; 128])).collect();
+        device.seal_pages(&mut run, &headers);
+        for (page, ((bytes, oob), header)) in run.iter().zip(&headers).enumerate() {
+            let mut alone = vec![0u8; 128];
+            alone[..flintfs_format::PAGE_HEADER_BYTES].copy_from_slice(&header.encode(bytes));
+            protection::seal(bytes, &mut alone, device.ecc.as_deref());
+            assert_eq!(oob, &alone, "page {page} of the run");
+            assert!(protection::signature_matches(bytes, oob), "page {page} carries its signature");
+        }
     }
 
     /// What a fresh mount of the device's NVM finds in force: per zone,
