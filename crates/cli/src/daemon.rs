@@ -743,7 +743,7 @@ pub fn stat(arguments: StatArguments) -> Outcome<ExitCode> {
         let answer = ask(&arguments.target, "stat")?;
         serde_json::from_str::<serde_json::Value>(&answer).map_err(|error| format!("the daemon's answer: {error}"))?
     } else {
-        let device = open_device(&arguments.target, IMAGE_WAIT)?;
+        let device = crate::device::open_device_to_look(&arguments.target, IMAGE_WAIT)?;
         counters_json(&device.lifetime_counters(), None)
     };
     if arguments.json {

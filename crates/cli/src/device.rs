@@ -72,6 +72,16 @@ pub fn open_device(path: &Path, wait: Duration) -> Outcome<Device> {
     open_device_with(path, wait, None, true)
 }
 
+/// [`open_device`] for a command that only looks (fsck without
+/// `--repair`, inspect, stat): an image is opened under a scratch view
+/// (`ImageFlash::open_image_scratch`), so the device, and an engine
+/// mounted on it with its recovery, run as on a real open while nothing
+/// they write reaches the file. The block backend is opened as usual: its
+/// open writes a new epoch into the device's header.
+pub fn open_device_to_look(path: &Path, wait: Duration) -> Outcome<Device> {
+    open_device_opened(path, wait, None, true, true)
+}
+
 /// [`open_device`], with faults injected (the emulator only) and, for an
 /// image, whether each flush reaches the host's disk (`host_sync`: on
 /// everywhere but a mount with `-o nohost_sync`). Without it a flush stays
@@ -83,6 +93,16 @@ pub fn open_device_with(
     wait: Duration,
     faults: Option<flintfs_flash::FaultConfig>,
     host_sync: bool,
+) -> Outcome<Device> {
+    open_device_opened(path, wait, faults, host_sync, false)
+}
+
+fn open_device_opened(
+    path: &Path,
+    wait: Duration,
+    faults: Option<flintfs_flash::FaultConfig>,
+    host_sync: bool,
+    to_look: bool,
 ) -> Outcome<Device> {
     use std::os::unix::fs::FileTypeExt;
     let metadata = std::fs::metadata(path).map_err(|error| format!("{}: {error}", path.display()))?;
@@ -99,7 +119,11 @@ pub fn open_device_with(
         let opened = if block {
             BlockFlash::open(path).map(Device::Block)
         } else {
-            ImageFlash::open_image(path, options.clone()).map(Device::Image)
+            if to_look {
+                ImageFlash::open_image_scratch(path, options.clone()).map(Device::Image)
+            } else {
+                ImageFlash::open_image(path, options.clone()).map(Device::Image)
+            }
         };
         match opened {
             Ok(device) => return Ok(device),

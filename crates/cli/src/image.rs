@@ -315,7 +315,10 @@ pub struct Checked {
 
 /// Mounts an image, repairs it if asked, and checks every invariant.
 pub fn check_image(path: &Path, repair: bool, wait: Duration) -> Outcome<Checked> {
-    let device = open_device(path, wait)?;
+    // Without a repair the image is only looked at: the mount's recovery
+    // (its replay and checkpoint) and the device's own open run on a
+    // scratch view, and the file stays as it was found.
+    let device = if repair { open_device(path, wait)? } else { crate::device::open_device_to_look(path, wait)? };
     let (mut fs, mount) = mount_fs(device, FsOptions::default())?;
     if repair {
         // The checkpoint is what repairs: it records the tree as the mount
@@ -323,7 +326,8 @@ pub fn check_image(path: &Path, repair: bool, wait: Duration) -> Outcome<Checked
         fs.sync().map_err(|error| format!("repair: {}", error.message))?;
     }
     let report = fs.check().map_err(|error| format!("check: {}", error.message))?;
-    // A check alone writes no checkpoint: the image stays as it was found.
+    // Without a repair, what the mount wrote went to the scratch view,
+    // which goes with the device.
     drop(fs.into_device());
     Ok(Checked { report, mount, repaired: repair })
 }

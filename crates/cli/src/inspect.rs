@@ -11,7 +11,7 @@ use flintfs_flash::{FlashDevice, PageAddress, PageState};
 use flintfs_format::{ChunkHeader, Node, PageHeader, PageKind};
 use serde_json::{json, Value};
 
-use crate::device::{open_device, Device};
+use crate::device::{open_device_to_look, Device};
 use crate::image::IMAGE_WAIT;
 use crate::{fail, Outcome};
 
@@ -41,7 +41,7 @@ fn hex(bytes: &[u8]) -> String {
 }
 
 fn geometry(arguments: &InspectArguments) -> Outcome<Value> {
-    let device = open_device(&arguments.image, IMAGE_WAIT)?;
+    let device = open_device_to_look(&arguments.image, IMAGE_WAIT)?;
     let geometry = device.geometry();
     Ok(json!({
         "backend": device.backend_name(),
@@ -57,7 +57,7 @@ fn geometry(arguments: &InspectArguments) -> Outcome<Value> {
 }
 
 fn volume(arguments: &InspectArguments) -> Outcome<Volume<Device>> {
-    let device = open_device(&arguments.image, IMAGE_WAIT)?;
+    let device = open_device_to_look(&arguments.image, IMAGE_WAIT)?;
     let (volume, _) = Volume::mount(device).map_err(|error| error.message)?;
     Ok(volume)
 }
@@ -184,7 +184,7 @@ fn parse_address(text: &str, geometry: &flintfs_flash::Geometry) -> Outcome<Page
 
 fn page(arguments: &InspectArguments) -> Outcome<Value> {
     let Some(text) = &arguments.address else { fail!("inspect page needs an address: ZONE:PAGE or a page number") };
-    let mut device = open_device(&arguments.image, IMAGE_WAIT)?;
+    let mut device = open_device_to_look(&arguments.image, IMAGE_WAIT)?;
     let geometry = device.geometry();
     let address = parse_address(text, &geometry)?;
     let mut data = vec![0u8; geometry.page_size_bytes as usize];

@@ -50,6 +50,7 @@ use crate::counters::Counters;
 use crate::device::{block_map_of, fresh_state, DeviceOptions, FlashEmulator};
 use crate::error::{DeviceError, Result};
 use crate::geometry::Geometry;
+use crate::host_file::HostFile;
 
 /// First bytes of every device image.
 pub const IMAGE_MAGIC: [u8; 8] = *b"FLINTDEV";
@@ -601,7 +602,7 @@ pub trait HostWriteObserver: Send {
 /// Durable state in an image file.
 pub struct ImageBackend {
     path: PathBuf,
-    file: File,
+    file: HostFile,
     header: ImageHeader,
     slot_bytes: u64,
     /// Sync between an overlay and the header that points at it, keep
@@ -674,7 +675,8 @@ impl ImageBackend {
         if let Some(observer) = &mut self.observer {
             observer.written(offset, bytes);
         }
-        self.file.write_all_at(bytes, offset).map_err(self.io(operation))
+        let written = self.file.write_all_at(bytes, offset);
+        written.map_err(self.io(operation))
     }
 
     /// Writes `header` as the next generation; only once it is written does
@@ -765,7 +767,7 @@ impl ImageBackend {
         if known >= zone_end.min(written_end + IMAGE_ALLOCATE_AHEAD_BYTES / 2) {
             return;
         }
-        if host_free_bytes(&self.file).is_none_or(|free| free < IMAGE_ALLOCATE_AHEAD_ROOM_BYTES)
+        if host_free_bytes(self.file.file()).is_none_or(|free| free < IMAGE_ALLOCATE_AHEAD_ROOM_BYTES)
             || self.fill_holes(known, target).is_err()
         {
             self.allocates_ahead = false;
@@ -949,7 +951,7 @@ impl FlashEmulator<ImageBackend> {
         let allocates_ahead = host_allocates_in_place(&file);
         let mut backend = ImageBackend {
             path: path.to_path_buf(),
-            file,
+            file: HostFile::through(file),
             header: ImageHeader {
                 generation: 0,
                 geometry,
@@ -985,14 +987,16 @@ impl FlashEmulator<ImageBackend> {
             .enumerate()
             .flat_map(|(zone, record)| encode_zone_record(zone as u32, &backend.stored_record(zone as u32, record)))
             .collect();
-        backend.file.write_all_at(&zone_table, layout.zone_table_offset).map_err(backend.io("write zone table"))?;
+        let written = backend.file.write_all_at(&zone_table, layout.zone_table_offset);
+        written.map_err(backend.io("write zone table"))?;
         let block_table: Vec<u8> = state
             .blocks
             .iter()
             .enumerate()
             .flat_map(|(block, record)| encode_block_record(block as u64, record))
             .collect();
-        backend.file.write_all_at(&block_table, layout.block_table_offset).map_err(backend.io("write block table"))?;
+        let written = backend.file.write_all_at(&block_table, layout.block_table_offset);
+        written.map_err(backend.io("write block table"))?;
         // Both header copies, so neither slot holds garbage.
         backend.write_header(backend.header.clone())?;
         backend.write_header(backend.header.clone())?;
@@ -1006,9 +1010,22 @@ impl FlashEmulator<ImageBackend> {
     /// other-version image with a message saying why, and an image another
     /// process has open.
     pub fn open_image(path: impl AsRef<Path>, options: DeviceOptions) -> Result<ImageFlash> {
-        let path = path.as_ref();
+        ImageFlash::open_image_with(path.as_ref(), options, false)
+    }
+
+    /// [`ImageFlash::open_image`] for a check that must leave the image as
+    /// it found it: the file is opened read-only, and every write the
+    /// device (or an engine mounted on it) makes lands in a scratch view in
+    /// memory instead (see `host_file`). The device behaves as on a real
+    /// open, a host crash's losses found and a recovery run included, so
+    /// what a check sees is what a mount would see.
+    pub fn open_image_scratch(path: impl AsRef<Path>, options: DeviceOptions) -> Result<ImageFlash> {
+        ImageFlash::open_image_with(path.as_ref(), options, true)
+    }
+
+    fn open_image_with(path: &Path, options: DeviceOptions, scratch: bool) -> Result<ImageFlash> {
         options.validate()?;
-        let file = OpenOptions::new().read(true).write(true).open(path).map_err(|source| DeviceError::Io {
+        let file = OpenOptions::new().read(true).write(!scratch).open(path).map_err(|source| DeviceError::Io {
             path: path.display().to_string(),
             operation: "open",
             source,
@@ -1177,10 +1194,12 @@ impl FlashEmulator<ImageBackend> {
         }
         let nvm = read(layout.nvm_offset, geometry.nvm_size_bytes, "read NVM")?;
         let write_pointers: Vec<u32> = zones.iter().map(|record| record.write_pointer).collect();
-        let allocates_ahead = host_allocates_in_place(&file);
+        // A scratch view allocates nothing ahead: its writes never reach
+        // the host's file system.
+        let allocates_ahead = !scratch && host_allocates_in_place(&file);
         let mut backend = ImageBackend {
             path: path.to_path_buf(),
-            file,
+            file: if scratch { HostFile::scratch(file) } else { HostFile::through(file) },
             slot_bytes: ImageLayout::slot_bytes(&geometry),
             header,
             host_sync: options.host_sync,

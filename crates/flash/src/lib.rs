@@ -126,6 +126,7 @@ mod device;
 mod error;
 mod faults;
 mod geometry;
+mod host_file;
 mod image;
 mod timing;
 
@@ -148,6 +149,7 @@ pub use geometry::{
     Geometry, PageAddress, BLOCK_COUNT_MAX, DEVICE_PAGES_MAX, NVM_SIZE_BYTES_MAX, NVM_WORD_BYTES, OOB_SIZE_BYTES_MAX,
     OOB_SIZE_BYTES_MIN, PAGE_SIZE_BYTES_MAX, PAGE_SIZE_BYTES_MIN, ZONE_COUNT_MAX, ZONE_PAGES_MAX,
 };
+pub use host_file::{SCRATCH_BYTES_MAX, SCRATCH_CHUNK_BYTES};
 pub use image::{
     decode_block_record, decode_overlay, decode_zone_record, encode_block_record, encode_overlay, encode_zone_record,
     slot_is_valid, HostWriteObserver, ImageBackend, ImageFlash, ImageHeader, ImageLayout, StoredZoneRecord,

@@ -1,0 +1,158 @@
+//! The host file a backend keeps its durable state in (an image file, or
+//! the block backend's device or file), or that file under a scratch view.
+//!
+//! A check must leave what it checks as it found it (`flintfs fsck`
+//! without `--repair`, `inspect`, `stat` of an image), yet opening a
+//! device writes (an image's new epoch, the zone records open corrected)
+//! and mounting an engine may write more (recovery's checkpoint). Under a
+//! scratch view those writes land in memory instead: each 4 KiB chunk of
+//! the file is copied at its first write, every read sees the view over
+//! the file, and a sync does nothing. The device and the engine above run
+//! exactly as on a real open, so what a check finds is what a mount would
+//! find, and nothing reaches the file. The view is bounded
+//! ([`SCRATCH_BYTES_MAX`]): a check that would write more fails with a
+//! message rather than take the host's memory.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::os::fd::{AsRawFd, RawFd};
+use std::os::unix::fs::FileExt;
+
+/// Bytes of the chunks a scratch view copies.
+pub const SCRATCH_CHUNK_BYTES: u64 = 4096;
+/// Bytes a scratch view holds at most (a check's recovery writes a
+/// checkpoint: its node pages, a few records; far below this).
+pub const SCRATCH_BYTES_MAX: u64 = 1 << 30;
+const _: () = assert!(SCRATCH_BYTES_MAX.is_multiple_of(SCRATCH_CHUNK_BYTES));
+
+/// A host file, written through, or under a scratch view.
+pub(crate) struct HostFile {
+    file: File,
+    /// Chunk index to the chunk's bytes as written, for a scratch view.
+    scratch: Option<BTreeMap<u64, Box<[u8]>>>,
+}
+
+impl HostFile {
+    /// Writes go to `file`.
+    pub(crate) fn through(file: File) -> HostFile {
+        HostFile { file, scratch: None }
+    }
+
+    /// Writes go to a view in memory; `file` is only read.
+    pub(crate) fn scratch(file: File) -> HostFile {
+        HostFile { file, scratch: Some(BTreeMap::new()) }
+    }
+
+    /// The file itself, for what only asks about it (its host file
+    /// system, its holes).
+    pub(crate) fn file(&self) -> &File {
+        &self.file
+    }
+
+    pub(crate) fn read_exact_at(&self, buffer: &mut [u8], offset: u64) -> std::io::Result<()> {
+        let Some(chunks) = &self.scratch else { return self.file.read_exact_at(buffer, offset) };
+        if chunks.is_empty() {
+            return self.file.read_exact_at(buffer, offset);
+        }
+        let mut done = 0;
+        while done < buffer.len() {
+            let position = offset + done as u64;
+            let (chunk, within) = (position / SCRATCH_CHUNK_BYTES, (position % SCRATCH_CHUNK_BYTES) as usize);
+            let length = (SCRATCH_CHUNK_BYTES as usize - within).min(buffer.len() - done);
+            match chunks.get(&chunk) {
+                Some(bytes) => buffer[done..done + length].copy_from_slice(&bytes[within..within + length]),
+                None => self.file.read_exact_at(&mut buffer[done..done + length], position)?,
+            }
+            done += length;
+        }
+        Ok(())
+    }
+
+    pub(crate) fn write_all_at(&mut self, bytes: &[u8], offset: u64) -> std::io::Result<()> {
+        let Some(chunks) = &mut self.scratch else { return self.file.write_all_at(bytes, offset) };
+        let mut done = 0;
+        while done < bytes.len() {
+            let position = offset + done as u64;
+            let (chunk, within) = (position / SCRATCH_CHUNK_BYTES, (position % SCRATCH_CHUNK_BYTES) as usize);
+            let length = (SCRATCH_CHUNK_BYTES as usize - within).min(bytes.len() - done);
+            if !chunks.contains_key(&chunk) {
+                if (chunks.len() as u64 + 1) * SCRATCH_CHUNK_BYTES > SCRATCH_BYTES_MAX {
+                    return Err(std::io::Error::other(format!(
+                        "a check would write more than {} MiB into its scratch view of the file",
+                        SCRATCH_BYTES_MAX >> 20
+                    )));
+                }
+                chunks.insert(chunk, read_chunk(&self.file, chunk)?);
+            }
+            let stored = chunks.get_mut(&chunk).expect("the chunk was just copied");
+            stored[within..within + length].copy_from_slice(&bytes[done..done + length]);
+            done += length;
+        }
+        Ok(())
+    }
+
+    pub(crate) fn sync_data(&self) -> std::io::Result<()> {
+        match self.scratch {
+            Some(_) => Ok(()),
+            None => self.file.sync_data(),
+        }
+    }
+}
+
+impl AsRawFd for HostFile {
+    fn as_raw_fd(&self) -> RawFd {
+        self.file.as_raw_fd()
+    }
+}
+
+/// The chunk `index` of `file` as it is: what lies past the file's end
+/// reads as zeros (a sparse image's tail, a block device never has one).
+fn read_chunk(file: &File, index: u64) -> std::io::Result<Box<[u8]>> {
+    let mut bytes = vec![0u8; SCRATCH_CHUNK_BYTES as usize].into_boxed_slice();
+    let mut done = 0;
+    while done < bytes.len() {
+        match file.read_at(&mut bytes[done..], index * SCRATCH_CHUNK_BYTES + done as u64) {
+            Ok(0) => break,
+            Ok(read) => done += read,
+            Err(error) if error.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(error) => return Err(error),
+        }
+    }
+    Ok(bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A scratch view reads back what was written over it, across chunk
+    /// edges and past the file's end, and leaves the file as it was.
+    #[test]
+    fn a_scratch_view_reads_its_writes_and_leaves_the_file_alone() {
+        let directory = std::env::temp_dir().join(format!("flintfs-host-file-{}", std::process::id()));
+        std::fs::create_dir_all(&directory).unwrap();
+        let path = directory.join("image");
+        let original: Vec<u8> = (0..3 * SCRATCH_CHUNK_BYTES as usize + 100).map(|index| (index % 251) as u8).collect();
+        std::fs::write(&path, &original).unwrap();
+        let mut view = HostFile::scratch(std::fs::OpenOptions::new().read(true).open(&path).unwrap());
+        let written = vec![0xAB; SCRATCH_CHUNK_BYTES as usize + 10];
+        view.write_all_at(&written, SCRATCH_CHUNK_BYTES - 5).unwrap();
+        let tail = vec![0xCD; 50];
+        let end = original.len() as u64 + 20;
+        view.write_all_at(&tail, end).unwrap();
+        view.sync_data().unwrap();
+        let mut expected = original.clone();
+        expected.resize(end as usize + tail.len(), 0);
+        expected[SCRATCH_CHUNK_BYTES as usize - 5..][..written.len()].copy_from_slice(&written);
+        expected[end as usize..].copy_from_slice(&tail);
+        let mut seen = vec![0u8; expected.len()];
+        view.read_exact_at(&mut seen, 0).unwrap();
+        assert_eq!(seen, expected, "the view reads its own writes over the file");
+        let mut piece = vec![0u8; 7];
+        view.read_exact_at(&mut piece, SCRATCH_CHUNK_BYTES - 8).unwrap();
+        assert_eq!(piece, [&original[SCRATCH_CHUNK_BYTES as usize - 8..][..3], &[0xAB; 4][..]].concat());
+        drop(view);
+        assert_eq!(std::fs::read(&path).unwrap(), original, "the file is as it was");
+        std::fs::remove_dir_all(&directory).unwrap();
+    }
+}
