@@ -76,8 +76,8 @@ pub fn open_device(path: &Path, wait: Duration) -> Outcome<Device> {
 /// `--repair`, inspect, stat): an image is opened under a scratch view
 /// (`ImageFlash::open_image_scratch`), so the device, and an engine
 /// mounted on it with its recovery, run as on a real open while nothing
-/// they write reaches the file. The block backend is opened as usual: its
-/// open writes a new epoch into the device's header.
+/// they write reaches the file; the block backend likewise
+/// (`BlockFlash::open_to_look`).
 pub fn open_device_to_look(path: &Path, wait: Duration) -> Outcome<Device> {
     open_device_opened(path, wait, None, true, true)
 }
@@ -116,14 +116,11 @@ fn open_device_opened(
     let options = DeviceOptions { faults: faults.unwrap_or_default(), host_sync, ..DeviceOptions::default() };
     let start = Instant::now();
     loop {
-        let opened = if block {
-            BlockFlash::open(path).map(Device::Block)
-        } else {
-            if to_look {
-                ImageFlash::open_image_scratch(path, options.clone()).map(Device::Image)
-            } else {
-                ImageFlash::open_image(path, options.clone()).map(Device::Image)
-            }
+        let opened = match (block, to_look) {
+            (true, true) => BlockFlash::open_to_look(path).map(Device::Block),
+            (true, false) => BlockFlash::open(path).map(Device::Block),
+            (false, true) => ImageFlash::open_image_scratch(path, options.clone()).map(Device::Image),
+            (false, false) => ImageFlash::open_image(path, options.clone()).map(Device::Image),
         };
         match opened {
             Ok(device) => return Ok(device),

@@ -117,9 +117,12 @@ fn mkfs_inspect_fsck_and_stat_on_an_image() {
     let fsck = json(&ok(&["fsck", image, "--json"]));
     assert_eq!(fsck["clean"], true, "{fsck}");
     looking_leaves(image);
+    // A repair opens the image for real: its new epoch at least is written
+    // (a clean, unchanged tree needs no checkpoint; after a cut the
+    // recovery's is written, which the live-mount test shows).
     let before = digest(image);
     assert_eq!(json(&ok(&["fsck", image, "--repair", "--json"]))["clean"], true);
-    assert_ne!(digest(image), before, "a repair writes its checkpoint");
+    assert_ne!(digest(image), before, "a repair wrote nothing");
 
     let stat = json(&ok(&["stat", image, "--json"]));
     for field in [
@@ -165,6 +168,7 @@ fn the_block_backend_on_a_regular_file() {
     assert_eq!(geometry["backend"], "block", "{geometry}");
     let fsck = json(&ok(&["fsck", device, "--json"]));
     assert_eq!(fsck["clean"], true, "{fsck}");
+    looking_leaves(device);
     // What holds a file system is refused unless --force, by name.
     refused(&["mkfs", device, "--backend", "block"], "holds a flintfs file system (block backend); --force");
     ok(&["mkfs", device, "--backend", "block", "--force", "--quiet"]);
@@ -176,8 +180,8 @@ fn the_block_backend_on_a_regular_file() {
     let empty = directory.path().join("empty");
     std::fs::File::create(&empty).unwrap().set_len(96 << 20).unwrap();
     ok(&["mkfs", path_text(&empty), "--backend", "block"]);
-    // Lifetime counters, as an image keeps them: mkfs's checkpoint and the
-    // fsck after it programmed pages, and the closes recorded them.
+    // Lifetime counters, as an image keeps them: mkfs's checkpoint
+    // programmed pages, and its close recorded them (a fsck writes none).
     let lifetime = json(&ok(&["stat", device, "--json"]));
     assert!(lifetime["pages_programmed"].as_u64().unwrap() > 0, "{lifetime}");
     assert!(lifetime["flushes"].as_u64().unwrap() > 0, "{lifetime}");
@@ -298,9 +302,20 @@ fn a_live_mount_through_stat_powercut_recovery_and_fsck() {
     assert!(!table.contains(&format!(" {mnt} ")), "the mount point is released after a power cut");
     // The cut left a log to replay: fsck's mount replays it and takes a
     // checkpoint, in a scratch view; the image waits for its real mount.
-    let checkpoint = json(&ok(&["inspect", image, "checkpoint", "--json"]))["number"].clone();
+    let checkpoint = json(&ok(&["inspect", image, "checkpoint", "--json"]))["number"].as_u64().unwrap();
     looking_leaves(image);
     assert_eq!(json(&ok(&["inspect", image, "checkpoint", "--json"]))["number"], checkpoint);
+    // A copy repaired takes the recovery's checkpoint; the image itself
+    // waits for its mount, which recovers it below.
+    let copy = directory.path().join("copy.img");
+    std::fs::copy(image, &copy).unwrap();
+    assert_eq!(json(&ok(&["fsck", path_text(&copy), "--repair", "--json"]))["clean"], true);
+    let repaired = json(&ok(&["inspect", path_text(&copy), "checkpoint", "--json"]))["number"].as_u64().unwrap();
+    assert!(
+        repaired > checkpoint,
+        "a repair after the cut wrote the recovery's checkpoint: {checkpoint} then {repaired}"
+    );
+    std::fs::remove_file(&copy).unwrap();
 
     // Recovery is the next mount.
     ok(&["mount", image, mnt]);

@@ -64,6 +64,7 @@ use std::os::unix::fs::{FileExt, FileTypeExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
+use crate::host_file::HostFile;
 use crate::{Counters, DeviceError, FlashDevice, Geometry, PageAddress, PageState, Result, ZoneReport, ZoneState};
 
 /// The first bytes of a block-backend device.
@@ -230,7 +231,7 @@ struct Zone {
 /// The block backend. See the module documentation.
 pub struct BlockFlash {
     path: PathBuf,
-    file: File,
+    file: HostFile,
     direct: bool,
     geometry: Geometry,
     layout: BlockLayout,
@@ -299,20 +300,24 @@ fn block_device_facts(file: &File) -> std::io::Result<(u32, u64)> {
     Ok((sector as u32, bytes))
 }
 
-fn open_file(path: &Path, create: bool) -> Result<(File, bool, bool)> {
+/// Opens the device or file, taking it for this process alone. `to_look`:
+/// read-only and through the page cache (a scratch view copies chunks at
+/// any offset, which direct I/O would refuse).
+fn open_file(path: &Path, create: bool, to_look: bool) -> Result<(File, bool, bool)> {
     let metadata = std::fs::metadata(path);
     let is_block = metadata.as_ref().is_ok_and(|metadata| metadata.file_type().is_block_device());
     let mut options = std::fs::OpenOptions::new();
-    options.read(true).write(true);
+    options.read(true).write(!to_look);
     if create && !is_block {
         options.create(true);
     }
     // O_EXCL on a block device: the kernel refuses one that is mounted or
     // held by another exclusive opener.
     let exclusive = if is_block { libc::O_EXCL } else { 0 };
-    let direct = options.clone().custom_flags(libc::O_DIRECT | exclusive).open(path);
+    let direct_flag = if to_look { 0 } else { libc::O_DIRECT };
+    let direct = options.clone().custom_flags(direct_flag | exclusive).open(path);
     let (file, direct) = match direct {
-        Ok(file) => (file, true),
+        Ok(file) => (file, !to_look),
         // tmpfs and some others have no direct I/O: use the page cache,
         // and fdatasync still makes writes durable.
         Err(error) if error.raw_os_error() == Some(libc::EINVAL) => {
@@ -463,7 +468,7 @@ pub fn block_device_size(path: &Path) -> Result<(u32, u64)> {
 impl BlockFlash {
     fn assemble(
         path: &Path,
-        file: File,
+        file: HostFile,
         direct: bool,
         layout: BlockLayout,
         geometry: Geometry,
@@ -535,7 +540,7 @@ impl BlockFlash {
     /// `geometry` is used as given.
     pub fn create(path: impl AsRef<Path>, geometry: Geometry, create: BlockCreate) -> Result<BlockFlash> {
         let path = path.as_ref();
-        let (file, direct, is_block) = open_file(path, true)?;
+        let (file, direct, is_block) = open_file(path, true, false)?;
         let (sector_bytes, available) = if is_block {
             let (sector, bytes) = block_device_facts(&file).map_err(io_error(path, "reading the device's size"))?;
             (sector, create.size_bytes.map_or(bytes, |wanted| wanted.min(bytes)))
@@ -558,7 +563,7 @@ impl BlockFlash {
                 Zone { generation: 1, erase_count: 0, write_pointer: 0, full: false, in_use: false, open: false };
                 geometry.zone_count as usize
             ];
-        let mut device = BlockFlash::assemble(path, file, direct, layout, geometry, create.nonce, 0);
+        let mut device = BlockFlash::assemble(path, HostFile::through(file), direct, layout, geometry, create.nonce, 0);
         device.zones = zones;
         // Tables first, header last: a device is not one until its header
         // is there.
@@ -579,13 +584,24 @@ impl BlockFlash {
     /// Opens a device laid out by [`BlockFlash::create`], finding each
     /// zone's write pointer from its slots' trailers.
     pub fn open(path: impl AsRef<Path>) -> Result<BlockFlash> {
-        let path = path.as_ref();
-        let (file, direct, _) = open_file(path, false)?;
+        BlockFlash::open_with(path.as_ref(), false)
+    }
+
+    /// [`BlockFlash::open`] for a check that must leave the device as it
+    /// found it: opened read-only, every write (the new epoch, what a
+    /// mount on it writes) lands in a scratch view in memory (see
+    /// `host_file`), and the device behaves as on a real open.
+    pub fn open_to_look(path: impl AsRef<Path>) -> Result<BlockFlash> {
+        BlockFlash::open_with(path.as_ref(), true)
+    }
+
+    fn open_with(path: &Path, to_look: bool) -> Result<BlockFlash> {
+        let (file, direct, _) = open_file(path, false, to_look)?;
         let mut header = AlignedBuffer::zeroed(BLOCK_HEADER_BYTES as usize);
         let mut copies = Vec::new();
         let mut reasons = Vec::new();
         for copy in 0..2 {
-            if let Err(error) = read_at(&file, &mut header, copy * BLOCK_HEADER_BYTES) {
+            if let Err(error) = file.read_exact_at(&mut header, copy * BLOCK_HEADER_BYTES) {
                 reasons.push(format!("reading the header: {error}"));
                 continue;
             }
@@ -620,6 +636,7 @@ impl BlockFlash {
                 format!("truncated: {length} bytes, the layout needs {}", layout.device_bytes(&geometry)),
             ));
         }
+        let file = if to_look { HostFile::scratch(file) } else { HostFile::through(file) };
         let mut device = BlockFlash::assemble(path, file, direct, layout, geometry, nonce, epoch);
         // The new epoch on the device, both copies, before any slot of this
         // session can be: otherwise a crash could give it to a later
@@ -847,7 +864,7 @@ impl BlockFlash {
     }
 }
 
-fn read_at(file: &File, buffer: &mut [u8], offset: u64) -> std::io::Result<()> {
+fn read_at(file: &HostFile, buffer: &mut [u8], offset: u64) -> std::io::Result<()> {
     file.read_exact_at(buffer, offset)
 }
 

@@ -58,11 +58,18 @@ impl HostFile {
         while done < buffer.len() {
             let position = offset + done as u64;
             let (chunk, within) = (position / SCRATCH_CHUNK_BYTES, (position % SCRATCH_CHUNK_BYTES) as usize);
-            let length = (SCRATCH_CHUNK_BYTES as usize - within).min(buffer.len() - done);
-            match chunks.get(&chunk) {
-                Some(bytes) => buffer[done..done + length].copy_from_slice(&bytes[within..within + length]),
-                None => self.file.read_exact_at(&mut buffer[done..done + length], position)?,
+            if let Some(bytes) = chunks.get(&chunk) {
+                let length = (SCRATCH_CHUNK_BYTES as usize - within).min(buffer.len() - done);
+                buffer[done..done + length].copy_from_slice(&bytes[within..within + length]);
+                done += length;
+                continue;
             }
+            // Up to the next chunk the view holds, in one read from the
+            // file (as past the file's end a real file would, this fails:
+            // an open refuses a file shorter than its layout).
+            let next_held = chunks.range(chunk..).next().map_or(u64::MAX, |(&next, _)| next * SCRATCH_CHUNK_BYTES);
+            let length = (next_held - position).min((buffer.len() - done) as u64) as usize;
+            self.file.read_exact_at(&mut buffer[done..done + length], position)?;
             done += length;
         }
         Ok(())
@@ -132,9 +139,12 @@ mod tests {
         let directory = std::env::temp_dir().join(format!("flintfs-host-file-{}", std::process::id()));
         std::fs::create_dir_all(&directory).unwrap();
         let path = directory.join("image");
-        let original: Vec<u8> = (0..3 * SCRATCH_CHUNK_BYTES as usize + 100).map(|index| (index % 251) as u8).collect();
+        let original: Vec<u8> = (0..6 * SCRATCH_CHUNK_BYTES as usize + 100).map(|index| (index % 251) as u8).collect();
         std::fs::write(&path, &original).unwrap();
         let mut view = HostFile::scratch(std::fs::OpenOptions::new().read(true).open(&path).unwrap());
+        let mut untouched = vec![0u8; 3 * SCRATCH_CHUNK_BYTES as usize];
+        view.read_exact_at(&mut untouched, 100).unwrap();
+        assert_eq!(untouched, original[100..][..untouched.len()], "an empty view reads the file");
         let written = vec![0xAB; SCRATCH_CHUNK_BYTES as usize + 10];
         view.write_all_at(&written, SCRATCH_CHUNK_BYTES - 5).unwrap();
         let tail = vec![0xCD; 50];
@@ -151,6 +161,12 @@ mod tests {
         let mut piece = vec![0u8; 7];
         view.read_exact_at(&mut piece, SCRATCH_CHUNK_BYTES - 8).unwrap();
         assert_eq!(piece, [&original[SCRATCH_CHUNK_BYTES as usize - 8..][..3], &[0xAB; 4][..]].concat());
+        // From held chunks (1 and 2) through three the view does not hold
+        // (3 to 5, read from the file in one go) into the held tail (6).
+        let start = 2 * SCRATCH_CHUNK_BYTES - 20;
+        let mut across = vec![0u8; (end + 10 - start) as usize];
+        view.read_exact_at(&mut across, start).unwrap();
+        assert_eq!(across, expected[start as usize..][..across.len()]);
         drop(view);
         assert_eq!(std::fs::read(&path).unwrap(), original, "the file is as it was");
         std::fs::remove_dir_all(&directory).unwrap();

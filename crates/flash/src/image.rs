@@ -1030,7 +1030,7 @@ impl FlashEmulator<ImageBackend> {
             operation: "open",
             source,
         })?;
-        lock(path, &file)?;
+        lock_as(path, &file, scratch)?;
         let headers = read_headers(path, &file)?;
         let geometry = headers[0].geometry;
         let layout = headers[0].layout;
@@ -1278,7 +1278,14 @@ impl FlashEmulator<ImageBackend> {
 /// One process at a time: a second opener gets a clear error instead of two
 /// emulators silently overwriting each other's state.
 fn lock(path: &Path, file: &File) -> Result<()> {
-    file.try_lock().map_err(|error| match error {
+    lock_as(path, file, false)
+}
+
+/// The image's lock, `shared` for a look (several may run at once, never
+/// beside a mount or a repair, which take it exclusively).
+fn lock_as(path: &Path, file: &File, shared: bool) -> Result<()> {
+    let locked = if shared { file.try_lock_shared() } else { file.try_lock() };
+    locked.map_err(|error| match error {
         std::fs::TryLockError::WouldBlock => image_error(path, "in use by another process"),
         std::fs::TryLockError::Error(source) => {
             DeviceError::Io { path: path.display().to_string(), operation: "lock", source }
