@@ -80,6 +80,22 @@ use crate::wear::NvmWear;
 /// the same on fileserver, webserver and large_rand_write.
 pub const SEAL_PARALLEL_PAGES_MIN: usize = 8;
 
+#[cfg(test)]
+thread_local! {
+    /// Set by a test: this thread's [`Protected::seal_pages`] is refused
+    /// its helper thread, as a host at its pids limit would refuse it.
+    static SEAL_HELPER_REFUSED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Whether a test refuses this thread's sealing a helper (never outside
+/// tests).
+fn seal_helper_refused() -> bool {
+    #[cfg(test)]
+    return SEAL_HELPER_REFUSED.with(std::cell::Cell::get);
+    #[cfg(not(test))]
+    false
+}
+
 /// What the protection layer did, since the volume was opened.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ProtectionCounters {
@@ -1345,7 +1361,11 @@ impl<D: FlashDevice> Protected<D> {
             }
         };
         std::thread::scope(|scope| {
-            let helper = std::thread::Builder::new().spawn_scoped(scope, seal_second);
+            let helper = if seal_helper_refused() {
+                Err(std::io::Error::other("no thread for a test"))
+            } else {
+                std::thread::Builder::new().spawn_scoped(scope, seal_second)
+            };
             seal_all(first, first_headers);
             match helper {
                 Ok(helper) => helper.join().expect("sealing does not panic"),
@@ -2009,6 +2029,19 @@ mod tests {
     /// be had, this one) seals them.
     #[test]
     fn a_run_sealed_on_two_threads_is_sealed_as_page_by_page() {
+        seal_a_run_as_page_by_page();
+    }
+
+    /// A host that refuses the helper thread: the caller seals both halves,
+    /// and the run is sealed the same.
+    #[test]
+    fn a_run_refused_its_helper_thread_is_sealed_as_page_by_page() {
+        SEAL_HELPER_REFUSED.with(|refused| refused.set(true));
+        seal_a_run_as_page_by_page();
+        SEAL_HELPER_REFUSED.with(|refused| refused.set(false));
+    }
+
+    fn seal_a_run_as_page_by_page() {
         let device = device();
         let pages = SEAL_PARALLEL_PAGES_MIN * 2 + 1;
         let data: Vec<Vec<u8>> = (0..pages).map(|page| vec![(page * 37 + 11) as u8; 4096]).collect();
