@@ -21,7 +21,7 @@ use clap::Args;
 use flintfs_core::{FsOptions, FsyncMode};
 use flintfs_flash::{Counters, FlashDevice};
 
-use crate::device::{open_device, open_device_with, Device};
+use crate::device::{open_device, open_device_to_look, open_device_with, Device};
 use flintfs_fuse::{FlintFuse, Shared};
 
 use crate::image::{mount_fs, parse_size, IMAGE_WAIT};
@@ -743,7 +743,7 @@ pub fn stat(arguments: StatArguments) -> Outcome<ExitCode> {
         let answer = ask(&arguments.target, "stat")?;
         serde_json::from_str::<serde_json::Value>(&answer).map_err(|error| format!("the daemon's answer: {error}"))?
     } else {
-        let device = crate::device::open_device_to_look(&arguments.target, IMAGE_WAIT)?;
+        let device = open_device_to_look(&arguments.target, IMAGE_WAIT)?;
         counters_json(&device.lifetime_counters(), None)
     };
     if arguments.json {

@@ -74,12 +74,12 @@ pub fn open_device(path: &Path, wait: Duration) -> Outcome<Device> {
 
 /// [`open_device`] for a command that only looks (fsck without
 /// `--repair`, inspect, stat): an image is opened under a scratch view
-/// (`ImageFlash::open_image_scratch`), so the device, and an engine
+/// (`ImageFlash::open_image_to_look`), so the device, and an engine
 /// mounted on it with its recovery, run as on a real open while nothing
 /// they write reaches the file; the block backend likewise
 /// (`BlockFlash::open_to_look`).
 pub fn open_device_to_look(path: &Path, wait: Duration) -> Outcome<Device> {
-    open_device_opened(path, wait, None, true, true)
+    open_device_for(path, wait, None, true, Access::Look)
 }
 
 /// [`open_device`], with faults injected (the emulator only) and, for an
@@ -94,15 +94,24 @@ pub fn open_device_with(
     faults: Option<flintfs_flash::FaultConfig>,
     host_sync: bool,
 ) -> Outcome<Device> {
-    open_device_opened(path, wait, faults, host_sync, false)
+    open_device_for(path, wait, faults, host_sync, Access::Use)
 }
 
-fn open_device_opened(
+/// What a command does with the device it opens.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Access {
+    /// Mounts, repairs, formats: writes reach the device.
+    Use,
+    /// Only looks: writes go to a scratch view (see `open_device_to_look`).
+    Look,
+}
+
+fn open_device_for(
     path: &Path,
     wait: Duration,
     faults: Option<flintfs_flash::FaultConfig>,
     host_sync: bool,
-    to_look: bool,
+    access: Access,
 ) -> Outcome<Device> {
     use std::os::unix::fs::FileTypeExt;
     let metadata = std::fs::metadata(path).map_err(|error| format!("{}: {error}", path.display()))?;
@@ -116,10 +125,10 @@ fn open_device_opened(
     let options = DeviceOptions { faults: faults.unwrap_or_default(), host_sync, ..DeviceOptions::default() };
     let start = Instant::now();
     loop {
-        let opened = match (block, to_look) {
+        let opened = match (block, access == Access::Look) {
             (true, true) => BlockFlash::open_to_look(path).map(Device::Block),
             (true, false) => BlockFlash::open(path).map(Device::Block),
-            (false, true) => ImageFlash::open_image_scratch(path, options.clone()).map(Device::Image),
+            (false, true) => ImageFlash::open_image_to_look(path, options.clone()).map(Device::Image),
             (false, false) => ImageFlash::open_image(path, options.clone()).map(Device::Image),
         };
         match opened {

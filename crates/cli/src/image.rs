@@ -10,7 +10,7 @@ use clap::Args;
 use flintfs_core::{Fs, FsOptions, MkfsOptions};
 use flintfs_flash::{DeviceOptions, FlashDevice, Geometry, ImageBackend, ImageFlash};
 
-use crate::device::{open_device, Device};
+use crate::device::{open_device, open_device_to_look, Device};
 
 use crate::{fail, Outcome};
 
@@ -318,7 +318,7 @@ pub fn check_image(path: &Path, repair: bool, wait: Duration) -> Outcome<Checked
     // Without a repair the image is only looked at: the mount's recovery
     // (its replay and checkpoint) and the device's own open run on a
     // scratch view, and the file stays as it was found.
-    let device = if repair { open_device(path, wait)? } else { crate::device::open_device_to_look(path, wait)? };
+    let device = if repair { open_device(path, wait)? } else { open_device_to_look(path, wait)? };
     let (mut fs, mount) = mount_fs(device, FsOptions::default())?;
     if repair {
         // The checkpoint is what repairs: it records the tree as the mount

@@ -29,7 +29,7 @@
 //!   session's, which no slot written before the open can have).
 //!
 //! The epoch is the header's, raised (and synced, both copies) at every
-//! open. A crash can leave whole slots past the first that did not land;
+//! open (a look's open raises it in its scratch view only). A crash can leave whole slots past the first that did not land;
 //! open ends the prefix before them, and the session writes over the
 //! prefix's end with a higher epoch. A later open then stops at the first
 //! old slot left past what the session wrote: a slot that did not count
@@ -1017,15 +1017,7 @@ impl FlashDevice for BlockFlash {
         // have them back. Nothing depends on it.
         let start = self.layout.slot_offset(&self.geometry, PageAddress::new(zone, 0));
         let length = self.geometry.zone_pages() * self.layout.slot_bytes;
-        // SAFETY: fallocate on a descriptor this device owns.
-        unsafe {
-            libc::fallocate(
-                self.file.as_raw_fd(),
-                libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
-                start as libc::off_t,
-                length as libc::off_t,
-            );
-        }
+        self.file.punch_hole(start, length);
         Ok(())
     }
 

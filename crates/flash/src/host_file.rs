@@ -2,7 +2,8 @@
 //! the block backend's device or file), or that file under a scratch view.
 //!
 //! A check must leave what it checks as it found it (`flintfs fsck`
-//! without `--repair`, `inspect`, `stat` of an image), yet opening a
+//! without `--repair`, `inspect`, `stat` of an image or a block-backend
+//! device), yet opening a
 //! device writes (an image's new epoch, the zone records open corrected)
 //! and mounting an engine may write more (recovery's checkpoint). Under a
 //! scratch view those writes land in memory instead: each 4 KiB chunk of
@@ -15,14 +16,15 @@
 
 use std::collections::BTreeMap;
 use std::fs::File;
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
 
 /// Bytes of the chunks a scratch view copies.
 pub const SCRATCH_CHUNK_BYTES: u64 = 4096;
 /// Bytes a scratch view holds at most (a check's recovery writes a
-/// checkpoint: its node pages, a few records; far below this).
-pub const SCRATCH_BYTES_MAX: u64 = 1 << 30;
+/// checkpoint: its node pages, a few records, tens of MiB after the
+/// longest log; an `fsck -p` at boot must not take the host's memory).
+pub const SCRATCH_BYTES_MAX: u64 = 256 << 20;
 const _: () = assert!(SCRATCH_BYTES_MAX.is_multiple_of(SCRATCH_CHUNK_BYTES));
 
 /// A host file, written through, or under a scratch view.
@@ -30,23 +32,48 @@ pub(crate) struct HostFile {
     file: File,
     /// Chunk index to the chunk's bytes as written, for a scratch view.
     scratch: Option<BTreeMap<u64, Box<[u8]>>>,
+    /// Bytes the scratch view may hold.
+    scratch_bytes_max: u64,
 }
 
 impl HostFile {
     /// Writes go to `file`.
     pub(crate) fn through(file: File) -> HostFile {
-        HostFile { file, scratch: None }
+        HostFile { file, scratch: None, scratch_bytes_max: 0 }
     }
 
     /// Writes go to a view in memory; `file` is only read.
     pub(crate) fn scratch(file: File) -> HostFile {
-        HostFile { file, scratch: Some(BTreeMap::new()) }
+        HostFile::scratch_bounded(file, SCRATCH_BYTES_MAX)
     }
 
-    /// The file itself, for what only asks about it (its host file
-    /// system, its holes).
+    fn scratch_bounded(file: File, scratch_bytes_max: u64) -> HostFile {
+        HostFile { file, scratch: Some(BTreeMap::new()), scratch_bytes_max }
+    }
+
+    /// The file, for what only asks about it (its host file system, its
+    /// holes). Nothing may write through it: writes go through
+    /// [`HostFile::write_all_at`] and [`HostFile::punch_hole`].
     pub(crate) fn file(&self) -> &File {
         &self.file
+    }
+
+    /// Gives `[start, start + length)` back to the host (a hole), best
+    /// effort: the bytes are garbage to the caller. Nothing in a scratch
+    /// view, which would only have to remember zeros it never reads.
+    pub(crate) fn punch_hole(&self, start: u64, length: u64) {
+        if self.scratch.is_some() {
+            return;
+        }
+        // SAFETY: fallocate on a descriptor this file owns.
+        unsafe {
+            libc::fallocate(
+                self.file.as_raw_fd(),
+                libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                start as libc::off_t,
+                length as libc::off_t,
+            );
+        }
     }
 
     pub(crate) fn read_exact_at(&self, buffer: &mut [u8], offset: u64) -> std::io::Result<()> {
@@ -83,10 +110,10 @@ impl HostFile {
             let (chunk, within) = (position / SCRATCH_CHUNK_BYTES, (position % SCRATCH_CHUNK_BYTES) as usize);
             let length = (SCRATCH_CHUNK_BYTES as usize - within).min(bytes.len() - done);
             if !chunks.contains_key(&chunk) {
-                if (chunks.len() as u64 + 1) * SCRATCH_CHUNK_BYTES > SCRATCH_BYTES_MAX {
+                if (chunks.len() as u64 + 1) * SCRATCH_CHUNK_BYTES > self.scratch_bytes_max {
                     return Err(std::io::Error::other(format!(
                         "a check would write more than {} MiB into its scratch view of the file",
-                        SCRATCH_BYTES_MAX >> 20
+                        self.scratch_bytes_max >> 20
                     )));
                 }
                 chunks.insert(chunk, read_chunk(&self.file, chunk)?);
@@ -103,12 +130,6 @@ impl HostFile {
             Some(_) => Ok(()),
             None => self.file.sync_data(),
         }
-    }
-}
-
-impl AsRawFd for HostFile {
-    fn as_raw_fd(&self) -> RawFd {
-        self.file.as_raw_fd()
     }
 }
 
@@ -136,9 +157,8 @@ mod tests {
     /// edges and past the file's end, and leaves the file as it was.
     #[test]
     fn a_scratch_view_reads_its_writes_and_leaves_the_file_alone() {
-        let directory = std::env::temp_dir().join(format!("flintfs-host-file-{}", std::process::id()));
-        std::fs::create_dir_all(&directory).unwrap();
-        let path = directory.join("image");
+        let directory = tempfile::tempdir().unwrap();
+        let path = directory.path().join("image");
         let original: Vec<u8> = (0..6 * SCRATCH_CHUNK_BYTES as usize + 100).map(|index| (index % 251) as u8).collect();
         std::fs::write(&path, &original).unwrap();
         let mut view = HostFile::scratch(std::fs::OpenOptions::new().read(true).open(&path).unwrap());
@@ -169,6 +189,24 @@ mod tests {
         assert_eq!(across, expected[start as usize..][..across.len()]);
         drop(view);
         assert_eq!(std::fs::read(&path).unwrap(), original, "the file is as it was");
-        std::fs::remove_dir_all(&directory).unwrap();
+    }
+
+    /// A view past its bound refuses the write with a message, holding
+    /// what it held, and the file is as it was.
+    #[test]
+    fn a_scratch_view_past_its_bound_refuses_the_write() {
+        let directory = tempfile::tempdir().unwrap();
+        let path = directory.path().join("image");
+        std::fs::write(&path, vec![5u8; 8 * SCRATCH_CHUNK_BYTES as usize]).unwrap();
+        let file = std::fs::OpenOptions::new().read(true).open(&path).unwrap();
+        let mut view = HostFile::scratch_bounded(file, 2 * SCRATCH_CHUNK_BYTES);
+        view.write_all_at(&[1u8; 2 * SCRATCH_CHUNK_BYTES as usize], 0).unwrap();
+        let refused = view.write_all_at(&[2u8; 4], 3 * SCRATCH_CHUNK_BYTES).unwrap_err();
+        assert!(refused.to_string().contains("scratch view"), "{refused}");
+        let mut seen = vec![0u8; 4 * SCRATCH_CHUNK_BYTES as usize];
+        view.read_exact_at(&mut seen, 0).unwrap();
+        assert_eq!(seen[..2 * SCRATCH_CHUNK_BYTES as usize], [1u8; 2 * SCRATCH_CHUNK_BYTES as usize]);
+        assert_eq!(seen[2 * SCRATCH_CHUNK_BYTES as usize..], [5u8; 2 * SCRATCH_CHUNK_BYTES as usize]);
+        assert_eq!(std::fs::read(&path).unwrap(), vec![5u8; 8 * SCRATCH_CHUNK_BYTES as usize]);
     }
 }

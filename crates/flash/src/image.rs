@@ -16,7 +16,8 @@
 //! hold, which leaves a durable prefix of the zone, as a power cut does.
 //! A flush is then its pages and records written together and one
 //! fdatasync, not a sync of the pages before the records.
-//! - The epoch is bumped (and synced) at every open. Slots a crash left
+//! - The epoch is bumped (and synced) at every open (a look's open bumps
+//!   it in its scratch view only, `host_file`). Slots a crash left
 //!   past a lowered write pointer are valid for their generation but carry
 //!   an older epoch than the record that names them, so they never count.
 //! - The checked window is what was written since the last sync, which
@@ -780,7 +781,7 @@ impl ImageBackend {
     /// bytes, data or zeros, are left alone; where the file system cannot
     /// say where its data is, nothing is written and the error returned.
     fn fill_holes(&mut self, start: u64, end: u64) -> Result<()> {
-        let descriptor = self.file.as_raw_fd();
+        let descriptor = self.file.file().as_raw_fd();
         let seek = |position: u64, whence: libc::c_int| -> std::io::Result<u64> {
             let position =
                 libc::off_t::try_from(position).map_err(|_| std::io::Error::from_raw_os_error(libc::EOVERFLOW))?;
@@ -1019,7 +1020,7 @@ impl FlashEmulator<ImageBackend> {
     /// memory instead (see `host_file`). The device behaves as on a real
     /// open, a host crash's losses found and a recovery run included, so
     /// what a check sees is what a mount would see.
-    pub fn open_image_scratch(path: impl AsRef<Path>, options: DeviceOptions) -> Result<ImageFlash> {
+    pub fn open_image_to_look(path: impl AsRef<Path>, options: DeviceOptions) -> Result<ImageFlash> {
         ImageFlash::open_image_with(path.as_ref(), options, true)
     }
 
