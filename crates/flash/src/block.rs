@@ -29,8 +29,9 @@
 //!   session's, which no slot written before the open can have).
 //!
 //! The epoch is the header's, raised (and synced, both copies) at every
-//! open (a look's open raises it in its scratch view only). A crash can leave whole slots past the first that did not land;
-//! open ends the prefix before them, and the session writes over the
+//! open (a look's open raises it in its scratch view only). A crash can
+//! leave whole slots past the first that did not land; open ends the
+//! prefix before them, and the session writes over the
 //! prefix's end with a higher epoch. A later open then stops at the first
 //! old slot left past what the session wrote: a slot that did not count
 //! once never counts again.
@@ -659,7 +660,7 @@ impl BlockFlash {
         for copy in 0..2 {
             let mut table = AlignedBuffer::zeroed(self.layout.table_bytes as usize);
             let offset = self.layout.table_offset + copy * self.layout.table_bytes;
-            read_at(&self.file, &mut table, offset).map_err(io_error(&self.path, "reading the zone table"))?;
+            self.file.read_exact_at(&mut table, offset).map_err(io_error(&self.path, "reading the zone table"))?;
             copies.push(table);
         }
         let zone_pages = self.geometry.zone_pages() as u32;
@@ -714,7 +715,7 @@ impl BlockFlash {
     fn slot_epoch(&mut self, address: PageAddress) -> Result<Option<u32>> {
         let mut spare = AlignedBuffer::zeroed(self.layout.spare_area_bytes as usize);
         let offset = self.layout.slot_offset(&self.geometry, address) + u64::from(self.geometry.page_size_bytes);
-        self.timed(|device| read_at(&device.file, &mut spare, offset)).map_err(io_error(&self.path, "scanning"))?;
+        self.timed(|device| device.file.read_exact_at(&mut spare, offset)).map_err(io_error(&self.path, "scanning"))?;
         let oob_bytes = self.geometry.oob_size_bytes as usize;
         let trailer = &spare[spare.len() - BLOCK_TRAILER_BYTES..];
         let epoch = u32::from_le_bytes(trailer[24..28].try_into().expect("4 bytes"));
@@ -845,7 +846,7 @@ impl BlockFlash {
     /// damaged (then the lifetime counts start again).
     fn read_summary(&mut self) -> Counters {
         let mut summary = AlignedBuffer::zeroed(BLOCK_SUMMARY_BYTES as usize);
-        if read_at(&self.file, &mut summary, self.layout.summary_offset).is_err() {
+        if self.file.read_exact_at(&mut summary, self.layout.summary_offset).is_err() {
             return Counters::default();
         }
         let count = u64::from_le_bytes(summary[0..8].try_into().expect("8 bytes")) as usize;
@@ -862,10 +863,6 @@ impl BlockFlash {
             .collect();
         Counters::from_array(&values).unwrap_or_default()
     }
-}
-
-fn read_at(file: &HostFile, buffer: &mut [u8], offset: u64) -> std::io::Result<()> {
-    file.read_exact_at(buffer, offset)
 }
 
 impl Drop for BlockFlash {
@@ -900,7 +897,7 @@ impl FlashDevice for BlockFlash {
         }
         let mut slot = AlignedBuffer::zeroed(self.layout.slot_bytes as usize);
         let offset = self.layout.slot_offset(&self.geometry, address);
-        self.timed(|device| read_at(&device.file, &mut slot, offset))
+        self.timed(|device| device.file.read_exact_at(&mut slot, offset))
             .map_err(io_error(&self.path, "reading a page"))?;
         data.copy_from_slice(&slot[..page_bytes]);
         oob.copy_from_slice(&slot[page_bytes..page_bytes + oob.len()]);
@@ -922,7 +919,7 @@ impl FlashDevice for BlockFlash {
         }
         let mut spare = AlignedBuffer::zeroed(self.layout.spare_area_bytes as usize);
         let offset = self.layout.slot_offset(&self.geometry, address) + u64::from(self.geometry.page_size_bytes);
-        self.timed(|device| read_at(&device.file, &mut spare, offset))
+        self.timed(|device| device.file.read_exact_at(&mut spare, offset))
             .map_err(io_error(&self.path, "reading a spare area"))?;
         oob.copy_from_slice(&spare[..oob.len()]);
         Ok(PageState::Programmed)

@@ -3,9 +3,9 @@
 //!
 //! A check must leave what it checks as it found it (`flintfs fsck`
 //! without `--repair`, `inspect`, `stat` of an image or a block-backend
-//! device), yet opening a
-//! device writes (an image's new epoch, the zone records open corrected)
-//! and mounting an engine may write more (recovery's checkpoint). Under a
+//! device), yet opening a device writes (an image's new epoch, the zone
+//! records open corrected) and mounting an engine may write more
+//! (recovery's checkpoint). Under a
 //! scratch view those writes land in memory instead: each 4 KiB chunk of
 //! the file is copied at its first write, every read sees the view over
 //! the file, and a sync does nothing. The device and the engine above run
