@@ -1,7 +1,7 @@
 //! Host time of the per-page ECC: one BCH encode of a default page's
 //! protected stream (4 KiB of data and 72 bytes of OOB, GF(2^16), t = 28),
-//! on whichever encoder this processor runs (512-bit carry-less, 128-bit
-//! carry-less or tables).
+//! on whichever encoder this processor runs (512-bit carry-less, the same
+//! step on 256-bit halves, 128-bit carry-less, or tables).
 //!
 //! `cargo run --release -p flintfs-format --example bch_speed`
 
