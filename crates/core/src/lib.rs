@@ -14,6 +14,7 @@ mod cache;
 mod check;
 mod error;
 mod fs;
+mod helper;
 pub mod protect;
 mod shared;
 mod volume;

@@ -74,27 +74,12 @@ use flintfs_format::{PageHeader, FIRST_DYNAMIC_ZONE, SUPERBLOCK_ZONES};
 use crate::wear::NvmWear;
 
 /// Pages in a run below which [`Protected::seal_pages`] seals on the
-/// calling thread alone: a second thread costs about as much to start and
-/// join (25 µs on the project's machine) as sealing 16 pages (1.5 µs each
-/// at 4 KiB with the default ECC, header CRC included). 8 and 32 measured
-/// the same on fileserver, webserver and large_rand_write.
+/// calling thread alone: handing half to the helper thread costs a
+/// wake-up and a wait, and sealing a page costs about 1.5 µs (4 KiB with
+/// the default ECC, header CRC included). 8 and 32 measured the same on
+/// fileserver, webserver and large_rand_write when each run started a
+/// thread of its own.
 pub const SEAL_PARALLEL_PAGES_MIN: usize = 8;
-
-#[cfg(test)]
-thread_local! {
-    /// Set by a test: this thread's [`Protected::seal_pages`] is refused
-    /// its helper thread, as a host at its pids limit would refuse it.
-    static SEAL_HELPER_REFUSED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-}
-
-/// Whether a test refuses this thread's sealing a helper (never outside
-/// tests).
-fn seal_helper_refused() -> bool {
-    #[cfg(test)]
-    return SEAL_HELPER_REFUSED.with(std::cell::Cell::get);
-    #[cfg(not(test))]
-    false
-}
 
 /// What the protection layer did, since the volume was opened.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -1333,7 +1318,7 @@ impl<D: FlashDevice> Protected<D> {
     /// Seals each `(data, oob)` pair in place: its header (whose CRC-32C
     /// covers the data), signature and ECC, the work `program_page` does
     /// first. A run of [`SEAL_PARALLEL_PAGES_MIN`] pages or more is split
-    /// over two threads (sealing is a pure function of the page, so the
+    /// with the helper thread (`crate::helper`; sealing is a pure function of the page, so the
     /// bytes are the same either way): the BCH encoder, the signature and
     /// the CRC are most of a large write's host time.
     pub fn seal_pages(&self, pages: &mut [(&[u8], Vec<u8>)], headers: &[PageHeader]) {
@@ -1352,26 +1337,7 @@ impl<D: FlashDevice> Protected<D> {
         let half = pages.len() / 2;
         let (first, second) = pages.split_at_mut(half);
         let (first_headers, second_headers) = headers.split_at(half);
-        // A refused thread (a pids limit, no memory for its stack) must not
-        // fail the write: the half it would have sealed is taken back.
-        let second = std::sync::Mutex::new(Some((second, second_headers)));
-        let seal_second = || {
-            if let Some((pages, headers)) = second.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).take() {
-                seal_all(pages, headers);
-            }
-        };
-        std::thread::scope(|scope| {
-            let helper = if seal_helper_refused() {
-                Err(std::io::Error::other("no thread for a test"))
-            } else {
-                std::thread::Builder::new().spawn_scoped(scope, seal_second)
-            };
-            seal_all(first, first_headers);
-            match helper {
-                Ok(helper) => helper.join().expect("sealing does not panic"),
-                Err(_) => seal_second(),
-            }
-        });
+        crate::helper::join(|| seal_all(first, first_headers), || seal_all(second, second_headers));
     }
 
     fn program_protected(&mut self, address: PageAddress, data: &[u8], sealed: &[u8]) -> Result<()> {
@@ -2025,8 +1991,8 @@ mod tests {
 
     /// A run long enough to be sealed on two threads comes out byte for
     /// byte as each page sealed alone: the halves are the same pure
-    /// function of their pages, whichever thread (or, when no thread can
-    /// be had, this one) seals them.
+    /// function of their pages, whichever thread (or, when the helper
+    /// cannot be had, this one) seals them.
     #[test]
     fn a_run_sealed_on_two_threads_is_sealed_as_page_by_page() {
         seal_a_run_as_page_by_page();
@@ -2036,9 +2002,7 @@ mod tests {
     /// and the run is sealed the same.
     #[test]
     fn a_run_refused_its_helper_thread_is_sealed_as_page_by_page() {
-        SEAL_HELPER_REFUSED.with(|refused| refused.set(true));
-        seal_a_run_as_page_by_page();
-        SEAL_HELPER_REFUSED.with(|refused| refused.set(false));
+        crate::helper::with_helper_refused(seal_a_run_as_page_by_page);
     }
 
     fn seal_a_run_as_page_by_page() {

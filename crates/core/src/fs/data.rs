@@ -787,13 +787,13 @@ impl<D: FlashDevice> Fs<D> {
     }
 
     /// The next blocks of a flush (`keys`, in order, a batch of at most
-    /// [`COMPRESS_AHEAD_BATCH_BLOCKS`]) compressed ahead, on two threads,
-    /// each as `flush_block` would try it: compression is much of a flush
-    /// of compressible data, and the second core sat idle. One entry per
-    /// key, `None` where the block is not tried (its file's codec is none,
-    /// it is marked incompressible, or it is too short or cut away); empty
-    /// for a batch too short to pay for the thread, or when no thread can
-    /// be started. A result is only used where `flush_block` would
+    /// [`COMPRESS_AHEAD_BATCH_BLOCKS`]) compressed ahead, half on the
+    /// helper thread (`crate::helper`), each as `flush_block` would try
+    /// it: compression is much of a flush of compressible data, and the
+    /// second core sat idle. One entry per key, `None` where the block is
+    /// not tried (its file's codec is none, it is marked incompressible,
+    /// or it is too short or cut away); empty for a batch too short to pay
+    /// for the handover. A result is only used where `flush_block` would
     /// compress the same bytes the same way, so the pages written are the
     /// same. Batches bound both the payloads held and the attempts wasted
     /// on a file that turns out incompressible: `flush_block` marks it
@@ -859,15 +859,8 @@ impl<D: FlashDevice> Fs<D> {
         };
         let half = inputs.len() / 2;
         let (first, second) = inputs.split_at(half);
-        let payloads = std::thread::scope(|scope| {
-            // A refused thread (a pids limit, no memory for its stack)
-            // leaves the batch to `flush_block`, as before this ran.
-            let helper = std::thread::Builder::new().spawn_scoped(scope, || compress_all(second)).ok()?;
-            let mut payloads = compress_all(first);
-            payloads.extend(helper.join().expect("compression does not panic"));
-            Some(payloads)
-        });
-        let Some(payloads) = payloads else { return Vec::new() };
+        let (mut payloads, second_payloads) = crate::helper::join(|| compress_all(first), || compress_all(second));
+        payloads.extend(second_payloads);
         let mut ahead: Vec<Option<Ahead>> = (0..keys.len()).map(|_| None).collect();
         for ((index, choice, valid), payload) in jobs.into_iter().zip(payloads) {
             ahead[index] = Some(Ahead { choice, valid, payload });
@@ -1206,8 +1199,9 @@ impl<D: FlashDevice> Fs<D> {
 pub const DATA_RUN_PAGES_MAX: u64 = 1024;
 
 /// Blocks to compress a batch must have to try them on two threads
-/// (`Fs::compress_ahead`): a second thread costs about 25 µs to start and
-/// join, the lz4 attempts of some ten 4 KiB blocks.
+/// (`Fs::compress_ahead`): chosen when each batch started a thread of its
+/// own, about 25 µs to start and join, the lz4 attempts of some ten 4 KiB
+/// blocks.
 pub const COMPRESS_PARALLEL_BLOCKS_MIN: usize = 64;
 /// Blocks of a flush compressed ahead at a time: the payloads held, and
 /// the attempts a file that turns out incompressible can cost before the
