@@ -1318,9 +1318,9 @@ impl<D: FlashDevice> Protected<D> {
     /// Seals each `(data, oob)` pair in place: its header (whose CRC-32C
     /// covers the data), signature and ECC, the work `program_page` does
     /// first. A run of [`SEAL_PARALLEL_PAGES_MIN`] pages or more is split
-    /// with the helper thread (`crate::helper`; sealing is a pure function of the page, so the
-    /// bytes are the same either way): the BCH encoder, the signature and
-    /// the CRC are most of a large write's host time.
+    /// with the helper thread (`crate::helper`; sealing is a pure function
+    /// of the page, so the bytes are the same either way): the BCH encoder,
+    /// the signature and the CRC are most of a large write's host time.
     pub fn seal_pages(&self, pages: &mut [(&[u8], Vec<u8>)], headers: &[PageHeader]) {
         assert_eq!(pages.len(), headers.len(), "a header for every page sealed");
         let ecc = self.ecc.as_deref();

@@ -259,6 +259,31 @@ fn fold_products<const FIRST: i32, const SECOND: i32>(
     )
 }
 
+/// [`fold_products`] on one 256-bit half of each fold
+/// ([`Bch::remainder_wide_halves`]): `t_k` times the even or odd words of
+/// that half, summed over k = 0..4, with `[t0, t1]` and `[t2, t3]` in both
+/// 128-bit lanes of the pairs.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,vpclmulqdq")]
+#[inline]
+fn half_fold_products<const FIRST: i32, const SECOND: i32>(
+    low_pair: std::arch::x86_64::__m256i,
+    high_pair: std::arch::x86_64::__m256i,
+    folds: &[std::arch::x86_64::__m256i; STEP_WORDS],
+) -> std::arch::x86_64::__m256i {
+    use std::arch::x86_64::{_mm256_clmulepi64_epi128, _mm256_xor_si256};
+    _mm256_xor_si256(
+        _mm256_xor_si256(
+            _mm256_clmulepi64_epi128::<FIRST>(low_pair, folds[0]),
+            _mm256_clmulepi64_epi128::<SECOND>(low_pair, folds[1]),
+        ),
+        _mm256_xor_si256(
+            _mm256_clmulepi64_epi128::<FIRST>(high_pair, folds[2]),
+            _mm256_clmulepi64_epi128::<SECOND>(high_pair, folds[3]),
+        ),
+    )
+}
+
 impl Bch {
     /// The code over GF(2^`field_bits`) correcting `correctable_bits` errors
     /// in a message of `message_bytes`.
@@ -590,8 +615,9 @@ impl Bch {
     /// change its polynomial.
     ///
     /// One word a step by 128-bit multiplies took 2.1 µs a 4 KiB page on
-    /// this project's machine (an AMD EPYC with AVX-512): it is bound by the
-    /// multiplies' throughput, eight for eight bytes, not by their latency.
+    /// an AMD EPYC with AVX-512 (an earlier session's machine): it is bound
+    /// by the multiplies' throughput, eight for eight bytes, not by their
+    /// latency.
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2,avx512f,vpclmulqdq")]
     unsafe fn remainder_wide(&self, message: &[u8]) -> Register {
@@ -664,8 +690,8 @@ impl Bch {
     #[target_feature(enable = "avx2,vpclmulqdq,pclmulqdq")]
     unsafe fn remainder_wide_halves(&self, message: &[u8]) -> Register {
         use std::arch::x86_64::{
-            __m256i, _mm256_blend_epi32, _mm256_clmulepi64_epi128, _mm256_loadu_si256, _mm256_permute4x64_epi64,
-            _mm256_set_epi8, _mm256_setzero_si256, _mm256_shuffle_epi8, _mm256_storeu_si256, _mm256_xor_si256,
+            __m256i, _mm256_blend_epi32, _mm256_loadu_si256, _mm256_permute4x64_epi64, _mm256_set_epi8,
+            _mm256_setzero_si256, _mm256_shuffle_epi8, _mm256_storeu_si256, _mm256_xor_si256,
         };
         // SAFETY (the loads and stores): each names 32 bytes of a register
         // (four of its eight u64) or of a message block of STEP_BYTES.
@@ -673,26 +699,6 @@ impl Bch {
             std::array::from_fn(|k| unsafe { _mm256_loadu_si256(self.folds[k].as_ptr().cast()) });
         let high_folds: [__m256i; STEP_WORDS] =
             std::array::from_fn(|k| unsafe { _mm256_loadu_si256(self.folds[k][STEP_WORDS..].as_ptr().cast()) });
-        // t_k times the even (FIRST = 0x00, SECOND = 0x01) or odd (0x10,
-        // 0x11) words of a half of each fold, summed over k, with [t0, t1]
-        // and [t2, t3] in both 128-bit lanes of the pairs.
-        #[inline(always)]
-        unsafe fn products<const FIRST: i32, const SECOND: i32>(
-            low_pair: __m256i,
-            high_pair: __m256i,
-            folds: &[__m256i; STEP_WORDS],
-        ) -> __m256i {
-            _mm256_xor_si256(
-                _mm256_xor_si256(
-                    _mm256_clmulepi64_epi128::<FIRST>(low_pair, folds[0]),
-                    _mm256_clmulepi64_epi128::<SECOND>(low_pair, folds[1]),
-                ),
-                _mm256_xor_si256(
-                    _mm256_clmulepi64_epi128::<FIRST>(high_pair, folds[2]),
-                    _mm256_clmulepi64_epi128::<SECOND>(high_pair, folds[3]),
-                ),
-            )
-        }
         #[rustfmt::skip]
         let reverse = _mm256_set_epi8(
             0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15,
@@ -708,18 +714,10 @@ impl Bch {
             debug_assert_eq!(block.len(), STEP_BYTES);
             let low_pair = _mm256_permute4x64_epi64::<0b0100_0100>(top);
             let high_pair = _mm256_permute4x64_epi64::<0b1110_1110>(top);
-            let (even_low, even_high) = unsafe {
-                (
-                    products::<0x00, 0x01>(low_pair, high_pair, &low_folds),
-                    products::<0x00, 0x01>(low_pair, high_pair, &high_folds),
-                )
-            };
-            let (odd_low, odd_high) = unsafe {
-                (
-                    products::<0x10, 0x11>(low_pair, high_pair, &low_folds),
-                    products::<0x10, 0x11>(low_pair, high_pair, &high_folds),
-                )
-            };
+            let even_low = half_fold_products::<0x00, 0x01>(low_pair, high_pair, &low_folds);
+            let even_high = half_fold_products::<0x00, 0x01>(low_pair, high_pair, &high_folds);
+            let odd_low = half_fold_products::<0x10, 0x11>(low_pair, high_pair, &low_folds);
+            let odd_high = half_fold_products::<0x10, 0x11>(low_pair, high_pair, &high_folds);
             // The odd products one word up: [o3, o0, o1, o2] and
             // [o7, o4, o5, o6] rotated, then o3 and o7 moved to where they
             // go (o7, past the state, to t0's place).
@@ -1058,7 +1056,7 @@ mod tests {
                     assert_eq!(wide, bytewise, "m = {field_bits}, t = {correctable}");
                 }
                 #[cfg(target_arch = "x86_64")]
-                if super::wide_halves_multiply_available() {
+                if code.carryless && super::wide_halves_multiply_available() {
                     // SAFETY: the processor has AVX2 and VPCLMULQDQ (and so
                     // PCLMULQDQ), whichever loop `remainder` picked.
                     let halves = unsafe { code.remainder_wide_halves(&message) };

@@ -793,7 +793,8 @@ impl<D: FlashDevice> Fs<D> {
     /// second core sat idle. One entry per key, `None` where the block is
     /// not tried (its file's codec is none, it is marked incompressible,
     /// or it is too short or cut away); empty for a batch too short to pay
-    /// for the handover. A result is only used where `flush_block` would
+    /// for the handover. Without the helper, this thread compresses the
+    /// whole batch up front, the same bytes. A result is only used where `flush_block` would
     /// compress the same bytes the same way, so the pages written are the
     /// same. Batches bound both the payloads held and the attempts wasted
     /// on a file that turns out incompressible: `flush_block` marks it
@@ -1187,9 +1188,10 @@ impl<D: FlashDevice> Fs<D> {
 }
 
 /// Most whole blocks one run programs: a zone's worth on the default
-/// geometry. A run is sealed on two threads (`Protected::seal_pages`), and
-/// the second costs about 25 µs to start and join, the sealing of 16
-/// pages, so short runs paid it often. large_rand_write in process,
+/// geometry. A run is sealed on two threads (`Protected::seal_pages`); the
+/// figures below were taken when each run started a second thread of its
+/// own, about 25 µs to start and join, the sealing of 16 pages, so short
+/// runs paid it often. large_rand_write in process,
 /// medians of five alternating runs: 220,295 ops/s at 64 pages, 265,835 at
 /// 256, 286,245 at 1,024. A run whose program fails is not tried again
 /// whole (`Volume::append_run_once`): only a zone with no retired block
