@@ -21,25 +21,37 @@
 //! block or take a lock: a caller may be waiting on the worker while
 //! holding anything.
 //!
-//! When the helper is unavailable, the caller runs both halves itself:
+//! When the helper is unavailable, the caller runs both halves itself
+//! ([`join`]) or is told so ([`try_join`]):
 //! - the host refuses the thread (a pids limit, no memory for its stack):
-//!   a write does not fail, and the next call tries to start it again;
+//!   a write does not fail, and a start is tried again after
+//!   [`RETRY_AFTER_CALLS`] more calls (a count, not a clock: the engine
+//!   reads none);
+//! - the process is a `fork` of the one that started it: the child has
+//!   no such thread, and waiting on it would never end;
 //! - another caller holds it (two engines in one process, tests in
 //!   parallel): queueing behind that caller's half would be slower than
 //!   doing the work;
 //! - the caller is itself a worker of some rayon pool, where waiting would
 //!   run that pool's other jobs inside this one.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 /// Worker threads kept: the second core's worth. The caller is the first.
 const HELPER_THREADS: usize = 1;
 
-/// The kept worker, once started (`STARTED` without a lock; `STARTING`
-/// serializes the starts, which a refusal leaves to be tried again).
-static STARTED: OnceLock<Arc<rayon::ThreadPool>> = OnceLock::new();
+/// Calls after a refused start before the next start is tried: a host at
+/// its pids limit is not asked for a thread at every run.
+pub(crate) const RETRY_AFTER_CALLS: u64 = 1024;
+
+/// The kept worker, once started, and the process that started it
+/// (`STARTED` without a lock; `STARTING` serializes the starts, which a
+/// refusal leaves to be tried again).
+static STARTED: OnceLock<(u32, Arc<rayon::ThreadPool>)> = OnceLock::new();
 static STARTING: Mutex<()> = Mutex::new(());
+/// Calls left before a start is tried again after a refusal.
+static RETRY_IN_CALLS: AtomicU64 = AtomicU64::new(0);
 /// Whether a caller has work on the worker now.
 static BUSY: AtomicBool = AtomicBool::new(false);
 
@@ -60,27 +72,35 @@ pub(crate) fn with_helper_refused<R>(body: impl FnOnce() -> R) -> R {
 }
 
 /// The kept worker, started on first use; `None` when the host refuses
-/// it (tried again at the next call).
+/// it, or in a forked child of the process that started it.
 fn helper() -> Option<Arc<rayon::ThreadPool>> {
     #[cfg(test)]
     if HELPER_REFUSED.with(std::cell::Cell::get) {
         return None;
     }
-    if let Some(pool) = STARTED.get() {
-        return Some(Arc::clone(pool));
+    let ours =
+        |(process, pool): &(u32, Arc<rayon::ThreadPool>)| (*process == std::process::id()).then(|| Arc::clone(pool));
+    if let Some(started) = STARTED.get() {
+        return ours(started);
     }
     let _starting = STARTING.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-    if let Some(pool) = STARTED.get() {
-        return Some(Arc::clone(pool));
+    if let Some(started) = STARTED.get() {
+        return ours(started);
+    }
+    let waiting = RETRY_IN_CALLS.load(Ordering::Relaxed);
+    if waiting > 0 {
+        RETRY_IN_CALLS.store(waiting - 1, Ordering::Relaxed);
+        return None;
     }
     let built = rayon::ThreadPoolBuilder::new()
         .num_threads(HELPER_THREADS)
         .thread_name(|_| "flintfs-helper".to_string())
         .build();
     match built {
-        Ok(pool) => Some(Arc::clone(STARTED.get_or_init(|| Arc::new(pool)))),
+        Ok(pool) => ours(STARTED.get_or_init(|| (std::process::id(), Arc::new(pool)))),
         Err(error) => {
             tracing::debug!(%error, "no helper thread: this thread does the work alone");
+            RETRY_IN_CALLS.store(RETRY_AFTER_CALLS, Ordering::Relaxed);
             None
         }
     }
@@ -96,11 +116,22 @@ impl Drop for Busy {
     }
 }
 
-/// Runs `first` on this thread and `second` on the helper at once, and
-/// returns both results; both run here, `first` then `second`, when the
-/// helper is unavailable (the module notes say when). A panic in either is
-/// the caller's.
-pub(crate) fn join<First, Second, FirstResult, SecondResult>(
+/// The worker, claimed for one caller's half, or `None` when it is
+/// unavailable (the module notes say when).
+fn claim() -> Option<(Arc<rayon::ThreadPool>, Busy)> {
+    if rayon::current_thread_index().is_some() {
+        return None;
+    }
+    let pool = helper()?;
+    if BUSY.swap(true, Ordering::Acquire) {
+        return None;
+    }
+    Some((pool, Busy))
+}
+
+/// `first` here and `second` on the claimed worker, at once.
+fn run_claimed<First, Second, FirstResult, SecondResult>(
+    (pool, _busy): (Arc<rayon::ThreadPool>, Busy),
     first: First,
     second: Second,
 ) -> (FirstResult, SecondResult)
@@ -109,16 +140,6 @@ where
     Second: FnOnce() -> SecondResult + Send,
     SecondResult: Send,
 {
-    if rayon::current_thread_index().is_some() {
-        return (first(), second());
-    }
-    let Some(pool) = helper() else {
-        return (first(), second());
-    };
-    if BUSY.swap(true, Ordering::Acquire) {
-        return (first(), second());
-    }
-    let _busy = Busy;
     let mut second_result = None;
     let first_result = pool.in_place_scope(|scope| {
         let second_slot = &mut second_result;
@@ -128,6 +149,38 @@ where
     (first_result, second_result.expect("the scope waits for the helper's half"))
 }
 
+/// Runs `first` on this thread and `second` on the helper at once, and
+/// returns both results; both run here, `first` then `second`, when the
+/// helper is unavailable. A panic in either is the caller's.
+pub(crate) fn join<First, Second, FirstResult, SecondResult>(
+    first: First,
+    second: Second,
+) -> (FirstResult, SecondResult)
+where
+    First: FnOnce() -> FirstResult,
+    Second: FnOnce() -> SecondResult + Send,
+    SecondResult: Send,
+{
+    match claim() {
+        Some(claimed) => run_claimed(claimed, first, second),
+        None => (first(), second()),
+    }
+}
+
+/// As [`join`], but runs nothing and returns `None` when the helper is
+/// unavailable: for work that is only worth doing ahead on two threads.
+pub(crate) fn try_join<First, Second, FirstResult, SecondResult>(
+    first: First,
+    second: Second,
+) -> Option<(FirstResult, SecondResult)>
+where
+    First: FnOnce() -> FirstResult,
+    Second: FnOnce() -> SecondResult + Send,
+    SecondResult: Send,
+{
+    claim().map(|claimed| run_claimed(claimed, first, second))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -135,15 +188,16 @@ mod tests {
     /// Both halves run, whether on two threads or, refused the helper, on
     /// this one, and each result comes back to its side. Where the host
     /// gives the helper, it does take second halves: another test may hold
-    /// it at one moment, not at every one of a hundred.
+    /// it for a while, not for ten seconds.
     #[test]
     fn both_halves_run_with_the_helper_and_without_it() {
         let data: Vec<u64> = (0..10_000).collect();
         let (low, high) = data.split_at(4_000);
         let sums = |data: &[u64]| data.iter().sum::<u64>();
         let helper_thread = std::sync::Mutex::new(None);
-        let mut on_the_helper = 0;
-        for _ in 0..100 {
+        let started = std::time::Instant::now();
+        let mut on_the_helper = false;
+        while !on_the_helper && started.elapsed() < std::time::Duration::from_secs(10) {
             let (first, second) = join(
                 || sums(low),
                 || {
@@ -152,13 +206,14 @@ mod tests {
                 },
             );
             assert_eq!((first, second), (low.iter().sum(), high.iter().sum()));
-            if *helper_thread.lock().unwrap() != Some(std::thread::current().id()) {
-                on_the_helper += 1;
-            }
+            on_the_helper = *helper_thread.lock().unwrap() != Some(std::thread::current().id());
         }
         if helper().is_some() {
-            assert!(on_the_helper > 0, "the helper took no second half in a hundred");
+            assert!(on_the_helper, "the helper took no second half in ten seconds");
         }
+        let taken = try_join(|| 1, || 2);
+        assert!(taken.is_none() || taken == Some((1, 2)), "try_join returns both results or none");
+        assert_eq!(with_helper_refused(|| try_join(|| 1, || 2)), None, "refused, try_join runs nothing");
         let (first, second) = with_helper_refused(|| {
             join(
                 || sums(low),

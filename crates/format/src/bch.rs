@@ -99,7 +99,7 @@ pub struct Bch {
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     wide: bool,
     /// Whether, without AVX-512, it multiplies two at once (AVX2's
-    /// VPCLMULQDQ, as on AMD's Zen 3 and Intel's client cores): then the
+    /// VPCLMULQDQ, as on AMD's Zen 3 and Intel's client cores since Alder Lake): then the
     /// same 32-byte step is sixteen instructions on 256-bit halves
     /// ([`Bch::remainder_wide_halves`]).
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
@@ -498,7 +498,8 @@ impl Bch {
         #[cfg(target_arch = "x86_64")]
         if self.wide_halves {
             // SAFETY: `wide_halves` is set only where the processor has
-            // AVX2 and VPCLMULQDQ (`wide_halves_multiply_available`).
+            // AVX2 and VPCLMULQDQ (`wide_halves_multiply_available`), and
+            // PCLMULQDQ (it implies `carryless`).
             return unsafe { self.remainder_wide_halves(message) };
         }
         #[cfg(target_arch = "x86_64")]

@@ -793,8 +793,7 @@ impl<D: FlashDevice> Fs<D> {
     /// second core sat idle. One entry per key, `None` where the block is
     /// not tried (its file's codec is none, it is marked incompressible,
     /// or it is too short or cut away); empty for a batch too short to pay
-    /// for the handover. Without the helper, this thread compresses the
-    /// whole batch up front, the same bytes. A result is only used where `flush_block` would
+    /// for the handover, or when the helper is unavailable. A result is only used where `flush_block` would
     /// compress the same bytes the same way, so the pages written are the
     /// same. Batches bound both the payloads held and the attempts wasted
     /// on a file that turns out incompressible: `flush_block` marks it
@@ -860,7 +859,13 @@ impl<D: FlashDevice> Fs<D> {
         };
         let half = inputs.len() / 2;
         let (first, second) = inputs.split_at(half);
-        let (mut payloads, second_payloads) = crate::helper::join(|| compress_all(first), || compress_all(second));
+        // Without the helper the batch is left to `flush_block`, which
+        // stops trying a file once it is marked incompressible.
+        let Some((mut payloads, second_payloads)) =
+            crate::helper::try_join(|| compress_all(first), || compress_all(second))
+        else {
+            return Vec::new();
+        };
         payloads.extend(second_payloads);
         let mut ahead: Vec<Option<Ahead>> = (0..keys.len()).map(|_| None).collect();
         for ((index, choice, valid), payload) in jobs.into_iter().zip(payloads) {
