@@ -129,29 +129,34 @@ fn claim() -> Option<(Arc<rayon::ThreadPool>, Busy)> {
     Some((pool, Busy))
 }
 
-/// `first` here and `second` on the claimed worker, at once.
-fn run_claimed<First, Second, FirstResult, SecondResult>(
-    (pool, _busy): (Arc<rayon::ThreadPool>, Busy),
+/// Runs `first` on this thread and `second` on the helper at once, and
+/// returns both results; or, when the helper is unavailable, runs nothing
+/// and gives both back: for work only worth doing ahead on two threads,
+/// and the one mechanism [`join`] is built on. A panic in either half is
+/// the caller's.
+pub(crate) fn try_join<First, Second, FirstResult, SecondResult>(
     first: First,
     second: Second,
-) -> (FirstResult, SecondResult)
+) -> Result<(FirstResult, SecondResult), (First, Second)>
 where
     First: FnOnce() -> FirstResult,
     Second: FnOnce() -> SecondResult + Send,
     SecondResult: Send,
 {
+    let Some((pool, _busy)) = claim() else {
+        return Err((first, second));
+    };
     let mut second_result = None;
     let first_result = pool.in_place_scope(|scope| {
         let second_slot = &mut second_result;
         scope.spawn(move |_| *second_slot = Some(second()));
         first()
     });
-    (first_result, second_result.expect("the scope waits for the helper's half"))
+    Ok((first_result, second_result.expect("the scope waits for the helper's half")))
 }
 
-/// Runs `first` on this thread and `second` on the helper at once, and
-/// returns both results; both run here, `first` then `second`, when the
-/// helper is unavailable. A panic in either is the caller's.
+/// As [`try_join`], but both halves run here, `first` then `second`, when
+/// the helper is unavailable.
 pub(crate) fn join<First, Second, FirstResult, SecondResult>(
     first: First,
     second: Second,
@@ -161,24 +166,7 @@ where
     Second: FnOnce() -> SecondResult + Send,
     SecondResult: Send,
 {
-    match claim() {
-        Some(claimed) => run_claimed(claimed, first, second),
-        None => (first(), second()),
-    }
-}
-
-/// As [`join`], but runs nothing and returns `None` when the helper is
-/// unavailable: for work that is only worth doing ahead on two threads.
-pub(crate) fn try_join<First, Second, FirstResult, SecondResult>(
-    first: First,
-    second: Second,
-) -> Option<(FirstResult, SecondResult)>
-where
-    First: FnOnce() -> FirstResult,
-    Second: FnOnce() -> SecondResult + Send,
-    SecondResult: Send,
-{
-    claim().map(|claimed| run_claimed(claimed, first, second))
+    try_join(first, second).unwrap_or_else(|(first, second)| (first(), second()))
 }
 
 #[cfg(test)]
@@ -211,9 +199,9 @@ mod tests {
         if helper().is_some() {
             assert!(on_the_helper, "the helper took no second half in ten seconds");
         }
-        let taken = try_join(|| 1, || 2);
+        let taken = try_join(|| 1, || 2).ok();
         assert!(taken.is_none() || taken == Some((1, 2)), "try_join returns both results or none");
-        assert_eq!(with_helper_refused(|| try_join(|| 1, || 2)), None, "refused, try_join runs nothing");
+        assert_eq!(with_helper_refused(|| try_join(|| 1, || 2).ok()), None, "refused, try_join runs nothing");
         let (first, second) = with_helper_refused(|| {
             join(
                 || sums(low),

@@ -861,7 +861,7 @@ impl<D: FlashDevice> Fs<D> {
         let (first, second) = inputs.split_at(half);
         // Without the helper the batch is left to `flush_block`, which
         // stops trying a file once it is marked incompressible.
-        let Some((mut payloads, second_payloads)) =
+        let Ok((mut payloads, second_payloads)) =
             crate::helper::try_join(|| compress_all(first), || compress_all(second))
         else {
             return Vec::new();
