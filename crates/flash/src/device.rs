@@ -121,16 +121,51 @@ struct BufferedPage {
 
 /// FIFO of accepted, not yet durable pages. A page address is in it at most
 /// once: a zone's entries are removed when it is reset.
+///
+/// It also keeps the byte buffers of pages gone to the medium, to take
+/// again for the next programs: a buffer allocated at every program and
+/// freed at every drain was a malloc, a free and, as the heap's top was
+/// given back to the kernel and taken again, page faults with zeroing, on
+/// every page any workload wrote. Spare buffers and buffered pages
+/// together stay within the buffer's bound.
 #[derive(Clone)]
 struct WriteBuffer {
     entries: VecDeque<BufferedPage>,
     by_physical: HashMap<u64, u64>,
     front_sequence: u64,
+    /// Buffers of drained pages, each of one page's data and OOB bytes.
+    spare: Vec<Box<[u8]>>,
 }
 
 impl WriteBuffer {
     fn new() -> WriteBuffer {
-        WriteBuffer { entries: VecDeque::new(), by_physical: HashMap::new(), front_sequence: 0 }
+        WriteBuffer { entries: VecDeque::new(), by_physical: HashMap::new(), front_sequence: 0, spare: Vec::new() }
+    }
+
+    /// `data` then `oob` in a spare buffer of that size, or a new one.
+    fn page_bytes(&mut self, data: &[u8], oob: &[u8]) -> Box<[u8]> {
+        let length = data.len() + oob.len();
+        match self.spare.pop() {
+            Some(mut bytes) if bytes.len() == length => {
+                bytes[..data.len()].copy_from_slice(data);
+                bytes[data.len()..].copy_from_slice(oob);
+                bytes
+            }
+            _ => {
+                let mut bytes = Vec::with_capacity(length);
+                bytes.extend_from_slice(data);
+                bytes.extend_from_slice(oob);
+                bytes.into_boxed_slice()
+            }
+        }
+    }
+
+    /// Keeps the buffer of a page gone to the medium while spares and
+    /// buffered pages together are fewer than `pages_max`.
+    fn recycle(&mut self, bytes: Box<[u8]>, pages_max: usize) {
+        if self.entries.len() + self.spare.len() < pages_max {
+            self.spare.push(bytes);
+        }
     }
 
     fn len(&self) -> usize {
@@ -853,6 +888,7 @@ impl<B: Backend> FlashEmulator<B> {
             self.backend.write_zone_record(entry.zone, &record)?;
             self.dirty_zones.remove(&entry.zone);
         }
+        self.buffer.recycle(entry.bytes, self.options.write_buffer_pages as usize);
         Ok(())
     }
 
@@ -1073,9 +1109,7 @@ impl<B: Backend> FlashEmulator<B> {
             }
             return Err(DeviceError::ProgramFailed { address, block, erase_count });
         }
-        let mut bytes = Vec::with_capacity(data.len() + oob.len());
-        bytes.extend_from_slice(data);
-        bytes.extend_from_slice(oob);
+        let bytes = self.buffer.page_bytes(data, oob);
         // Programs reach a block in page order, so its first page starts the
         // retention clock.
         if address.page.is_multiple_of(self.geometry.block_pages) {
@@ -1083,13 +1117,7 @@ impl<B: Backend> FlashEmulator<B> {
             self.dirty_blocks.insert(block);
         }
         let programmed_ns = self.clock.program(block, bytes.len() as u64);
-        self.buffer.push(BufferedPage {
-            physical,
-            zone: address.zone,
-            page: address.page,
-            bytes: bytes.into_boxed_slice(),
-            programmed_ns,
-        });
+        self.buffer.push(BufferedPage { physical, zone: address.zone, page: address.page, bytes, programmed_ns });
         let zone = &mut self.zones[address.zone as usize];
         zone.write_pointer += 1;
         zone.state = if zone.write_pointer == capacity_pages { ZoneState::Full } else { ZoneState::Open };
@@ -1648,5 +1676,37 @@ mod word_set_tests {
         assert_eq!(set.words().collect::<Vec<_>>(), [3, 4, 60, 65, 66, 67, 68, 69, 999]);
         set.remove(0, 1000);
         assert_eq!((set.count, set.runs(0, 1000)), (0, vec![]));
+    }
+}
+
+#[cfg(test)]
+mod write_buffer_tests {
+    use super::{BufferedPage, WriteBuffer};
+
+    fn page(physical: u64, bytes: Box<[u8]>) -> BufferedPage {
+        BufferedPage { physical, zone: 0, page: physical as u32, bytes, programmed_ns: 0 }
+    }
+
+    #[test]
+    fn a_recycled_page_buffer_holds_the_next_page_only_and_spares_stay_within_the_bound() {
+        let mut buffer = WriteBuffer::new();
+        let first = buffer.page_bytes(&[7u8; 32], &[8u8; 8]);
+        buffer.push(page(0, first));
+        let drained = buffer.pop_front().expect("buffered");
+        let address = drained.bytes.as_ptr();
+        buffer.recycle(drained.bytes, 2);
+        let second = buffer.page_bytes(&[1u8; 32], &[2u8; 8]);
+        assert_eq!(second.as_ptr(), address, "the spare was taken");
+        assert!(second[..32].iter().all(|&byte| byte == 1) && second[32..].iter().all(|&byte| byte == 2));
+        // A spare of another size is not used for a page.
+        buffer.recycle(second, 2);
+        let other = buffer.page_bytes(&[3u8; 16], &[4u8; 4]);
+        assert_eq!(other.len(), 20);
+        assert!(other[..16].iter().all(|&byte| byte == 3) && other[16..].iter().all(|&byte| byte == 4));
+        // Buffered pages and spares together stay within the bound.
+        buffer.push(page(1, other));
+        buffer.push(page(2, vec![0u8; 20].into_boxed_slice()));
+        buffer.recycle(vec![0u8; 20].into_boxed_slice(), 2);
+        assert_eq!((buffer.len(), buffer.spare.len()), (2, 0), "two buffered pages fill a bound of two");
     }
 }
