@@ -193,25 +193,60 @@ unsafe fn multiply_add_lanes(destination: &mut [u8], source: &[u8], factor: u16)
 /// that is not a multiple of [`SYMBOL_CHUNK_BYTES`] reads as if padded with
 /// zeros to one, which adds nothing.
 pub fn signature(bytes: &[u8]) -> [u16; SIGNATURE_SYMBOLS] {
-    assert!(bytes.len().div_ceil(2) <= SIGNATURE_SYMBOLS_MAX, "signature over more symbols than the field can place");
+    let whole = bytes.len() - bytes.len() % SYMBOL_CHUNK_BYTES;
+    signature_of_parts(&bytes[..whole], &bytes[whole..])
+}
+
+/// The [`signature`] of `head` followed by `tail`, without joining them:
+/// a page's signature covers its data and then its header, and a copy of
+/// the page to put them side by side was an allocation and 4 KiB of
+/// copying at every page sealed. `head` is whole chunks, so `tail` starts
+/// a chunk of its own.
+pub fn signature_of_parts(head: &[u8], tail: &[u8]) -> [u16; SIGNATURE_SYMBOLS] {
+    assert!(head.len().is_multiple_of(SYMBOL_CHUNK_BYTES), "the head of a signature is whole chunks");
+    assert!(
+        (head.len() + tail.len()).div_ceil(2) <= SIGNATURE_SYMBOLS_MAX,
+        "signature over more symbols than the field can place"
+    );
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx2") {
         // SAFETY: the processor has AVX2.
-        return unsafe { signature_lanes(bytes) };
+        return unsafe { signature_lanes(head, tail) };
     }
-    signature_scalar(bytes)
+    signature_scalar(head, tail)
 }
 
-/// [`signature`] a symbol at a time, on any processor.
-fn signature_scalar(bytes: &[u8]) -> [u16; SIGNATURE_SYMBOLS] {
+/// Chunk `index` of `head` followed by `tail` (`head` whole chunks), in
+/// `padded` with zeros after it when it is the tail's short last one.
+fn chunk_of_parts<'a>(
+    head: &'a [u8],
+    tail: &'a [u8],
+    index: usize,
+    padded: &'a mut [u8; SYMBOL_CHUNK_BYTES],
+) -> &'a [u8] {
+    let start = index * SYMBOL_CHUNK_BYTES;
+    if start < head.len() {
+        return &head[start..start + SYMBOL_CHUNK_BYTES];
+    }
+    let start = start - head.len();
+    let chunk = &tail[start..tail.len().min(start + SYMBOL_CHUNK_BYTES)];
+    if chunk.len() == SYMBOL_CHUNK_BYTES {
+        return chunk;
+    }
+    padded[..chunk.len()].copy_from_slice(chunk);
+    padded[chunk.len()..].fill(0);
+    padded
+}
+
+/// [`signature_of_parts`] a symbol at a time, on any processor.
+fn signature_scalar(head: &[u8], tail: &[u8]) -> [u16; SIGNATURE_SYMBOLS] {
     let mut result = [0u16; SIGNATURE_SYMBOLS];
-    let chunk_count = bytes.len().div_ceil(SYMBOL_CHUNK_BYTES);
+    let chunk_count = (head.len() + tail.len()).div_ceil(SYMBOL_CHUNK_BYTES);
     for chunk_index in (0..chunk_count).rev() {
-        let start = chunk_index * SYMBOL_CHUNK_BYTES;
-        let chunk = &bytes[start..bytes.len().min(start + SYMBOL_CHUNK_BYTES)];
         let mut padded = [0u8; SYMBOL_CHUNK_BYTES];
-        padded[..chunk.len()].copy_from_slice(chunk);
-        horner_chunk(&padded, &mut result, 0..SIGNATURE_SYMBOLS);
+        let chunk = chunk_of_parts(head, tail, chunk_index, &mut padded);
+        let chunk: &[u8; SYMBOL_CHUNK_BYTES] = chunk.try_into().expect("a chunk is 64 bytes");
+        horner_chunk(chunk, &mut result, 0..SIGNATURE_SYMBOLS);
     }
     result
 }
@@ -293,23 +328,16 @@ fn times_constant(
 /// lanes are folded into the signature at the end by the scalar rule.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-unsafe fn signature_lanes(bytes: &[u8]) -> [u16; SIGNATURE_SYMBOLS] {
+unsafe fn signature_lanes(head: &[u8], tail: &[u8]) -> [u16; SIGNATURE_SYMBOLS] {
     use std::arch::x86_64::{__m256i, _mm256_loadu_si256, _mm256_setzero_si256, _mm256_storeu_si256, _mm256_xor_si256};
     let tables = nibble_tables();
     let constants: [[__m256i; 8]; SIGNATURE_SYMBOLS] = std::array::from_fn(|power| nibble_registers(&tables[power]));
     let mut low = [_mm256_setzero_si256(); SIGNATURE_SYMBOLS];
     let mut high = [_mm256_setzero_si256(); SIGNATURE_SYMBOLS];
-    let chunk_count = bytes.len().div_ceil(SYMBOL_CHUNK_BYTES);
+    let chunk_count = (head.len() + tail.len()).div_ceil(SYMBOL_CHUNK_BYTES);
+    let mut padded = [0u8; SYMBOL_CHUNK_BYTES];
     for chunk_index in (0..chunk_count).rev() {
-        let start = chunk_index * SYMBOL_CHUNK_BYTES;
-        let chunk = &bytes[start..bytes.len().min(start + SYMBOL_CHUNK_BYTES)];
-        let mut padded = [0u8; SYMBOL_CHUNK_BYTES];
-        let chunk: &[u8] = if chunk.len() == SYMBOL_CHUNK_BYTES {
-            chunk
-        } else {
-            padded[..chunk.len()].copy_from_slice(chunk);
-            &padded
-        };
+        let chunk = chunk_of_parts(head, tail, chunk_index, &mut padded);
         // SAFETY: a chunk is 64 readable bytes.
         let (data_low, data_high) = unsafe {
             (
@@ -471,16 +499,60 @@ mod tests {
     /// The chunk-wide rule gives the symbol-wide rule's signature, for
     /// whole chunks, a partial last one, and nothing.
     #[test]
+    fn a_signature_of_parts_is_the_signature_of_the_parts_joined() {
+        // The definition, symbol by symbol: position p = 32 c + l holds
+        // the symbol of chunk c's bytes l (low) and l + 32 (high), and
+        // signature symbol j is the sum of s_p * (a^(j + 1))^p.
+        let defined = |bytes: &[u8]| {
+            let mut result = [0u16; super::SIGNATURE_SYMBOLS];
+            for (chunk_index, chunk) in bytes.chunks(super::SYMBOL_CHUNK_BYTES).enumerate() {
+                let mut padded = [0u8; super::SYMBOL_CHUNK_BYTES];
+                padded[..chunk.len()].copy_from_slice(chunk);
+                for lane in 0..super::CHUNK_SYMBOLS {
+                    let symbol = u16::from(padded[lane]) | u16::from(padded[lane + super::CHUNK_SYMBOLS]) << 8;
+                    let position = (chunk_index * super::CHUNK_SYMBOLS + lane) as u32;
+                    for (power, out) in result.iter_mut().enumerate() {
+                        let exponent =
+                            (u64::from(power as u32 + 1) * u64::from(position)) % u64::from(super::FIELD_MODULUS);
+                        *out ^= super::mul(symbol, super::power_of_generator(exponent as u32));
+                    }
+                }
+            }
+            result
+        };
+        let mut state = 0x9E37_79B9_7F4A_7C15u64;
+        for (head_chunks, tail_length) in [(0, 0), (0, 24), (1, 0), (1, 72), (64, 72), (64, 130), (2, 64)] {
+            let head: Vec<u8> =
+                (0..head_chunks * super::SYMBOL_CHUNK_BYTES).map(|_| crate::test_noise(&mut state) as u8).collect();
+            let tail: Vec<u8> = (0..tail_length).map(|_| crate::test_noise(&mut state) as u8).collect();
+            let joined = [head.as_slice(), tail.as_slice()].concat();
+            let expected = defined(&joined);
+            assert_eq!(super::signature(&joined), expected, "{head_chunks} chunks and {tail_length} bytes joined");
+            assert_eq!(
+                super::signature_of_parts(&head, &tail),
+                expected,
+                "{head_chunks} chunks, then {tail_length} bytes"
+            );
+            assert_eq!(super::signature_scalar(&head, &tail), expected, "{head_chunks} chunks, {tail_length} bytes");
+        }
+    }
+
+    #[test]
     fn the_lane_signature_agrees_with_the_symbol_signature() {
         let mut state = 0x853C_49E6_748F_EA9Bu64;
         for length in [0, 1, 2, 63, 64, 65, 130, 4096, 4168, 16384 + 72] {
             let bytes: Vec<u8> = (0..length).map(|_| crate::test_noise(&mut state) as u8).collect();
-            let expected = super::signature_scalar(&bytes);
+            let whole = length - length % super::SYMBOL_CHUNK_BYTES;
+            let expected = super::signature_scalar(&bytes[..whole], &bytes[whole..]);
             assert_eq!(super::signature(&bytes), expected, "{length} bytes");
             #[cfg(target_arch = "x86_64")]
             if std::arch::is_x86_feature_detected!("avx2") {
                 // SAFETY: the processor has AVX2.
-                assert_eq!(unsafe { super::signature_lanes(&bytes) }, expected, "{length} bytes");
+                assert_eq!(
+                    unsafe { super::signature_lanes(&bytes[..whole], &bytes[whole..]) },
+                    expected,
+                    "{length} bytes"
+                );
             }
         }
     }

@@ -5,7 +5,7 @@
 //! or stale page is caught: torn and corrupted pages by the checksum,
 //! misdirected ones by the address, stale ones by the zone generation.
 
-use crate::codec::{Reader, Writer};
+use crate::codec::Reader;
 use crate::{DecodeError, FORMAT_VERSION};
 
 /// Bytes of the page header at the start of the OOB. The signature and the
@@ -114,23 +114,28 @@ impl PageHeader {
             "only a data block page carries an inverted index in its header"
         );
         assert!(!self.end_of_record || self.kind.is_record(), "only record pages end a record");
-        let mut writer = Writer::with_capacity(PAGE_HEADER_BYTES);
-        writer
-            .u8(self.kind.to_byte())
-            .u8(if self.end_of_record { FLAG_END_OF_RECORD } else { 0 })
-            .u16(FORMAT_VERSION)
-            .u32(self.zone_generation)
-            .u64(self.sequence)
-            .u32(self.zone)
-            .u32(self.page)
-            .u64(self.inverted.ino)
-            .u64(self.inverted.offset)
-            .u64(self.inverted.version)
-            .u32(self.length)
-            .u32(self.count)
-            .zeros(4);
+        // Straight into the header's bytes: every page programmed has one,
+        // and a writer's buffer was an allocation per page.
         let mut bytes = [0u8; PAGE_HEADER_BYTES];
-        bytes[..PAGE_HEADER_CRC].copy_from_slice(&writer.finish());
+        let mut at = 0;
+        for field in [
+            &[self.kind.to_byte(), if self.end_of_record { FLAG_END_OF_RECORD } else { 0 }][..],
+            &FORMAT_VERSION.to_le_bytes(),
+            &self.zone_generation.to_le_bytes(),
+            &self.sequence.to_le_bytes(),
+            &self.zone.to_le_bytes(),
+            &self.page.to_le_bytes(),
+            &self.inverted.ino.to_le_bytes(),
+            &self.inverted.offset.to_le_bytes(),
+            &self.inverted.version.to_le_bytes(),
+            &self.length.to_le_bytes(),
+            &self.count.to_le_bytes(),
+            &[0u8; 4],
+        ] {
+            bytes[at..at + field.len()].copy_from_slice(field);
+            at += field.len();
+        }
+        assert_eq!(at, PAGE_HEADER_CRC, "the header's fields end where its CRC starts");
         let crc = crc32c::crc32c_append(crc32c::crc32c(&bytes[..PAGE_HEADER_CRC]), data);
         bytes[PAGE_HEADER_CRC..].copy_from_slice(&crc.to_le_bytes());
         debug_assert_eq!(PageHeader::decode(&bytes, data).as_ref(), Ok(self));

@@ -150,6 +150,12 @@ impl EccLayout {
     }
 }
 
+thread_local! {
+    /// [`seal`]'s stream: one page's data and protected OOB bytes, so at
+    /// most the largest page (64 KiB) and its 72 bytes, per thread.
+    static SEAL_STREAM: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
 /// The protected stream of a page, `data ++ OOB[0, 72)`.
 fn stream(data: &[u8], oob: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(data.len() + PROTECTED_OOB_BYTES);
@@ -164,10 +170,7 @@ pub fn page_signature(data: &[u8], oob: &[u8]) -> [u8; SIGNATURE_BYTES] {
     // of at least 512 bytes), so the header starts a chunk of its own, as
     // it does in the erasure code's unit.
     debug_assert_eq!(data.len() % SYMBOL_CHUNK_BYTES, 0);
-    let mut unit = Vec::with_capacity(data.len() + PAGE_HEADER_BYTES);
-    unit.extend_from_slice(data);
-    unit.extend_from_slice(&oob[..PAGE_HEADER_BYTES]);
-    gf::signature_bytes(&unit)
+    gf::encode_signature(&gf::signature_of_parts(data, &oob[..PAGE_HEADER_BYTES]))
 }
 
 /// Whether the signature in the OOB matches the page.
@@ -184,11 +187,18 @@ pub fn seal(data: &[u8], oob: &mut [u8], ecc: Option<&EccLayout>) {
     oob[PROTECTED_OOB_BYTES..].fill(0);
     if let Some(layout) = ecc {
         assert_eq!(layout.stream_bytes, data.len() + PROTECTED_OOB_BYTES, "an ECC layout for another page size");
-        let stream = stream(data, oob);
-        for (index, code) in layout.codes.iter().enumerate() {
-            let range = layout.parity_range(index);
-            code.encode(&stream[layout.message_range(index)], &mut oob[range]);
-        }
+        // The codewords run over the data and then the protected OOB bytes,
+        // side by side in a buffer this thread keeps: a new one at every
+        // page sealed was an allocation per page written.
+        SEAL_STREAM.with_borrow_mut(|stream| {
+            stream.clear();
+            stream.extend_from_slice(data);
+            stream.extend_from_slice(&oob[..PROTECTED_OOB_BYTES]);
+            for (index, code) in layout.codes.iter().enumerate() {
+                let range = layout.parity_range(index);
+                code.encode(&stream[layout.message_range(index)], &mut oob[range]);
+            }
+        });
     }
     debug_assert!(signature_matches(data, oob));
 }
