@@ -270,12 +270,18 @@ impl<D: FlashDevice> Fs<D> {
 
     fn point_block(&mut self, ino: u64, block: u64, pointer: Pointer) -> Result<Pointer> {
         let file_key = self.file_key(ino)?;
-        let Node::File { inode, content: FileContent::Index { mut height, roots, .. }, .. } = self.node(file_key)?
+        // Read in place, as `block_pointer` does: a copy of the node at
+        // every block written was an allocation per write.
+        let Some((born, mut height, mut roots)) = self.with_node(file_key, |node| match node {
+            Node::File { inode, content: FileContent::Index { height, roots, .. }, .. } => {
+                Some((inode.born, *height, *roots))
+            }
+            _ => None,
+        })?
         else {
             return Err(Error::corrupt(format!("inode {ino} holds its data inline")));
         };
         let fanout = self.index_fanout();
-        let mut roots = roots;
         while block >= self.index_capacity_blocks(height) {
             if height >= flintfs_format::INDEX_HEIGHT_MAX {
                 return Err(Error::new(errno::EFBIG, format!("block {block} is past the largest index")));
@@ -285,7 +291,7 @@ impl<D: FlashDevice> Fs<D> {
             pointers[..INDEX_ROOTS].copy_from_slice(&roots);
             self.insert_new(
                 NodeKey::Index { level: height, ino, number: 0 },
-                Node::Index { ino, version: inode.born, level: height, number: 0, pointers },
+                Node::Index { ino, version: born, level: height, number: 0, pointers },
             );
             height += 1;
             roots = [Pointer::NULL; INDEX_ROOTS];
@@ -309,13 +315,7 @@ impl<D: FlashDevice> Fs<D> {
             if !self.in_memory(key) && parent_pointer.is_null() {
                 self.insert_new(
                     key,
-                    Node::Index {
-                        ino,
-                        version: inode.born,
-                        level,
-                        number,
-                        pointers: vec![Pointer::NULL; fanout as usize],
-                    },
+                    Node::Index { ino, version: born, level, number, pointers: vec![Pointer::NULL; fanout as usize] },
                 );
             }
             let child = ((block / self.span(level)) % fanout) as usize;
@@ -325,8 +325,10 @@ impl<D: FlashDevice> Fs<D> {
                     std::mem::replace(&mut pointers[child], pointer)
                 });
             }
-            let Node::Index { pointers, .. } = self.node(key)? else { unreachable!() };
-            parent_pointer = pointers[child];
+            parent_pointer = self.with_node(key, |node| match node {
+                Node::Index { pointers, .. } => pointers[child],
+                _ => unreachable!("index keys hold index nodes"),
+            })?;
         }
         unreachable!("the loop returns at level 0")
     }
@@ -1048,7 +1050,10 @@ impl<D: FlashDevice> Fs<D> {
     pub(crate) fn forget_incompressible(&mut self, ino: u64) -> Result<()> {
         self.compression_misses.remove(&ino);
         let key = self.file_key(ino)?;
-        if !matches!(self.node(key)?, Node::File { content: FileContent::Index { incompressible: true, .. }, .. }) {
+        let marked = self.with_node(key, |node| {
+            matches!(node, Node::File { content: FileContent::Index { incompressible: true, .. }, .. })
+        })?;
+        if !marked {
             return Ok(());
         }
         self.modify(key, |node| {

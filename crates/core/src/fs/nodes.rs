@@ -394,11 +394,19 @@ impl<D: FlashDevice> Fs<D> {
     /// The pointer to index page `(level, number)` held by its parent.
     fn index_pointer_to(&mut self, ino: u64, level: u8, number: u64) -> Result<Pointer> {
         let file_key = self.file_key(ino)?;
-        let Node::File { content: FileContent::Index { height, roots, .. }, .. } = self.node(file_key)? else {
+        // Read in place: copies of the inode and the parent were two
+        // allocations per index page written back.
+        let Some((height, root)) = self.with_node(file_key, |node| match node {
+            Node::File { content: FileContent::Index { height, roots, .. }, .. } => {
+                Some((*height, roots.get(number as usize).copied().unwrap_or(Pointer::NULL)))
+            }
+            _ => None,
+        })?
+        else {
             return Err(Error::corrupt(format!("inode {ino} has no index, yet index page {level}/{number} is wanted")));
         };
         if level + 1 == height {
-            return Ok(roots.get(number as usize).copied().unwrap_or(Pointer::NULL));
+            return Ok(root);
         }
         if level + 1 > height {
             return Ok(Pointer::NULL);
@@ -408,8 +416,10 @@ impl<D: FlashDevice> Fs<D> {
         if !self.in_memory(parent) && self.index_pointer_to(ino, level + 1, number / fanout)?.is_null() {
             return Ok(Pointer::NULL);
         }
-        let Node::Index { pointers, .. } = self.node(parent)? else { unreachable!("index keys hold index nodes") };
-        Ok(pointers[(number % fanout) as usize])
+        self.with_node(parent, |node| match node {
+            Node::Index { pointers, .. } => pointers[(number % fanout) as usize],
+            _ => unreachable!("index keys hold index nodes"),
+        })
     }
 
     /// The cache key of inode `ino`, a directory or a file. A file with one
