@@ -547,6 +547,10 @@ fn heap_live_bytes() -> usize {
     crate::HEAP_LIVE_BYTES.load(std::sync::atomic::Ordering::Relaxed)
 }
 
+fn heap_allocations() -> u64 {
+    crate::HEAP_ALLOCATIONS.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 pub(crate) fn engine_error(error: flintfs_core::Error) -> Failure {
     Failure(error.to_string())
 }
@@ -1126,6 +1130,11 @@ pub(crate) struct Phase {
     pub fuse_requests_at_end: Option<u64>,
     /// A workload's own figures, added to its row.
     pub fields: Vec<(String, Value)>,
+    /// This process's heap allocations ([`crate::HEAP_ALLOCATIONS`]) at
+    /// the phase's start and, for a phase that ran in one piece (not one
+    /// measured across a remount), at its end.
+    pub heap_allocations_at_start: u64,
+    pub heap_allocations_at_end: Option<u64>,
 }
 
 impl Phase {
@@ -1134,11 +1143,13 @@ impl Phase {
         self.at_start = files.counters()?;
         self.log_pages_at_start = files.log_pages();
         self.fuse_requests_at_start = files.fuse_requests();
+        self.heap_allocations_at_start = heap_allocations();
         self.started = Some(Instant::now());
         Ok(())
     }
 
     pub(crate) fn end(&mut self) {
+        self.heap_allocations_at_end = Some(heap_allocations());
         if let Some(started) = self.started {
             self.seconds = started.elapsed().as_secs_f64();
         }
@@ -1265,6 +1276,12 @@ pub(crate) fn run_engine(workload: &str, target: &str, fsync_mode: FsyncMode, si
     );
     add_fields(&mut value, &phase);
     value["device_time_ns_per_op"] = json!(counters.device_time_ns as f64 / ops.max(1) as f64);
+    // The engine's, the emulator's and the workload loop's own (the paths
+    // it formats) together: the loop's share is the same for every build.
+    if let Some(end) = phase.heap_allocations_at_end {
+        let allocations = end.saturating_sub(phase.heap_allocations_at_start);
+        value["heap_allocations_per_op"] = json!(allocations as f64 / ops.max(1) as f64);
+    }
     value["mount_pages_read"] = json!(files.mount_pages.unwrap_or(mount.pages_read));
     // What issue 4's targets are measured against: a page with its spare
     // area, and one program plus one flush of the timing model.

@@ -18,7 +18,7 @@ mod bench_transport;
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use clap::Parser;
 
@@ -27,6 +27,12 @@ use clap::Parser;
 /// its mount. A relaxed counter on the system allocator costs an atomic
 /// add per allocation, which is why it lives here and not in `flintfs`.
 pub static HEAP_LIVE_BYTES: AtomicUsize = AtomicUsize::new(0);
+/// Calls that handed out heap memory (alloc, alloc_zeroed and realloc),
+/// by this process: the in-process rows report them per operation over
+/// the measured phase. Unlike host time on a shared machine, the count
+/// is the same from run to run, so a change to the engine's hot paths
+/// shows in it at once.
+pub static HEAP_ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
 
 struct CountingAllocator;
 
@@ -38,6 +44,7 @@ unsafe impl GlobalAlloc for CountingAllocator {
         let pointer = unsafe { System.alloc(layout) };
         if !pointer.is_null() {
             HEAP_LIVE_BYTES.fetch_add(layout.size(), Ordering::Relaxed);
+            HEAP_ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
         }
         pointer
     }
@@ -46,6 +53,7 @@ unsafe impl GlobalAlloc for CountingAllocator {
         let pointer = unsafe { System.alloc_zeroed(layout) };
         if !pointer.is_null() {
             HEAP_LIVE_BYTES.fetch_add(layout.size(), Ordering::Relaxed);
+            HEAP_ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
         }
         pointer
     }
@@ -60,6 +68,7 @@ unsafe impl GlobalAlloc for CountingAllocator {
         if !moved.is_null() {
             HEAP_LIVE_BYTES.fetch_add(new_size, Ordering::Relaxed);
             HEAP_LIVE_BYTES.fetch_sub(layout.size(), Ordering::Relaxed);
+            HEAP_ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
         }
         moved
     }
