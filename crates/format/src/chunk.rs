@@ -5,7 +5,7 @@
 
 use std::ops::Range;
 
-use crate::codec::{Reader, Writer};
+use crate::codec::{fixed_fields, Reader, Writer};
 use crate::DecodeError;
 
 /// Bytes of a chunk header.
@@ -84,18 +84,24 @@ impl ChunkHeader {
         if let Err(reason) = self.validate() {
             panic!("refusing to encode an invalid chunk header: {reason}");
         }
-        let mut writer = Writer::with_capacity(CHUNK_HEADER_BYTES);
-        writer
-            .u8(self.kind.to_byte())
-            .u8(self.compression.to_byte())
-            .zeros(2)
-            .u32(self.stored_length)
-            .u64(self.ino)
-            .u64(self.offset)
-            .u32(self.logical_length)
-            .zeros(4)
-            .u64(self.version);
-        let bytes: [u8; CHUNK_HEADER_BYTES] = writer.finish().try_into().expect("header size");
+        // Straight into the header's bytes: a writer's buffer was an
+        // allocation per chunk packed.
+        let fields: [&[u8]; 8] = [
+            &[self.kind.to_byte(), self.compression.to_byte()],
+            &[0u8; 2],
+            &self.stored_length.to_le_bytes(),
+            &self.ino.to_le_bytes(),
+            &self.offset.to_le_bytes(),
+            &self.logical_length.to_le_bytes(),
+            &[0u8; 4],
+            &self.version.to_le_bytes(),
+        ];
+        assert_eq!(
+            fields.iter().map(|field| field.len()).sum::<usize>(),
+            CHUNK_HEADER_BYTES,
+            "the fields fill the header"
+        );
+        let bytes: [u8; CHUNK_HEADER_BYTES] = fixed_fields(&fields);
         debug_assert_eq!(ChunkHeader::decode(&bytes).as_ref(), Ok(self));
         bytes
     }

@@ -82,6 +82,19 @@ impl<'a> Reader<'a> {
     }
 }
 
+/// `fields` one after the other in an array of `N` bytes, zeros after
+/// them; for the fixed headers every page and every chunk has, which a
+/// [`Writer`]'s vector would cost an allocation each. The fields must fit.
+pub fn fixed_fields<const N: usize>(fields: &[&[u8]]) -> [u8; N] {
+    let mut bytes = [0u8; N];
+    let mut at = 0;
+    for field in fields {
+        bytes[at..at + field.len()].copy_from_slice(field);
+        at += field.len();
+    }
+    bytes
+}
+
 /// Appends fields in order to a byte vector.
 #[derive(Default)]
 pub struct Writer {

@@ -5,7 +5,7 @@
 //! or stale page is caught: torn and corrupted pages by the checksum,
 //! misdirected ones by the address, stale ones by the zone generation.
 
-use crate::codec::Reader;
+use crate::codec::{fixed_fields, Reader};
 use crate::{DecodeError, FORMAT_VERSION};
 
 /// Bytes of the page header at the start of the OOB. The signature and the
@@ -116,10 +116,8 @@ impl PageHeader {
         assert!(!self.end_of_record || self.kind.is_record(), "only record pages end a record");
         // Straight into the header's bytes: every page programmed has one,
         // and a writer's buffer was an allocation per page.
-        let mut bytes = [0u8; PAGE_HEADER_BYTES];
-        let mut at = 0;
-        for field in [
-            &[self.kind.to_byte(), if self.end_of_record { FLAG_END_OF_RECORD } else { 0 }][..],
+        let fields: [&[u8]; 12] = [
+            &[self.kind.to_byte(), if self.end_of_record { FLAG_END_OF_RECORD } else { 0 }],
             &FORMAT_VERSION.to_le_bytes(),
             &self.zone_generation.to_le_bytes(),
             &self.sequence.to_le_bytes(),
@@ -131,11 +129,9 @@ impl PageHeader {
             &self.length.to_le_bytes(),
             &self.count.to_le_bytes(),
             &[0u8; 4],
-        ] {
-            bytes[at..at + field.len()].copy_from_slice(field);
-            at += field.len();
-        }
-        assert_eq!(at, PAGE_HEADER_CRC, "the header's fields end where its CRC starts");
+        ];
+        assert_eq!(fields.iter().map(|field| field.len()).sum::<usize>(), PAGE_HEADER_CRC, "the fields end at the CRC");
+        let mut bytes: [u8; PAGE_HEADER_BYTES] = fixed_fields(&fields);
         let crc = crc32c::crc32c_append(crc32c::crc32c(&bytes[..PAGE_HEADER_CRC]), data);
         bytes[PAGE_HEADER_CRC..].copy_from_slice(&crc.to_le_bytes());
         debug_assert_eq!(PageHeader::decode(&bytes, data).as_ref(), Ok(self));
