@@ -238,12 +238,19 @@ impl<D: FlashDevice> Fs<D> {
     /// The entry named `name` in directory `ino`. Reads the pages in
     /// place and copies only the entry found.
     pub(crate) fn directory_lookup(&mut self, ino: u64, name: &[u8]) -> Result<Option<Entry>> {
+        self.directory_find(ino, name, Entry::clone)
+    }
+
+    /// What `read` takes from the entry `name` in directory `ino`, read in
+    /// place: a lookup that needs only the inode number copies no entry
+    /// (and its name) to find it.
+    pub(crate) fn directory_find<R>(&mut self, ino: u64, name: &[u8], read: impl Fn(&Entry) -> R) -> Result<Option<R>> {
         let hash = flintfs_format::name_hash(self.hash_seed, name);
         let key = self.directory_checked(ino)?;
         // Inline: the entry or nothing; hashed: the table's depth.
         let inline_or_depth = self.with_node(key, |node| match node {
             Node::Directory { content: DirectoryContent::Inline(entries), .. } => {
-                Ok(entries.iter().find(|entry| entry.name == name).cloned())
+                Ok(entries.iter().find(|entry| entry.name == name).map(&read))
             }
             Node::Directory { content: DirectoryContent::Hashed { global_depth, .. }, .. } => Err(*global_depth),
             _ => unreachable!("checked to be a directory"),
@@ -257,7 +264,7 @@ impl<D: FlashDevice> Fs<D> {
         loop {
             let (found, next) = self.with_node(NodeKey::Slot(slot), |node| match node {
                 Node::Bucket { entries, next, .. } => {
-                    Ok((entries.iter().find(|entry| entry.hash == hash && entry.name == name).cloned(), *next))
+                    Ok((entries.iter().find(|entry| entry.hash == hash && entry.name == name).map(&read), *next))
                 }
                 _ => Err(Error::corrupt(format!("slot {slot} is chained but is not a bucket"))),
             })??;

@@ -770,12 +770,11 @@ impl<D: FlashDevice> Fs<D> {
     /// Errors unless `name` in `parent` is `ino`: a record must find the
     /// tree as it was when it was logged.
     fn expect_entry(&mut self, parent: u64, name: &[u8], ino: u64) -> Result<()> {
-        match self.directory_lookup(parent, name)? {
-            Some(entry) if entry.ino == ino => Ok(()),
-            Some(entry) => Err(Error::corrupt(format!(
-                "{:?} in {parent} is inode {}, the record says {ino}",
+        match self.directory_find(parent, name, |entry| entry.ino)? {
+            Some(found) if found == ino => Ok(()),
+            Some(found) => Err(Error::corrupt(format!(
+                "{:?} in {parent} is inode {found}, the record says {ino}",
                 super::directory::name_text(name),
-                entry.ino
             ))),
             None => Err(Error::corrupt(format!("no {:?} in {parent}", super::directory::name_text(name)))),
         }

@@ -416,11 +416,11 @@ impl<D: FlashDevice> Fs<D> {
         if name.len() > NAME_BYTES_MAX {
             return Err(Error::new(errno::ENAMETOOLONG, format!("a name of {} bytes", name.len())));
         }
-        let entry = self
-            .directory_lookup(parent, name)?
+        let ino = self
+            .directory_find(parent, name, |entry| entry.ino)?
             .ok_or_else(|| Error::new(errno::ENOENT, format!("no {:?} in directory {parent}", name_text(name))))?;
-        let attributes = self.getattr(entry.ino)?;
-        self.remember(entry.ino)?;
+        let attributes = self.getattr(ino)?;
+        self.remember(ino)?;
         Ok(attributes)
     }
 
@@ -455,7 +455,7 @@ impl<D: FlashDevice> Fs<D> {
             if directory.file_type() != Some(FileType::Directory) {
                 return Err(Error::new(errno::ENOTDIR, format!("inode {parent} is not a directory")));
             }
-            if fs.directory_lookup(parent, name)?.is_some() {
+            if fs.directory_find(parent, name, |_| ())?.is_some() {
                 return Err(Error::new(errno::EEXIST, format!("{:?} exists in directory {parent}", name_text(name))));
             }
             // Nothing read above is used below but the parent's number.
@@ -611,7 +611,7 @@ impl<D: FlashDevice> Fs<D> {
             if fs.inode(new_parent)?.file_type() != Some(FileType::Directory) {
                 return Err(Error::new(errno::ENOTDIR, format!("inode {new_parent} is not a directory")));
             }
-            if fs.directory_lookup(new_parent, new_name)?.is_some() {
+            if fs.directory_find(new_parent, new_name, |_| ())?.is_some() {
                 return Err(Error::new(errno::EEXIST, format!("{:?} exists", name_text(new_name))));
             }
             if inode.nlink == 0 {
@@ -672,17 +672,17 @@ impl<D: FlashDevice> Fs<D> {
             .map_err(|error| if error.errno == errno::EEXIST { Error::invalid(error.message) } else { error })?;
         self.volume.reserve_allowed = true;
         let result = self.mutate(0, |fs| {
-            let entry = fs.entry(parent, name)?;
-            if entry.file_type == FileType::Directory {
+            let (ino, file_type) = fs.entry_with(parent, name, |entry| (entry.ino, entry.file_type))?;
+            if file_type == FileType::Directory {
                 return Err(Error::new(errno::EISDIR, format!("{:?} is a directory", name_text(name))));
             }
             // Found through its entry: remembered before the entry goes.
-            fs.remember_count(entry.ino, 0)?;
-            let held = fs.known[&entry.ino].lookups > 0;
+            fs.remember_count(ino, 0)?;
+            let held = fs.known[&ino].lookups > 0;
             fs.directory_remove(parent, name)?;
             let now = fs.touch(parent)?;
-            fs.drop_link(entry.ino, now)?;
-            fs.log(LogOperation::Unlink { parent, ino: entry.ino, held, name: name.to_vec() });
+            fs.drop_link(ino, now)?;
+            fs.log(LogOperation::Unlink { parent, ino, held, name: name.to_vec() });
             Ok(())
         });
         self.volume.reserve_allowed = false;
@@ -691,10 +691,16 @@ impl<D: FlashDevice> Fs<D> {
 
     /// The entry `name` in `parent`, which must be a directory.
     fn entry(&mut self, parent: u64, name: &[u8]) -> Result<Entry> {
+        self.entry_with(parent, name, Entry::clone)
+    }
+
+    /// What `read` takes from the entry `name` in `parent`, which must be a
+    /// directory, read in place ([`Fs::directory_find`]).
+    fn entry_with<R>(&mut self, parent: u64, name: &[u8], read: impl Fn(&Entry) -> R) -> Result<R> {
         if self.inode(parent)?.file_type() != Some(FileType::Directory) {
             return Err(Error::new(errno::ENOTDIR, format!("inode {parent} is not a directory")));
         }
-        self.directory_lookup(parent, name)?
+        self.directory_find(parent, name, read)?
             .ok_or_else(|| Error::new(errno::ENOENT, format!("no {:?} in directory {parent}", name_text(name))))
     }
 
