@@ -233,6 +233,12 @@ pub(crate) fn program<D: FlashDevice>(
     Ok(())
 }
 
+/// Spare areas up to this many bytes are read onto the stack by
+/// [`read_verified`] (the default geometry's is 128 bytes; the emulator
+/// accepts up to a quarter of the largest page).
+const OOB_ON_STACK_BYTES_MAX: usize = 1024;
+const _: () = assert!(OOB_ON_STACK_BYTES_MAX >= flintfs_flash::OOB_SIZE_BYTES_MIN as usize);
+
 /// Reads a page and checks its header, address and zone generation.
 pub(crate) fn read_verified<D: FlashDevice>(
     device: &mut D,
@@ -242,14 +248,25 @@ pub(crate) fn read_verified<D: FlashDevice>(
 ) -> Result<(PageHeader, Vec<u8>)> {
     let geometry = device.geometry();
     let mut data = vec![0u8; geometry.page_size_bytes as usize];
-    let mut oob = vec![0u8; geometry.oob_size_bytes as usize];
+    // The spare area is only looked at here: on the stack when it fits
+    // (every geometry this repository makes), not an allocation per page
+    // read.
+    let mut oob_inline = [0u8; OOB_ON_STACK_BYTES_MAX];
+    let mut oob_heap = Vec::new();
+    let oob_bytes = geometry.oob_size_bytes as usize;
+    let oob: &mut [u8] = if oob_bytes <= OOB_ON_STACK_BYTES_MAX {
+        &mut oob_inline[..oob_bytes]
+    } else {
+        oob_heap.resize(oob_bytes, 0);
+        &mut oob_heap
+    };
     *pages_read += 1;
     // The protection layer below has already corrected what it could and
     // read again where that helps: what fails here is damage.
-    let header = match device.read_page(address, &mut data, &mut oob) {
+    let header = match device.read_page(address, &mut data, oob) {
         Ok(PageState::Erased) => return Err(Error::corrupt(format!("{address} is erased"))),
         Ok(PageState::Programmed) => {
-            PageHeader::decode(&oob, &data).map_err(|error| Error::corrupt(format!("{address}: {error}")))?
+            PageHeader::decode(oob, &data).map_err(|error| Error::corrupt(format!("{address}: {error}")))?
         }
         Err(error) => return Err(error.into()),
     };
