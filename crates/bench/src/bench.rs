@@ -1131,8 +1131,9 @@ pub(crate) struct Phase {
     /// A workload's own figures, added to its row.
     pub fields: Vec<(String, Value)>,
     /// This process's heap allocations ([`crate::HEAP_ALLOCATIONS`]) at
-    /// the phase's start and, for a phase that ran in one piece (not one
-    /// measured across a remount), at its end.
+    /// the phase's start and, once [`Phase::end`] has run, at its end (a
+    /// workload that sums timed pieces itself, as the staged directory
+    /// workload does, never calls it, and its row has no count).
     pub heap_allocations_at_start: u64,
     pub heap_allocations_at_end: Option<u64>,
 }

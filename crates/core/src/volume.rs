@@ -234,10 +234,11 @@ pub(crate) fn program<D: FlashDevice>(
 }
 
 /// Spare areas up to this many bytes are read onto the stack by
-/// [`read_verified`] (the default geometry's is 128 bytes; the emulator
-/// accepts up to a quarter of the largest page).
+/// [`read_verified`]; a larger one (the emulator accepts up to a quarter
+/// of the largest page, and `mkfs --oob-size` any of those) is allocated.
 const OOB_ON_STACK_BYTES_MAX: usize = 1024;
-const _: () = assert!(OOB_ON_STACK_BYTES_MAX >= flintfs_flash::OOB_SIZE_BYTES_MIN as usize);
+// The default geometry's spare area is read on the stack.
+const _: () = assert!(OOB_ON_STACK_BYTES_MAX >= 128);
 
 /// Reads a page and checks its header, address and zone generation.
 pub(crate) fn read_verified<D: FlashDevice>(
@@ -248,9 +249,8 @@ pub(crate) fn read_verified<D: FlashDevice>(
 ) -> Result<(PageHeader, Vec<u8>)> {
     let geometry = device.geometry();
     let mut data = vec![0u8; geometry.page_size_bytes as usize];
-    // The spare area is only looked at here: on the stack when it fits
-    // (every geometry this repository makes), not an allocation per page
-    // read.
+    // The spare area is only looked at here: on the stack when it fits,
+    // so that a page read allocates only its data.
     let mut oob_inline = [0u8; OOB_ON_STACK_BYTES_MAX];
     let mut oob_heap = Vec::new();
     let oob_bytes = geometry.oob_size_bytes as usize;

@@ -122,30 +122,52 @@ struct BufferedPage {
 /// FIFO of accepted, not yet durable pages. A page address is in it at most
 /// once: a zone's entries are removed when it is reset.
 ///
-/// It also keeps the byte buffers of pages gone to the medium, to take
-/// again for the next programs: a buffer allocated at every program and
-/// freed at every drain was a malloc, a free and, as the heap's top was
-/// given back to the kernel and taken again, page faults with zeroing, on
-/// every page any workload wrote. Spare buffers and buffered pages
-/// together stay within the buffer's bound.
-#[derive(Clone)]
+/// It also keeps a few byte buffers of pages gone to the medium, to take
+/// again for the next programs, so that a page programmed allocates
+/// nothing (a buffer per program, freed at its drain, was an allocation
+/// per page any workload wrote). At most [`FREE_PAGE_BUFFERS_MAX`] of
+/// them: enough for the pages an fsync or a steady stream drains at a
+/// time, without holding the whole buffer's worth after a flush.
 struct WriteBuffer {
     entries: VecDeque<BufferedPage>,
     by_physical: HashMap<u64, u64>,
     front_sequence: u64,
     /// Buffers of drained pages, each of one page's data and OOB bytes.
-    spare: Vec<Box<[u8]>>,
+    free_page_buffers: Vec<Box<[u8]>>,
+}
+
+/// Buffers of drained pages the write buffer keeps for the next programs
+/// (about 270 KiB of 4 KiB pages).
+const FREE_PAGE_BUFFERS_MAX: usize = 64;
+const _: () = assert!(FREE_PAGE_BUFFERS_MAX as u64 <= WRITE_BUFFER_PAGES_MAX as u64);
+
+impl Clone for WriteBuffer {
+    /// The pages buffered, not the free buffers: a copy (a crash test's
+    /// prepared device, cloned for every run) starts without them.
+    fn clone(&self) -> WriteBuffer {
+        WriteBuffer {
+            entries: self.entries.clone(),
+            by_physical: self.by_physical.clone(),
+            front_sequence: self.front_sequence,
+            free_page_buffers: Vec::new(),
+        }
+    }
 }
 
 impl WriteBuffer {
     fn new() -> WriteBuffer {
-        WriteBuffer { entries: VecDeque::new(), by_physical: HashMap::new(), front_sequence: 0, spare: Vec::new() }
+        WriteBuffer {
+            entries: VecDeque::new(),
+            by_physical: HashMap::new(),
+            front_sequence: 0,
+            free_page_buffers: Vec::new(),
+        }
     }
 
-    /// `data` then `oob` in a spare buffer of that size, or a new one.
+    /// `data` then `oob` in a free buffer of that size, or a new one.
     fn page_bytes(&mut self, data: &[u8], oob: &[u8]) -> Box<[u8]> {
         let length = data.len() + oob.len();
-        match self.spare.pop() {
+        match self.free_page_buffers.pop() {
             Some(mut bytes) if bytes.len() == length => {
                 bytes[..data.len()].copy_from_slice(data);
                 bytes[data.len()..].copy_from_slice(oob);
@@ -160,11 +182,11 @@ impl WriteBuffer {
         }
     }
 
-    /// Keeps the buffer of a page gone to the medium while spares and
-    /// buffered pages together are fewer than `pages_max`.
-    fn recycle(&mut self, bytes: Box<[u8]>, pages_max: usize) {
-        if self.entries.len() + self.spare.len() < pages_max {
-            self.spare.push(bytes);
+    /// Keeps the buffer of a page gone to the medium, while there are
+    /// fewer than [`FREE_PAGE_BUFFERS_MAX`].
+    fn recycle(&mut self, bytes: Box<[u8]>) {
+        if self.free_page_buffers.len() < FREE_PAGE_BUFFERS_MAX {
+            self.free_page_buffers.push(bytes);
         }
     }
 
@@ -888,7 +910,7 @@ impl<B: Backend> FlashEmulator<B> {
             self.backend.write_zone_record(entry.zone, &record)?;
             self.dirty_zones.remove(&entry.zone);
         }
-        self.buffer.recycle(entry.bytes, self.options.write_buffer_pages as usize);
+        self.buffer.recycle(entry.bytes);
         Ok(())
     }
 
@@ -1681,32 +1703,35 @@ mod word_set_tests {
 
 #[cfg(test)]
 mod write_buffer_tests {
-    use super::{BufferedPage, WriteBuffer};
+    use super::{BufferedPage, WriteBuffer, FREE_PAGE_BUFFERS_MAX};
 
     fn page(physical: u64, bytes: Box<[u8]>) -> BufferedPage {
         BufferedPage { physical, zone: 0, page: physical as u32, bytes, programmed_ns: 0 }
     }
 
     #[test]
-    fn a_recycled_page_buffer_holds_the_next_page_only_and_spares_stay_within_the_bound() {
+    fn a_recycled_page_buffer_holds_the_next_page_only_and_free_buffers_are_bounded() {
         let mut buffer = WriteBuffer::new();
         let first = buffer.page_bytes(&[7u8; 32], &[8u8; 8]);
         buffer.push(page(0, first));
         let drained = buffer.pop_front().expect("buffered");
         let address = drained.bytes.as_ptr();
-        buffer.recycle(drained.bytes, 2);
+        buffer.recycle(drained.bytes);
         let second = buffer.page_bytes(&[1u8; 32], &[2u8; 8]);
-        assert_eq!(second.as_ptr(), address, "the spare was taken");
+        assert_eq!(second.as_ptr(), address, "the free buffer was taken");
         assert!(second[..32].iter().all(|&byte| byte == 1) && second[32..].iter().all(|&byte| byte == 2));
-        // A spare of another size is not used for a page.
-        buffer.recycle(second, 2);
+        // A free buffer of another size is not used for a page.
+        buffer.recycle(second);
         let other = buffer.page_bytes(&[3u8; 16], &[4u8; 4]);
         assert_eq!(other.len(), 20);
         assert!(other[..16].iter().all(|&byte| byte == 3) && other[16..].iter().all(|&byte| byte == 4));
-        // Buffered pages and spares together stay within the bound.
+        // At most the bound is kept, and a copy keeps none.
+        for _ in 0..FREE_PAGE_BUFFERS_MAX + 10 {
+            buffer.recycle(vec![0u8; 20].into_boxed_slice());
+        }
+        assert_eq!(buffer.free_page_buffers.len(), FREE_PAGE_BUFFERS_MAX);
         buffer.push(page(1, other));
-        buffer.push(page(2, vec![0u8; 20].into_boxed_slice()));
-        buffer.recycle(vec![0u8; 20].into_boxed_slice(), 2);
-        assert_eq!((buffer.len(), buffer.spare.len()), (2, 0), "two buffered pages fill a bound of two");
+        let copy = buffer.clone();
+        assert_eq!((copy.len(), copy.free_page_buffers.len()), (1, 0));
     }
 }

@@ -96,7 +96,7 @@ impl ChunkHeader {
             &[0u8; 4],
             &self.version.to_le_bytes(),
         ];
-        assert_eq!(
+        debug_assert_eq!(
             fields.iter().map(|field| field.len()).sum::<usize>(),
             CHUNK_HEADER_BYTES,
             "the fields fill the header"

@@ -496,8 +496,9 @@ mod tests {
         }
     }
 
-    /// The chunk-wide rule gives the symbol-wide rule's signature, for
-    /// whole chunks, a partial last one, and nothing.
+    /// The signature of a head and a tail is the definition's over the two
+    /// joined, on both rules, for heads of whole chunks and tails short,
+    /// exact and longer than a chunk.
     #[test]
     fn a_signature_of_parts_is_the_signature_of_the_parts_joined() {
         // The definition, symbol by symbol: position p = 32 c + l holds
@@ -537,6 +538,8 @@ mod tests {
         }
     }
 
+    /// The chunk-wide rule gives the symbol-wide rule's signature, for
+    /// whole chunks, a partial last one, and nothing.
     #[test]
     fn the_lane_signature_agrees_with_the_symbol_signature() {
         let mut state = 0x853C_49E6_748F_EA9Bu64;

@@ -130,7 +130,11 @@ impl PageHeader {
             &self.count.to_le_bytes(),
             &[0u8; 4],
         ];
-        assert_eq!(fields.iter().map(|field| field.len()).sum::<usize>(), PAGE_HEADER_CRC, "the fields end at the CRC");
+        debug_assert_eq!(
+            fields.iter().map(|field| field.len()).sum::<usize>(),
+            PAGE_HEADER_CRC,
+            "the fields end at the CRC"
+        );
         let mut bytes: [u8; PAGE_HEADER_BYTES] = fixed_fields(&fields);
         let crc = crc32c::crc32c_append(crc32c::crc32c(&bytes[..PAGE_HEADER_CRC]), data);
         bytes[PAGE_HEADER_CRC..].copy_from_slice(&crc.to_le_bytes());

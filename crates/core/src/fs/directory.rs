@@ -238,13 +238,18 @@ impl<D: FlashDevice> Fs<D> {
     /// The entry named `name` in directory `ino`. Reads the pages in
     /// place and copies only the entry found.
     pub(crate) fn directory_lookup(&mut self, ino: u64, name: &[u8]) -> Result<Option<Entry>> {
-        self.directory_find(ino, name, Entry::clone)
+        self.directory_read_entry(ino, name, Entry::clone)
     }
 
     /// What `read` takes from the entry `name` in directory `ino`, read in
     /// place: a lookup that needs only the inode number copies no entry
     /// (and its name) to find it.
-    pub(crate) fn directory_find<R>(&mut self, ino: u64, name: &[u8], read: impl Fn(&Entry) -> R) -> Result<Option<R>> {
+    pub(crate) fn directory_read_entry<R>(
+        &mut self,
+        ino: u64,
+        name: &[u8],
+        read: impl Fn(&Entry) -> R,
+    ) -> Result<Option<R>> {
         let hash = flintfs_format::name_hash(self.hash_seed, name);
         let key = self.directory_checked(ino)?;
         // Inline: the entry or nothing; hashed: the table's depth.

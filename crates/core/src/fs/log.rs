@@ -770,7 +770,7 @@ impl<D: FlashDevice> Fs<D> {
     /// Errors unless `name` in `parent` is `ino`: a record must find the
     /// tree as it was when it was logged.
     fn expect_entry(&mut self, parent: u64, name: &[u8], ino: u64) -> Result<()> {
-        match self.directory_find(parent, name, |entry| entry.ino)? {
+        match self.directory_read_entry(parent, name, |entry| entry.ino)? {
             Some(found) if found == ino => Ok(()),
             Some(found) => Err(Error::corrupt(format!(
                 "{:?} in {parent} is inode {found}, the record says {ino}",

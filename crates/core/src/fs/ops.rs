@@ -417,7 +417,7 @@ impl<D: FlashDevice> Fs<D> {
             return Err(Error::new(errno::ENAMETOOLONG, format!("a name of {} bytes", name.len())));
         }
         let ino = self
-            .directory_find(parent, name, |entry| entry.ino)?
+            .directory_read_entry(parent, name, |entry| entry.ino)?
             .ok_or_else(|| Error::new(errno::ENOENT, format!("no {:?} in directory {parent}", name_text(name))))?;
         let attributes = self.getattr(ino)?;
         self.remember(ino)?;
@@ -455,7 +455,7 @@ impl<D: FlashDevice> Fs<D> {
             if directory.file_type() != Some(FileType::Directory) {
                 return Err(Error::new(errno::ENOTDIR, format!("inode {parent} is not a directory")));
             }
-            if fs.directory_find(parent, name, |_| ())?.is_some() {
+            if fs.directory_read_entry(parent, name, |_| ())?.is_some() {
                 return Err(Error::new(errno::EEXIST, format!("{:?} exists in directory {parent}", name_text(name))));
             }
             // Nothing read above is used below but the parent's number.
@@ -611,7 +611,7 @@ impl<D: FlashDevice> Fs<D> {
             if fs.inode(new_parent)?.file_type() != Some(FileType::Directory) {
                 return Err(Error::new(errno::ENOTDIR, format!("inode {new_parent} is not a directory")));
             }
-            if fs.directory_find(new_parent, new_name, |_| ())?.is_some() {
+            if fs.directory_read_entry(new_parent, new_name, |_| ())?.is_some() {
                 return Err(Error::new(errno::EEXIST, format!("{:?} exists", name_text(new_name))));
             }
             if inode.nlink == 0 {
@@ -695,12 +695,12 @@ impl<D: FlashDevice> Fs<D> {
     }
 
     /// What `read` takes from the entry `name` in `parent`, which must be a
-    /// directory, read in place ([`Fs::directory_find`]).
+    /// directory, read in place ([`Fs::directory_read_entry`]).
     fn entry_with<R>(&mut self, parent: u64, name: &[u8], read: impl Fn(&Entry) -> R) -> Result<R> {
         if self.inode(parent)?.file_type() != Some(FileType::Directory) {
             return Err(Error::new(errno::ENOTDIR, format!("inode {parent} is not a directory")));
         }
-        self.directory_find(parent, name, read)?
+        self.directory_read_entry(parent, name, read)?
             .ok_or_else(|| Error::new(errno::ENOENT, format!("no {:?} in directory {parent}", name_text(name))))
     }
 
