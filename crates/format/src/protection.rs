@@ -159,9 +159,15 @@ thread_local! {
 /// The protected stream of a page, `data ++ OOB[0, 72)`.
 fn stream(data: &[u8], oob: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(data.len() + PROTECTED_OOB_BYTES);
+    stream_into(data, oob, &mut out);
+    out
+}
+
+/// [`stream`] into `out`, whatever it held.
+fn stream_into(data: &[u8], oob: &[u8], out: &mut Vec<u8>) {
+    out.clear();
     out.extend_from_slice(data);
     out.extend_from_slice(&oob[..PROTECTED_OOB_BYTES]);
-    out
 }
 
 /// The signature of a page, over its data and its header.
@@ -191,9 +197,7 @@ pub fn seal(data: &[u8], oob: &mut [u8], ecc: Option<&EccLayout>) {
         // side by side in a buffer this thread keeps: a new one at every
         // page sealed was an allocation per page written.
         SEAL_STREAM.with_borrow_mut(|stream| {
-            stream.clear();
-            stream.extend_from_slice(data);
-            stream.extend_from_slice(&oob[..PROTECTED_OOB_BYTES]);
+            stream_into(data, oob, stream);
             for (index, code) in layout.codes.iter().enumerate() {
                 let range = layout.parity_range(index);
                 code.encode(&stream[layout.message_range(index)], &mut oob[range]);
