@@ -119,10 +119,13 @@ pub const CLEAN_GAIN_PER_STEP_PAGES: u64 = 2;
 /// Victim pages one step reads at most: the host waits for each read, 40
 /// are about 2.4 ms at the default 50 us read and 400 MB/s channel.
 pub const CLEAN_READS_PER_STEP_MAX: u32 = 40;
-/// Most pages a step moves, however far behind: 14.4 ms of die time.
-/// (At 50 moves and 64 reads, near_full_90's p99 was 35 ms of device
-/// time; at 24 and 40, 29 ms, and the steps still kept up.)
-pub const CLEAN_MOVES_PER_STEP_MAX: u64 = 24;
+/// Most pages a step moves, however far behind: 3 ms of die time. A
+/// write and its fsync are two operations, two steps, whose moves queue
+/// on the cold head's die: 6 ms, under the 10 ms p99.9 of issue 19. (At
+/// 24 moves a step, near_full_90's p99 was 16.3 ms of device time, set
+/// by writes whose two steps moved 48 pages; at 5, 6.1 ms. The steps
+/// still keep up: no whole-zone cleaning at 50, 80, 90 or 95% full.)
+pub const CLEAN_MOVES_PER_STEP_MAX: u64 = 5;
 const _: () = assert!(
     CLEAN_GAIN_PER_STEP_PAGES > 0
         && CLEAN_MOVES_PER_STEP_MAX <= CLEAN_READS_PER_STEP_MAX as u64
@@ -159,6 +162,15 @@ struct Victim {
     write_pointer: u32,
 }
 
+/// Victims the steps have emptied before a checkpoint is taken to free
+/// them, while free zones are at the low water mark (below it, whatever
+/// there is). Each checkpoint writes every dirty node, hundreds at
+/// near_full_90, into one erase block after another, and the write that
+/// takes it waits for a whole block on one die (38 ms and more): freed
+/// three at a time, near_full_90 takes 20 of them in 21,558 writes, not
+/// 39, so fewer than 0.1% of its writes wait for one.
+pub const CLEAN_RELEASE_VICTIMS_MIN: usize = 3;
+
 /// Zones kept free, beyond what the buffered work and the victim's moves
 /// need, before the cleaner takes another victim into a batch.
 const CLEAN_HEADROOM_ZONES: usize = 1;
@@ -187,6 +199,9 @@ pub struct CleanerCounters {
     /// behind: what bounds an operation's latency, and what breaks it.
     pub steps: u64,
     pub whole_zone_cleanings_for_space: u64,
+    /// Checkpoints operations took to free the victims the steps emptied
+    /// (`release_wanted`): each a write that waits for every dirty node.
+    pub checkpoints_to_release: u64,
     /// Victims still holding referenced bytes after cleaning: a liveness
     /// decision the accounting disagreed with. Never chosen again this
     /// mount; always zero unless something is wrong.
@@ -453,8 +468,12 @@ impl<D: FlashDevice> Fs<D> {
     /// stepped through to its end. Only when the steps fell behind, below
     /// the low water mark, whole zones (the emptiest first). With room to
     /// spare, a zone of cold data when the wear spread is past its bound
-    /// (rare: each one narrows the spread).
-    pub(crate) fn clean_if_low(&mut self) -> Result<()> {
+    /// (rare: each one narrows the spread). No step when `step_allowed`
+    /// is false: the operation has just reset a zone (`erase_ahead`), 3 ms
+    /// on each of its dies, and a step's moves would queue behind that
+    /// (13 ms for a write and its fsync at near_full_90); the next
+    /// operation steps, a larger step if it must.
+    pub(crate) fn clean_if_low(&mut self, step_allowed: bool) -> Result<()> {
         // Best effort: an operation that cannot be helped by cleaning (an
         // unlink, say) must not fail because cleaning did. What needs the
         // space finds out in `reserve_space`.
@@ -463,6 +482,9 @@ impl<D: FlashDevice> Fs<D> {
         if free < CLEAN_LOW_WATER_ZONES + buffered {
             self.cleaner.whole_zone_cleanings_for_space += 1;
             let _ = self.clean_for_space(CLEAN_ZONES_PER_OPERATION_MAX);
+        } else if !step_allowed {
+            // The zone reset this operation did is its share of the
+            // background work: no step, and no wear levelling on top.
         } else if free + self.incremental.scanned.len() < self.step_water_zones() + buffered
             || self.incremental.victim.is_some()
         {
@@ -489,15 +511,18 @@ impl<D: FlashDevice> Fs<D> {
     }
 
     /// Whether victims the steps emptied should be freed now: they wait
-    /// for whatever checkpoint comes next, unless free zones are one away
-    /// from the low water mark. A checkpoint writes every dirty node, so
-    /// one per victim would cost more than small victims give back.
+    /// for whatever checkpoint comes next, unless free zones are at the
+    /// low water mark with [`CLEAN_RELEASE_VICTIMS_MIN`] victims emptied,
+    /// or below it with any. A checkpoint writes every dirty node, so one
+    /// per victim would cost more than small victims give back, and each
+    /// is a write that waits tens of milliseconds.
     pub(crate) fn release_wanted(&mut self) -> bool {
         if self.incremental.scanned.is_empty() {
             return false;
         }
         let (free, _) = self.zone_scan();
-        free <= CLEAN_LOW_WATER_ZONES + self.buffered_zones()
+        let low = CLEAN_LOW_WATER_ZONES + self.buffered_zones();
+        free < low || (free == low && self.incremental.scanned.len() >= CLEAN_RELEASE_VICTIMS_MIN)
     }
 
     /// One bounded step of the foreground cleaner (see `clean_if_low`),

@@ -50,8 +50,8 @@ use crate::volume::{MkfsOptions, MountReport, Volume};
 
 pub use cleaner::{
     CleanerCounters, CLEAN_GAIN_PER_STEP_PAGES, CLEAN_IDLE_WATER_ZONES, CLEAN_LOW_WATER_ZONES,
-    CLEAN_MOVES_PER_STEP_MAX, CLEAN_READS_PER_STEP_MAX, CLEAN_STEP_RUNWAY_DYNAMIC_ZONES, CLEAN_STEP_RUNWAY_ZONES_MIN,
-    CLEAN_ZONES_PER_OPERATION_MAX, WEAR_SPREAD_MAX,
+    CLEAN_MOVES_PER_STEP_MAX, CLEAN_READS_PER_STEP_MAX, CLEAN_RELEASE_VICTIMS_MIN, CLEAN_STEP_RUNWAY_DYNAMIC_ZONES,
+    CLEAN_STEP_RUNWAY_ZONES_MIN, CLEAN_ZONES_PER_OPERATION_MAX, WEAR_SPREAD_MAX,
 };
 pub use log::{
     FsyncMode, RecoveryReport, LOG_BUFFER_BYTES_MAX, LOG_PENDING_BLOCKS_MAX, LOG_RECORD_PAGES_MAX,
@@ -721,11 +721,15 @@ impl<D: FlashDevice> Fs<D> {
             // would start a new log before the old one was replayed.
             return Ok(());
         }
-        if self.checkpoint_due() || self.log_wants_checkpoint(1) || self.release_wanted() {
+        if self.checkpoint_due() || self.log_wants_checkpoint(1) {
             return self.checkpoint();
         }
-        self.volume.erase_ahead()?;
-        self.clean_if_low()?;
+        if self.release_wanted() {
+            self.cleaner.checkpoints_to_release += 1;
+            return self.checkpoint();
+        }
+        let erased = self.volume.erase_ahead()?;
+        self.clean_if_low(!erased)?;
         if self.unindexed_short(data_pages) {
             self.checkpoint()?;
         }
