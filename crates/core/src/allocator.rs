@@ -410,7 +410,9 @@ impl<D: FlashDevice> Volume<D> {
     }
 
     /// Zones that hold nothing referenced and are in no head: the next
-    /// checkpoint frees them.
+    /// checkpoint frees them. A log zone the log has moved on from counts:
+    /// the checkpoint truncates the log, and with two zones of log before
+    /// a checkpoint (`LOG_ZONES_PER_CHECKPOINT`) up to two wait for one.
     pub fn releasable_zones(&self) -> usize {
         self.checkpoint
             .zones
@@ -418,7 +420,7 @@ impl<D: FlashDevice> Volume<D> {
             .enumerate()
             .filter(|(zone, usage)| {
                 *zone as u32 >= FIRST_DYNAMIC_ZONE
-                    && matches!(usage.role, ZoneRole::HotData | ZoneRole::ColdData | ZoneRole::Node)
+                    && matches!(usage.role, ZoneRole::HotData | ZoneRole::ColdData | ZoneRole::Node | ZoneRole::Log)
                     && usage.valid_bytes == 0
                     && !self.checkpoint.heads.iter().any(|head| head.zone == *zone as u32)
             })

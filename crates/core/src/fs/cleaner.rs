@@ -110,21 +110,29 @@ pub const CLEAN_STEP_RUNWAY_ZONES_MIN: usize = 3;
 /// short, n² times this, so steps that fall behind catch up fast. About
 /// what a write and its fsync consume (a data page and a log page), so
 /// steps keep pace with the operations that take them. What that costs
-/// depends on the victim: at three quarters live, 6 pages moved, which go
-/// to the cold data head one erase block (one die) at a time, so the
-/// fsync that follows waits for them in turn: 3.6 ms at the default
-/// 600 us program. Small steps, taken by most operations, keep the
-/// latency even: what cleaning costs is spread, not paid by a few.
+/// depends on the victim: at two thirds live, 4 pages moved, which go to
+/// the cold data head one erase block (one die) at a time, so the fsync
+/// that follows waits for them in turn: 2.4 ms at the default 600 us
+/// program. A denser victim gives back less than this in the moves a
+/// step may make ([`CLEAN_MOVES_PER_STEP_MAX`]), and free zones fall
+/// further short, which lets steps move more. Small steps, taken by most
+/// operations, keep the latency even: what cleaning costs is spread, not
+/// paid by a few.
 pub const CLEAN_GAIN_PER_STEP_PAGES: u64 = 2;
 /// Victim pages one step reads at most: the host waits for each read, 40
 /// are about 2.4 ms at the default 50 us read and 400 MB/s channel.
 pub const CLEAN_READS_PER_STEP_MAX: u32 = 40;
-/// Most pages a step moves, however far behind: 3 ms of die time. A
-/// write and its fsync are two operations, two steps, whose moves queue
-/// on the cold head's die: 6 ms, under the 10 ms p99.9 of issue 19. (At
-/// 24 moves a step, near_full_90's p99 was 16.3 ms of device time, set
-/// by writes whose two steps moved 48 pages; at 5, 6.1 ms. The steps
-/// still keep up: no whole-zone cleaning at 50, 80, 90 or 95% full.)
+/// Most pages a step moves, however far behind: 3 ms of die time. A write
+/// and its fsync are two operations, two steps, whose moves queue on the
+/// cold head's die: 6 ms, under the 10 ms p99.9 of issue 19. (At 24 moves
+/// a step, near_full_90's p99 was 16.3 ms of device time, set by writes
+/// whose two steps moved 48 pages; at 5, 6.1 ms.) Over victims more than
+/// about three quarters live, two steps of five moves give back less than
+/// a write and its fsync take, and the steps fall behind to whole-zone
+/// cleaning inside an operation; near_full at 50 to 95% full and the test
+/// `the_foreground_cleaner_works_in_bounded_steps` never did. Letting the
+/// moves grow as the zones short grow took near_full_90's p99.9 from 8.6
+/// to 18 ms, and doubling them at the low water mark alone to 12 ms.
 pub const CLEAN_MOVES_PER_STEP_MAX: u64 = 5;
 const _: () = assert!(
     CLEAN_GAIN_PER_STEP_PAGES > 0
@@ -166,9 +174,11 @@ struct Victim {
 /// them, while free zones are at the low water mark (below it, whatever
 /// there is). Each checkpoint writes every dirty node, hundreds at
 /// near_full_90, into one erase block after another, and the write that
-/// takes it waits for a whole block on one die (38 ms and more): freed
-/// three at a time, near_full_90 takes 20 of them in 21,558 writes, not
-/// 39, so fewer than 0.1% of its writes wait for one.
+/// takes it waits for a whole block on one die (38 ms and more). Freed
+/// three at a time, near_full_90 takes 13 checkpoints for its victims
+/// and 7 for its log (two zones, `LOG_ZONES_PER_CHECKPOINT`) in 21,558
+/// writes: fewer than 0.1% of them wait for one. (One at a time and one
+/// log zone, 39; two at a time, 29 with seeds 2 and 3.)
 pub const CLEAN_RELEASE_VICTIMS_MIN: usize = 3;
 
 /// Zones kept free, beyond what the buffered work and the victim's moves
@@ -201,7 +211,11 @@ pub struct CleanerCounters {
     pub whole_zone_cleanings_for_space: u64,
     /// Checkpoints operations took to free the victims the steps emptied
     /// (`release_wanted`): each a write that waits for every dirty node.
+    /// Of those, the ones taken with free zones at the low water mark, and
+    /// the victims those freed ([`CLEAN_RELEASE_VICTIMS_MIN`] each or more).
     pub checkpoints_to_release: u64,
+    pub releases_at_low_water: u64,
+    pub victims_released_at_low_water: u64,
     /// Victims still holding referenced bytes after cleaning: a liveness
     /// decision the accounting disagreed with. Never chosen again this
     /// mount; always zero unless something is wrong.
@@ -495,7 +509,11 @@ impl<D: FlashDevice> Fs<D> {
             let free = free + self.incremental.scanned.len();
             let short = (self.step_water_zones() + buffered).saturating_sub(free).max(1) as u64;
             let reserve = std::mem::replace(&mut self.volume.reserve_allowed, true);
-            let _ = self.clean_step(CLEAN_GAIN_PER_STEP_PAGES * short * short);
+            let budget = StepBudget {
+                moves_max: CLEAN_MOVES_PER_STEP_MAX,
+                gain_pages: CLEAN_GAIN_PER_STEP_PAGES * short * short,
+            };
+            let _ = self.clean_step(budget);
             self.volume.reserve_allowed = reserve;
         } else if self.wear_confirmed(wear) {
             let _ = self.clean_with(1, true, VictimChoice::CostBenefit);
@@ -525,9 +543,19 @@ impl<D: FlashDevice> Fs<D> {
         free < low || (free == low && self.incremental.scanned.len() >= CLEAN_RELEASE_VICTIMS_MIN)
     }
 
+    /// Counts a checkpoint `release_wanted` asked for, before it is taken.
+    pub(crate) fn count_release(&mut self) {
+        let (free, _) = self.zone_scan();
+        self.cleaner.checkpoints_to_release += 1;
+        if free == CLEAN_LOW_WATER_ZONES + self.buffered_zones() {
+            self.cleaner.releases_at_low_water += 1;
+            self.cleaner.victims_released_at_low_water += self.incremental.scanned.len() as u64;
+        }
+    }
+
     /// One bounded step of the foreground cleaner (see `clean_if_low`),
-    /// until it has given back `gain_pages`.
-    fn clean_step(&mut self, gain_pages: u64) -> Result<()> {
+    /// within `budget`: its moves, and what it gives back.
+    fn clean_step(&mut self, budget: StepBudget) -> Result<()> {
         self.cleaner.steps += 1;
         let victim = match self.incremental.victim.take() {
             Some(victim) if self.volume.checkpoint.zones[victim.zone as usize].generation != victim.generation => {
@@ -556,7 +584,6 @@ impl<D: FlashDevice> Fs<D> {
             }
         };
         let end = victim.write_pointer.min(victim.next_page.saturating_add(CLEAN_READS_PER_STEP_MAX));
-        let budget = StepBudget { moves_max: CLEAN_MOVES_PER_STEP_MAX, gain_pages };
         match self.move_live_pages(victim.zone, victim.next_page, end, budget) {
             Ok(next_page) if next_page >= victim.write_pointer => self.victim_scanned(victim.zone),
             Ok(next_page) => self.incremental.victim = Some(Victim { next_page, ..victim }),

@@ -58,7 +58,9 @@ pub const LOG_PENDING_BLOCKS_MAX: usize = 1 << 16;
 /// fsyncs took a checkpoint every 945 of them, and that checkpoint's write
 /// waited 40 ms or more for its nodes on one die (near_full_90's p99.9);
 /// with two, half as many, and fewer nodes written in all (create_fsync:
-/// 42,795 node pages, not 62,379). Recovery replays up to two zones.
+/// 42,795 node pages, not 62,379). Recovery replays up to two zones'
+/// worth of log pages (about 1,890 at the default geometry) and one
+/// operation's more, over up to three zones.
 pub const LOG_ZONES_PER_CHECKPOINT: u64 = 2;
 
 const _: () = assert!(LOG_BUFFER_BYTES_MAX as u64 <= 4096 * LOG_RECORD_PAGES_MAX / 2);

@@ -725,7 +725,7 @@ impl<D: FlashDevice> Fs<D> {
             return self.checkpoint();
         }
         if self.release_wanted() {
-            self.cleaner.checkpoints_to_release += 1;
+            self.count_release();
             return self.checkpoint();
         }
         let erased = self.volume.erase_ahead()?;
