@@ -114,10 +114,9 @@ pub const CLEAN_STEP_RUNWAY_ZONES_MIN: usize = 3;
 /// the cold data head one erase block (one die) at a time, so the fsync
 /// that follows waits for them in turn: 2.4 ms at the default 600 us
 /// program. A denser victim gives back less than this in the moves a
-/// step may make ([`CLEAN_MOVES_PER_STEP_MAX`]), and free zones fall
-/// further short, which lets steps move more. Small steps, taken by most
-/// operations, keep the latency even: what cleaning costs is spread, not
-/// paid by a few.
+/// step may make ([`CLEAN_MOVES_PER_STEP_MAX`], however short free zones
+/// are). Small steps, taken by most operations, keep the latency even:
+/// what cleaning costs is spread, not paid by a few.
 pub const CLEAN_GAIN_PER_STEP_PAGES: u64 = 2;
 /// Victim pages one step reads at most: the host waits for each read, 40
 /// are about 2.4 ms at the default 50 us read and 400 MB/s channel.
