@@ -314,13 +314,29 @@ impl<D: FlashDevice> Volume<D> {
     /// crash before the next checkpoint loses anyway.
     fn take_unindexed_zone(&mut self, role: ZoneRole) -> Result<u32> {
         let zone = if self.unindexed_used < self.checkpoint.unindexed.len() {
-            // Of the declared zones left, the one that starts farthest from
-            // the dies the other heads program next: an fsync programs the
+            // Of the declared zones left, an erased one if there is one
+            // (a reset here is 3 ms inside whatever operation filled the
+            // head: after a checkpoint that freed victims, the log's first
+            // fsync), and of those the one that starts farthest from the
+            // dies the other heads program next: an fsync programs the
             // data head and the log head together, and two programs on one
             // die take twice as long. The list is a set to recovery (it
             // finds each zone's use from the zone's first page), so taking
             // one out of turn is safe.
-            let chosen = self.die_farthest_from_heads(role, &self.checkpoint.unindexed[self.unindexed_used..]);
+            let left = &self.checkpoint.unindexed[self.unindexed_used..];
+            let mut erased = Vec::with_capacity(left.len());
+            for (index, &zone) in left.iter().enumerate() {
+                let report = self.device.report_zone(zone)?;
+                if report.write_pointer == 0 && report.state == ZoneState::Empty {
+                    erased.push(index);
+                }
+            }
+            let chosen = if erased.is_empty() {
+                self.die_farthest_from_heads(role, left)
+            } else {
+                let candidates: Vec<u32> = erased.iter().map(|&index| left[index]).collect();
+                erased[self.die_farthest_from_heads(role, &candidates)]
+            };
             self.checkpoint.unindexed.swap(self.unindexed_used, self.unindexed_used + chosen);
             let zone = self.checkpoint.unindexed[self.unindexed_used];
             self.unindexed_used += 1;

@@ -43,8 +43,9 @@
 //!   block's parity is programmed; see
 //!   [`ProtectionCounters::unprotected_pages_max`].
 //! - The zone parity is programmed after the last data block's parity,
-//!   from running rows kept in memory while the zone fills, a few pages
-//!   before each flush ([`ZONE_PARITY_PAGES_PER_FLUSH`]): the zone owes it
+//!   from running rows kept in memory while the zone fills, some pages
+//!   before each flush, what fits under the flush's wait for the busiest
+//!   die (`Protected::zone_parity_pages_to_pay`): the zone owes it
 //!   until then, and stays open. A clean unmount pays what is owed; a
 //!   mount after a cut pays what the cut left owed.
 //! - A zone finished before it fills (the engine moves its head on, or
@@ -206,21 +207,45 @@ const _: () = assert!(ZONES_WRITTEN_AT_ONCE_MAX as usize <= OPEN_STRIPES_MAX, "e
 /// it, a stripe is dropped and rebuilt from flash when needed again.
 pub const OPEN_STRIPES_MAX: usize = 16;
 
-/// Zone parity pages programmed before each flush, while a zone's zone
-/// parity is owed. A zone's parity blocks go to flash after its last data
-/// block, all to one erase block (one die) per parity block: 64 pages at
-/// the default shape, 38 ms of program time, which the next flush waited
-/// for at once (the p99 of random overwrites at 90% full). Two pages a
-/// flush are 1.2 ms of that die's time, spread over the fsyncs that
-/// follow; paying by the page programmed instead made an operation that
-/// programmed many pay as many. Until it is paid, the zone's pages have
-/// their block parity and the ECC, as the open stripe's pages do.
+/// Zone parity pages programmed before a flush, while a zone's zone parity
+/// is owed, where the device does not say which die a page is on. A
+/// zone's parity blocks go to flash after its last data block, all to one
+/// erase block (one die) per parity block: 64 pages at the default shape,
+/// 38 ms of program time, which the next flush waited for at once (the
+/// p99 of random overwrites at 90% full). Four pages a flush are 2.4 ms
+/// of that die's time, spread over the fsyncs that follow; paying by the
+/// page programmed instead made an operation that programmed many pay as
+/// many. Until it is paid, the zone's pages have their block parity and
+/// the ECC, as the open stripe's pages do.
+///
+/// Where the device says (`FlashDevice::die_of`), a flush pays what fits
+/// under the wait it has anyway instead (`zone_parity_pages_to_pay`):
+/// seven eighths of the programs the busiest die has queued beyond those
+/// on the parity's die, and one page at least. Four pages were 2.4 ms
+/// on every fsync while a zone owed (an fsync programs two pages, 0.6 ms
+/// on their dies), and on each of a checkpoint's two flushes; a
+/// checkpoint's node pages queue a whole block on one die (38 ms), under
+/// which 56 of a parity block's 64 pages fit.
 pub const ZONE_PARITY_PAGES_PER_FLUSH: u32 = 4;
+/// Zone parity pages one flush pays at least while a zone owes it, when
+/// the device says which die a page is on: what keeps the parity coming
+/// when every flush is short.
+pub const ZONE_PARITY_PAGES_PER_FLUSH_MIN: u32 = 1;
+/// Of the busiest die's queue, the eighths the zone parity fills: that die
+/// started its programs before the parity's first page was transferred
+/// and finishes some while the rest are, so parity as long as its whole
+/// queue finished last: near_full_90's slowest write paid 64 pages after
+/// a checkpoint's 766 node pages, whose last block (64 pages on die 28)
+/// had started 0.7 ms of transfers earlier.
+pub const ZONE_PARITY_QUEUE_FILL_EIGHTHS: u32 = 7;
+const _: () = assert!(ZONE_PARITY_QUEUE_FILL_EIGHTHS > 0 && ZONE_PARITY_QUEUE_FILL_EIGHTHS <= 8);
 /// Zones whose zone parity is owed at once, at most: past it, the oldest is
 /// paid in full. Each keeps its stripe (the rows) in memory.
 pub const ZONES_OWING_PARITY_MAX: usize = 2;
 const _: () = assert!(ZONES_WRITTEN_AT_ONCE_MAX as usize + ZONES_OWING_PARITY_MAX <= OPEN_STRIPES_MAX);
 const _: () = assert!(ZONE_PARITY_PAGES_PER_FLUSH > 0);
+const _: () =
+    assert!(ZONE_PARITY_PAGES_PER_FLUSH_MIN > 0 && ZONE_PARITY_PAGES_PER_FLUSH_MIN <= ZONE_PARITY_PAGES_PER_FLUSH);
 
 /// The running parity of the zone being written.
 struct Stripe {
@@ -361,7 +386,7 @@ pub struct Protected<D: FlashDevice> {
     parity: ParityLayout,
     stripes: BTreeMap<u32, Stripe>,
     /// Zones whose data blocks are all written and whose zone parity is
-    /// still to be programmed, oldest first (`ZONE_PARITY_PAGES_PER_FLUSH`).
+    /// still to be programmed, oldest first (`zone_parity_pages_to_pay`).
     owing: std::collections::VecDeque<u32>,
     /// Erasure codes by (data units, parity units).
     codes: BTreeMap<(usize, usize), Arc<ErasureCode>>,
@@ -386,6 +411,14 @@ pub struct Protected<D: FlashDevice> {
     resets_issued: u64,
     /// A program, reset or finish was issued since the last flush.
     unflushed: bool,
+    /// Pages programmed on each die since the last flush (empty until the
+    /// first, or where the device does not say which die a page is on),
+    /// and the most on any one. A flush leaves every die idle, and reads
+    /// and erases are waited for, so these are the queues the next flush
+    /// waits for, in programs: what `zone_parity_pages_to_pay` fits the
+    /// zone parity under.
+    die_pages_programmed: Vec<u32>,
+    die_pages_programmed_max: u32,
     /// The stripe area in NVM, when the device has one for this volume.
     nvm_stripes: Option<NvmStripes>,
     /// Start-gap wear levelling under every NVM structure: the engine's
@@ -416,6 +449,8 @@ impl<D: FlashDevice> Protected<D> {
             resets_issued: 0,
             correction: Correction::ALL,
             unflushed: false,
+            die_pages_programmed: Vec::new(),
+            die_pages_programmed_max: 0,
             nvm_stripes: None,
             nvm_wear: NvmWear::new(geometry.nvm_size_bytes),
             unit_scratch: Vec::new(),
@@ -1053,7 +1088,9 @@ impl<D: FlashDevice> Protected<D> {
         let mut data = vec![0u8; geometry.page_size_bytes as usize];
         let mut oob = vec![0u8; geometry.oob_size_bytes as usize];
         for _ in 0..READ_ATTEMPTS {
-            match self.inner.read_page(address, &mut data, &mut oob) {
+            let read = self.inner.read_page(address, &mut data, &mut oob);
+            self.note_die_idle(address);
+            match read {
                 Ok(PageState::Erased) => return None,
                 Ok(PageState::Programmed) => {}
                 Err(error) if error.is_media_failure() => continue,
@@ -1097,6 +1134,7 @@ impl<D: FlashDevice> Protected<D> {
         self.unflushed = true;
         match self.inner.program_page(address, &unit[..page_size], &oob) {
             Ok(()) => {
+                self.note_programmed(address);
                 self.counters.parity_pages_programmed += 1;
                 Ok(true)
             }
@@ -1311,7 +1349,9 @@ impl<D: FlashDevice> Protected<D> {
         if self.parity_zone(address.zone) {
             self.program_protected(address, data, sealed)
         } else {
-            self.inner.program_page(address, data, sealed)
+            self.inner.program_page(address, data, sealed)?;
+            self.note_programmed(address);
+            Ok(())
         }
     }
 
@@ -1355,6 +1395,7 @@ impl<D: FlashDevice> Protected<D> {
             self.stripes.remove(&address.zone);
             return Err(error);
         }
+        self.note_programmed(physical);
         if !in_data {
             return Ok(());
         }
@@ -1376,6 +1417,58 @@ impl<D: FlashDevice> Protected<D> {
             }
         }
         Ok(())
+    }
+
+    /// Counts a page programmed at physical `address` on its die.
+    fn note_programmed(&mut self, address: PageAddress) {
+        let Some(die) = self.inner.die_of(address) else { return };
+        if self.die_pages_programmed.is_empty() {
+            self.die_pages_programmed = vec![0; self.inner.die_count().max(1) as usize];
+        }
+        if let Some(count) = self.die_pages_programmed.get_mut(die as usize) {
+            *count = count.saturating_add(1);
+            self.die_pages_programmed_max = self.die_pages_programmed_max.max(*count);
+        }
+    }
+
+    /// The host waited for the die of physical `address` (a read from the
+    /// medium, or an erase): nothing is queued on it any more. A read the
+    /// device served from its write buffer waited for nothing and counts
+    /// the same: the parity then pays less than would fit, never more.
+    fn note_die_idle(&mut self, address: PageAddress) {
+        let Some(die) = self.inner.die_of(address) else { return };
+        let Some(count) = self.die_pages_programmed.get_mut(die as usize) else { return };
+        let was = std::mem::replace(count, 0);
+        if was > 0 && was == self.die_pages_programmed_max {
+            self.die_pages_programmed_max = self.die_pages_programmed.iter().copied().max().unwrap_or(0);
+        }
+    }
+
+    /// The device's flush; every die is idle after it.
+    fn flush_inner(&mut self) -> Result<()> {
+        self.inner.flush()?;
+        self.unflushed = false;
+        self.die_pages_programmed.fill(0);
+        self.die_pages_programmed_max = 0;
+        Ok(())
+    }
+
+    /// How many zone parity pages the flush about to be issued pays: seven
+    /// eighths (`ZONE_PARITY_QUEUE_FILL_EIGHTHS`) of what the busiest die
+    /// has queued beyond the die the parity goes to, and
+    /// [`ZONE_PARITY_PAGES_PER_FLUSH_MIN`] at least
+    /// (`ZONE_PARITY_PAGES_PER_FLUSH` where the device does not say which
+    /// die a page is on).
+    fn zone_parity_pages_to_pay(&self) -> Result<u32> {
+        let Some(&zone) = self.owing.front() else { return Ok(0) };
+        let report = self.inner.report_zone(zone)?;
+        let Some(die) = self.inner.die_of(PageAddress::new(zone, report.write_pointer)) else {
+            return Ok(ZONE_PARITY_PAGES_PER_FLUSH);
+        };
+        let queued = self.die_pages_programmed.get(die as usize).copied().unwrap_or(0);
+        let fits =
+            self.die_pages_programmed_max.saturating_sub(queued).saturating_mul(ZONE_PARITY_QUEUE_FILL_EIGHTHS) / 8;
+        Ok(fits.max(ZONE_PARITY_PAGES_PER_FLUSH_MIN))
     }
 
     /// Programs up to `pages` of the oldest owed zone parity; a zone paid
@@ -1496,8 +1589,7 @@ impl<D: FlashDevice> Protected<D> {
             // Durable before the finish is: a finished zone is read with its
             // last k pages taken for parity, and a finish outlives a cut
             // that drops pages still in the device's buffer.
-            self.inner.flush()?;
-            self.unflushed = false;
+            self.flush_inner()?;
         }
         self.stripes.remove(&zone);
         Ok(())
@@ -1760,7 +1852,9 @@ impl<D: FlashDevice> FlashDevice for Protected<D> {
         let mut attempt = 0;
         let failure = loop {
             attempt += 1;
-            let state = match self.inner.read_page(physical, data, oob) {
+            let read = self.inner.read_page(physical, data, oob);
+            self.note_die_idle(physical);
+            let state = match read {
                 Ok(state) => state,
                 Err(error) if error.is_media_failure() && attempt < READ_ATTEMPTS => continue,
                 Err(error) if error.is_media_failure() => break Err(error),
@@ -1824,7 +1918,9 @@ impl<D: FlashDevice> FlashDevice for Protected<D> {
 
     fn read_oob(&mut self, address: PageAddress, oob: &mut [u8]) -> Result<PageState> {
         let physical = self.to_physical(address);
-        self.inner.read_oob(physical, oob)
+        let read = self.inner.read_oob(physical, oob);
+        self.note_die_idle(physical);
+        read
     }
 
     fn program_page(&mut self, address: PageAddress, data: &[u8], oob: &[u8]) -> Result<()> {
@@ -1849,6 +1945,11 @@ impl<D: FlashDevice> FlashDevice for Protected<D> {
         self.retired_blocks.retain(|(retired_zone, _)| *retired_zone != zone);
         self.block_samples.retain(|(sampled_zone, _), _| *sampled_zone != zone);
         self.resets_issued += 1;
+        // The host waits for the erase of every block of the zone.
+        let geometry = self.inner.geometry();
+        for block in 0..geometry.zone_blocks {
+            self.note_die_idle(PageAddress::new(zone, block * geometry.block_pages));
+        }
         self.inner.reset_zone(zone)
     }
 
@@ -1880,9 +1981,9 @@ impl<D: FlashDevice> FlashDevice for Protected<D> {
     }
 
     fn flush(&mut self) -> Result<()> {
-        self.pay_zone_parity(ZONE_PARITY_PAGES_PER_FLUSH)?;
-        self.inner.flush()?;
-        self.unflushed = false;
+        let pages = self.zone_parity_pages_to_pay()?;
+        self.pay_zone_parity(pages)?;
+        self.flush_inner()?;
         // The pages are durable now; their running parity goes to NVM
         // before the flush returns (and so before any fsync does). NVM that
         // fails to take it does not undo a flush that made the pages

@@ -138,6 +138,7 @@ impl<D: FlashDevice> Fs<D> {
         self.to_flash.clear();
         self.log_truncated();
         self.counters.checkpoints += 1;
+        self.checkpoint_just_taken = true;
         self.mark_checkpointed();
         self.scanned_victims_checkpointed();
         self.prune_known();
