@@ -870,7 +870,6 @@ impl<D: FlashDevice> Fs<D> {
         Ok(self.block_pointer(ino, block)? == here)
     }
 
-    /// Moves a live data block to the cold data head.
     /// Moves the live blocks a step read, each still where it was read
     /// unless something since moved it (nothing in a step does: checked
     /// all the same, since a move releases the page it moves from).
@@ -883,6 +882,7 @@ impl<D: FlashDevice> Fs<D> {
         Ok(())
     }
 
+    /// Moves a live data block to the cold data head.
     fn move_block(&mut self, moved: BlockToMove) -> Result<()> {
         let BlockToMove { ino, block, here, length, version, data } = moved;
         let meta = PageMeta {
