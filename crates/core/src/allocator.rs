@@ -326,8 +326,7 @@ impl<D: FlashDevice> Volume<D> {
             let left = &self.checkpoint.unindexed[self.unindexed_used..];
             let mut erased = Vec::with_capacity(left.len());
             for (index, &zone) in left.iter().enumerate() {
-                let report = self.device.report_zone(zone)?;
-                if report.write_pointer == 0 && report.state == ZoneState::Empty {
+                if !self.zone_holds_pages(zone)? {
                     erased.push(index);
                 }
             }
@@ -351,8 +350,7 @@ impl<D: FlashDevice> Volume<D> {
             self.undeclared_zones_taken += 1;
             zone
         };
-        let report = self.device.report_zone(zone)?;
-        if report.write_pointer > 0 || report.state != ZoneState::Empty {
+        if self.zone_holds_pages(zone)? {
             // Pages written after the last checkpoint that a crash orphaned,
             // or a zone the file system no longer references: erased, one
             // generation on.
@@ -379,13 +377,19 @@ impl<D: FlashDevice> Volume<D> {
     pub fn erase_ahead(&mut self) -> Result<bool> {
         for index in self.unindexed_used..self.checkpoint.unindexed.len() {
             let zone = self.checkpoint.unindexed[index];
-            let report = self.device.report_zone(zone)?;
-            if report.write_pointer > 0 || report.state != ZoneState::Empty {
+            if self.zone_holds_pages(zone)? {
                 self.device.reset_zone(zone)?;
                 return Ok(true);
             }
         }
         Ok(false)
+    }
+
+    /// Whether `zone` must be reset before a head writes it: it holds
+    /// pages of an earlier use, or is not in the erased state.
+    fn zone_holds_pages(&self, zone: u32) -> Result<bool> {
+        let report = self.device.report_zone(zone)?;
+        Ok(report.write_pointer > 0 || report.state != ZoneState::Empty)
     }
 
     /// The index in `candidates` of the zone whose first page's die is

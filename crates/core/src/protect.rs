@@ -1088,9 +1088,7 @@ impl<D: FlashDevice> Protected<D> {
         let mut data = vec![0u8; geometry.page_size_bytes as usize];
         let mut oob = vec![0u8; geometry.oob_size_bytes as usize];
         for _ in 0..READ_ATTEMPTS {
-            let read = self.inner.read_page(address, &mut data, &mut oob);
-            self.note_die_idle(address);
-            match read {
+            match self.read_inner(address, &mut data, &mut oob) {
                 Ok(PageState::Erased) => return None,
                 Ok(PageState::Programmed) => {}
                 Err(error) if error.is_media_failure() => continue,
@@ -1132,9 +1130,8 @@ impl<D: FlashDevice> Protected<D> {
         // signature of the running parity.
         debug_assert_eq!(&oob[protection::SIGNATURE_OFFSET..PROTECTED_OOB_BYTES], &signature);
         self.unflushed = true;
-        match self.inner.program_page(address, &unit[..page_size], &oob) {
+        match self.program_inner(address, &unit[..page_size], &oob) {
             Ok(()) => {
-                self.note_programmed(address);
                 self.counters.parity_pages_programmed += 1;
                 Ok(true)
             }
@@ -1349,9 +1346,7 @@ impl<D: FlashDevice> Protected<D> {
         if self.parity_zone(address.zone) {
             self.program_protected(address, data, sealed)
         } else {
-            self.inner.program_page(address, data, sealed)?;
-            self.note_programmed(address);
-            Ok(())
+            self.program_inner(address, data, sealed)
         }
     }
 
@@ -1391,11 +1386,10 @@ impl<D: FlashDevice> Protected<D> {
         if in_data {
             self.stripe_at(address.zone, physical.page, shape);
         }
-        if let Err(error) = self.inner.program_page(physical, data, sealed) {
+        if let Err(error) = self.program_inner(physical, data, sealed) {
             self.stripes.remove(&address.zone);
             return Err(error);
         }
-        self.note_programmed(physical);
         if !in_data {
             return Ok(());
         }
@@ -1417,6 +1411,23 @@ impl<D: FlashDevice> Protected<D> {
             }
         }
         Ok(())
+    }
+
+    /// Programs physical `address` on the device, counting it on its die:
+    /// every program of this layer goes through here, so the counts
+    /// `zone_parity_pages_to_pay` reads miss none.
+    fn program_inner(&mut self, address: PageAddress, data: &[u8], oob: &[u8]) -> Result<()> {
+        self.inner.program_page(address, data, oob)?;
+        self.note_programmed(address);
+        Ok(())
+    }
+
+    /// Reads physical `address` from the device; the host waited for its
+    /// die (`note_die_idle`).
+    fn read_inner(&mut self, address: PageAddress, data: &mut [u8], oob: &mut [u8]) -> Result<PageState> {
+        let read = self.inner.read_page(address, data, oob);
+        self.note_die_idle(address);
+        read
     }
 
     /// Counts a page programmed at physical `address` on its die.
@@ -1852,9 +1863,7 @@ impl<D: FlashDevice> FlashDevice for Protected<D> {
         let mut attempt = 0;
         let failure = loop {
             attempt += 1;
-            let read = self.inner.read_page(physical, data, oob);
-            self.note_die_idle(physical);
-            let state = match read {
+            let state = match self.read_inner(physical, data, oob) {
                 Ok(state) => state,
                 Err(error) if error.is_media_failure() && attempt < READ_ATTEMPTS => continue,
                 Err(error) if error.is_media_failure() => break Err(error),
