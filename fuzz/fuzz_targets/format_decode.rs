@@ -104,8 +104,16 @@ fuzz_target!(|bytes: &[u8]| {
     // block, give that many bytes or an error.
     let logical = (length % 65_536) as usize + 1;
     for codec in [flintfs_format::Compression::Lz4, flintfs_format::Compression::Zstd] {
-        if let Ok(block) = flintfs_format::decompress(codec, data, logical) {
+        let whole = flintfs_format::decompress(codec, data, logical);
+        if let Ok(block) = &whole {
             assert_eq!(block.len(), logical);
+        }
+        // Into a caller's buffer, as a read does: the same answer.
+        let mut into = vec![0u8; logical];
+        match (flintfs_format::decompress_into(codec, data, &mut into), whole) {
+            (Ok(()), Ok(block)) => assert_eq!(into, block),
+            (Err(_), Err(_)) => {}
+            (into, whole) => panic!("decompress_into {into:?} against decompress {:?}", whole.map(|block| block.len())),
         }
     }
     // The record assembler on page headers built straight from the bytes

@@ -44,7 +44,9 @@ pub use chunk::{
     parse_packed, ChunkHeader, ChunkKind, Compression, PackedPage, CHUNK_HEADER_BYTES, CHUNK_LOGICAL_BYTES_MAX,
 };
 pub use codec::{all_zero, Reader, Writer};
-pub use compress::{compress, decompress, CompressionChoice, ZSTD_LEVEL_DEFAULT, ZSTD_LEVEL_MAX, ZSTD_LEVEL_MIN};
+pub use compress::{
+    compress, decompress, decompress_into, CompressionChoice, ZSTD_LEVEL_DEFAULT, ZSTD_LEVEL_MAX, ZSTD_LEVEL_MIN,
+};
 pub use log::{
     EmbeddedBlock, LogBatch, LogOperation, LogRecord, SetAttributes, LOG_BATCH_HEADER_BYTES, LOG_BLOCKS_PER_RECORD_MAX,
     LOG_CONTENT_BYTES_MAX, LOG_EMBEDDED_HEADER_BYTES, LOG_RECORD_HEADER_BYTES,

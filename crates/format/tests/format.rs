@@ -441,6 +441,9 @@ fn each_codec_round_trips_and_refuses_what_does_not_shrink() {
         let packed = compress(choice, &text, text.len()).expect("text shrinks");
         assert!(packed.len() < 200, "{choice}: {} bytes", packed.len());
         assert_eq!(decompress(choice.codec, &packed, text.len()).unwrap(), text);
+        let mut into = vec![0xA5u8; text.len()];
+        flintfs_format::decompress_into(choice.codec, &packed, &mut into).unwrap();
+        assert_eq!(into, text, "{choice}: into a caller's buffer");
         // The length the header gives is the length: one more or less is
         // an error, never a short or padded block.
         assert!(decompress(choice.codec, &packed, text.len() + 1).is_err());
@@ -466,8 +469,16 @@ proptest! {
     #[test]
     fn decompression_of_any_bytes_is_total(payload in proptest::collection::vec(any::<u8>(), 0..600), length in 1usize..5000, codec in 0u8..3) {
         let codec = Compression::from_byte(codec).unwrap();
-        if let Ok(bytes) = flintfs_format::decompress(codec, &payload, length) {
+        let whole = flintfs_format::decompress(codec, &payload, length);
+        if let Ok(bytes) = &whole {
             prop_assert_eq!(bytes.len(), length);
+        }
+        // Into a caller's buffer: the same answer, and the same bytes.
+        let mut into = vec![0xA5u8; length];
+        match (flintfs_format::decompress_into(codec, &payload, &mut into), whole) {
+            (Ok(()), Ok(bytes)) => prop_assert_eq!(into, bytes),
+            (Err(_), Err(_)) => {}
+            (into, whole) => prop_assert!(false, "decompress_into gave {:?}, decompress {:?}", into, whole.map(|bytes| bytes.len())),
         }
     }
 }

@@ -1404,7 +1404,7 @@ struct WantedBlock {
 impl WantedBlock {
     /// The block out of its verified page, once the page's inverted index
     /// names it, into `out`: a block's length of zeros, which stay past
-    /// what is stored.
+    /// what is stored. On an error `out` may be part-written.
     fn cut_from_page(&self, page: &CachedPage, out: &mut [u8]) -> Result<()> {
         let WantedBlock { ino, born, block, pointer, offset } = *self;
         let (header, data) = (&page.header, page.data.as_slice());
@@ -1436,10 +1436,14 @@ impl WantedBlock {
                 // The page verified (CRC, ECC), so a payload that does not
                 // decompress to its logical length was written wrong:
                 // refused, never returned as garbage.
-                let logical =
-                    flintfs_format::decompress(chunk.compression, &data[range], chunk.logical_length as usize)
-                        .map_err(|error| bad(error.to_string()))?;
-                out[..logical.len()].copy_from_slice(&logical);
+                // Straight into `out`: an error leaves it part-written, and
+                // the read fails with it.
+                flintfs_format::decompress_into(
+                    chunk.compression,
+                    &data[range],
+                    &mut out[..chunk.logical_length as usize],
+                )
+                .map_err(|error| bad(error.to_string()))?;
             }
         }
         Ok(())
