@@ -251,15 +251,7 @@ impl<K: Ord + Copy + Hash + std::fmt::Debug, V> PageCache<K, V> {
             dirty.persistence |= old.dirty.persistence;
             dirty.checkpoint |= old.dirty.checkpoint;
         }
-        let mut evicted = Vec::new();
-        while self.used_bytes + bytes > self.capacity_bytes {
-            assert_ne!(self.oldest, NONE, "over the bound means something is cached");
-            let victim = self.slot(self.oldest).key;
-            let slot = self.remove_slot(victim).expect("the oldest slot is indexed");
-            if slot.dirty.any() {
-                evicted.push(Evicted { key: victim, value: slot.value, dirty: slot.dirty });
-            }
-        }
+        let evicted = self.make_room(bytes);
         if dirty.any() {
             self.dirty_entries += 1;
         }
@@ -280,6 +272,44 @@ impl<K: Ord + Copy + Hash + std::fmt::Debug, V> PageCache<K, V> {
         if let Some(ordered) = &mut self.ordered {
             ordered.insert(key);
         }
+        self.used_bytes += bytes;
+        debug_assert!(self.used_bytes <= self.capacity_bytes);
+        evicted
+    }
+
+    /// Pushes out the least recent pages until `more_bytes` fit under the
+    /// bound; returns the dirty ones, least recent first.
+    fn make_room(&mut self, more_bytes: usize) -> Vec<Evicted<K, V>> {
+        let mut evicted = Vec::new();
+        while self.used_bytes + more_bytes > self.capacity_bytes {
+            assert_ne!(self.oldest, NONE, "over the bound means something is cached");
+            let victim = self.slot(self.oldest).key;
+            let slot = self.remove_slot(victim).expect("the oldest slot is indexed");
+            if slot.dirty.any() {
+                evicted.push(Evicted { key: victim, value: slot.value, dirty: slot.dirty });
+            }
+        }
+        evicted
+    }
+
+    /// Charges a cached page `bytes` from now on (what it holds changed
+    /// size in place), pushing out the least recent others if it no longer
+    /// fits; returns the dirty ones, least recent first. The page itself
+    /// stays, and becomes the most recent.
+    pub fn recharge(&mut self, key: K, bytes: usize) -> Vec<Evicted<K, V>> {
+        assert!(bytes <= self.capacity_bytes, "a {bytes}-byte page cannot fit a {}-byte cache", self.capacity_bytes);
+        let Some(&at) = self.index.get(&key) else { return Vec::new() };
+        self.touch(at);
+        let slot = self.slot_mut(at);
+        let was = std::mem::replace(&mut slot.bytes, bytes);
+        if was == bytes {
+            return Vec::new();
+        }
+        self.used_bytes -= was;
+        // The page is the most recent, so the oldest goes first and the page
+        // itself only if nothing else is left, which the bound rules out.
+        let evicted = self.make_room(bytes);
+        debug_assert!(self.index.contains_key(&key), "a recharged page stays cached");
         self.used_bytes += bytes;
         debug_assert!(self.used_bytes <= self.capacity_bytes);
         evicted

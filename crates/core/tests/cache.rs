@@ -14,6 +14,7 @@ enum Operation {
     Modify { key: u8, value: u32 },
     Clean { key: u8 },
     Remove { key: u8 },
+    Recharge { key: u8, bytes: usize },
 }
 
 fn operation() -> impl Strategy<Value = Operation> {
@@ -24,6 +25,7 @@ fn operation() -> impl Strategy<Value = Operation> {
         2 => (0u8..24, any::<u32>()).prop_map(|(key, value)| Operation::Modify { key, value }),
         1 => (0u8..24).prop_map(|key| Operation::Clean { key }),
         1 => (0u8..24).prop_map(|key| Operation::Remove { key }),
+        2 => (0u8..24, 1usize..300).prop_map(|(key, bytes)| Operation::Recharge { key, bytes }),
     ]
 }
 
@@ -39,6 +41,8 @@ proptest! {
         let mut latest: BTreeMap<u8, u32> = BTreeMap::new();
         let mut home: BTreeMap<u8, u32> = BTreeMap::new();
         let mut recency: Vec<u8> = Vec::new();
+        // What each page was last charged.
+        let mut charged: BTreeMap<u8, usize> = BTreeMap::new();
         for operation in operations {
             match operation {
                 Operation::Insert { key, value, bytes, dirty } => {
@@ -52,6 +56,7 @@ proptest! {
                     latest.insert(key, value);
                     recency.retain(|&other| other != key);
                     let evicted = cache.insert(key, value, bytes, dirty_flags);
+                    charged.insert(key, bytes);
                     recency.push(key);
                     for victim in evicted {
                         prop_assert!(victim.dirty.any(), "only dirty victims come back");
@@ -85,6 +90,30 @@ proptest! {
                         recency.push(key);
                     }
                 }
+                Operation::Recharge { key, bytes } => {
+                    // A page that changed size in place: it stays, becomes
+                    // the most recent, and others make room for it.
+                    if cache.contains(key) {
+                        let evicted = cache.recharge(key, bytes);
+                        prop_assert!(cache.contains(key), "a recharged page stays");
+                        charged.insert(key, bytes);
+                        recency.retain(|&other| other != key);
+                        recency.push(key);
+                        let mut victims = Vec::new();
+                        for victim in evicted {
+                            prop_assert!(victim.dirty.any(), "only dirty victims come back");
+                            prop_assert_eq!(Some(&victim.value), latest.get(&victim.key), "a victim carries its latest value");
+                            home.insert(victim.key, victim.value);
+                            victims.push(victim.key);
+                        }
+                        // Victims leave least recent first.
+                        let order: Vec<u8> = recency.iter().copied().filter(|other| victims.contains(other)).collect();
+                        prop_assert_eq!(victims, order);
+                        recency.retain(|&other| cache.contains(other));
+                    } else {
+                        prop_assert!(cache.recharge(key, bytes).is_empty());
+                    }
+                }
                 Operation::Remove { key } => {
                     if let Some((value, dirty)) = cache.remove(key) {
                         if dirty.any() {
@@ -95,6 +124,8 @@ proptest! {
                 }
             }
             prop_assert!(cache.used_bytes() <= CAPACITY);
+            let cached_bytes: usize = charged.iter().filter(|(key, _)| cache.contains(**key)).map(|(_, bytes)| bytes).sum();
+            prop_assert_eq!(cache.used_bytes(), cached_bytes, "the bound counts each page at its last charge");
             // No page is ever lost: what is not cached is current at home.
             for (key, value) in &latest {
                 if !cache.contains(*key) {

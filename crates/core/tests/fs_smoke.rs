@@ -115,6 +115,57 @@ fn files_and_directories_survive_a_remount() {
     assert_clean(&mut fs);
 }
 
+/// The node cache's bound counts what a file's inode holds, not a page:
+/// a cache of 16 pages keeps the inodes of 60 files beside their
+/// directory's pages, so a second walk of them reads no node page from
+/// flash. (Charged a page each, 16 pages held 16 inodes, and every walk
+/// read them all again.) An inode that grows in place, with inline bytes,
+/// is charged again, and the files still read back.
+#[test]
+fn the_node_cache_charges_an_inode_what_it_holds() {
+    let (flash, clock) = fresh();
+    let options = FsOptions::smallest(4096);
+    let (mut fs, _) = Fs::mount(flash, options.clone(), Box::new(clock.clone())).unwrap();
+    let count = 60;
+    let name = |index: usize| format!("f{index:02}");
+    for index in 0..count {
+        let file = fs.create(1, name(index).as_bytes(), 0o644, 0, 0).unwrap();
+        fs.forget(file.ino, 1).unwrap();
+    }
+    let flash = fs.unmount().unwrap();
+    let (mut fs, _) = Fs::mount(flash, options.clone(), Box::new(clock.clone())).unwrap();
+    let walk = |fs: &mut Fs<MemoryFlash>| {
+        for index in 0..count {
+            let file = fs.lookup(1, name(index).as_bytes()).unwrap();
+            assert_eq!(fs.getattr(file.ino).unwrap().ino, file.ino);
+            fs.forget(file.ino, 1).unwrap();
+        }
+    };
+    walk(&mut fs);
+    let read_by_first_walk = fs.counters().node_pages_read;
+    assert!(read_by_first_walk > 0, "a fresh mount reads the inodes from flash");
+    walk(&mut fs);
+    assert_eq!(fs.counters().node_pages_read, read_by_first_walk, "the second walk found every inode cached");
+    // Inodes growing in place: 1,000 inline bytes each, 60,000 in all,
+    // are charged to a 64 KiB cache, which pushes the least recent out.
+    for index in 0..count {
+        let file = fs.lookup(1, name(index).as_bytes()).unwrap();
+        fs.write(file.ino, 0, &vec![index as u8; 1000]).unwrap();
+        fs.forget(file.ino, 1).unwrap();
+    }
+    let (used, bound) = fs.memory_bytes();
+    assert!(used <= bound, "{used} bytes held against a bound of {bound}");
+    let before = fs.counters().node_pages_read;
+    walk(&mut fs);
+    assert!(fs.counters().node_pages_read > before, "the grown inodes no longer all fit");
+    for index in 0..count {
+        let file = fs.lookup(1, name(index).as_bytes()).unwrap();
+        assert_eq!(fs.read(file.ino, 0, 4096).unwrap(), vec![index as u8; 1000]);
+        fs.forget(file.ino, 1).unwrap();
+    }
+    assert_clean(&mut fs);
+}
+
 #[test]
 fn a_big_directory_splits_into_buckets() {
     let (flash, clock) = fresh();

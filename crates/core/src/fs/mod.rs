@@ -67,7 +67,9 @@ pub use scrub::{ScrubReport, SCRUB_NAMED_PAGES_MAX, SCRUB_PAGES_PER_STEP_MAX};
 
 /// The root directory's slot.
 pub const ROOT_SLOT: u32 = 0;
-/// Default byte bound of the node cache.
+/// Default byte bound of the node cache. A file's inode counts what it
+/// holds in memory; the other nodes count a page each
+/// (`nodes::node_charge_bytes`).
 pub const NODE_CACHE_BYTES_DEFAULT: usize = 8 << 20;
 /// Default byte bound of buffered file data.
 pub const DATA_BUFFER_BYTES_DEFAULT: usize = 8 << 20;
@@ -300,7 +302,8 @@ pub struct Fs<D: FlashDevice> {
     clock: Box<dyn Clock>,
     pub(crate) page_size: usize,
     pub(crate) hash_seed: u64,
-    /// Decoded node pages with their homes, byte-bounded.
+    /// Decoded node pages with their homes, byte-bounded (each charged by
+    /// `nodes::node_charge_bytes`).
     pub(crate) nodes: PageCache<nodes::NodeKey, nodes::Cached>,
     /// Dirty nodes pushed out of the cache during an operation, written
     /// back before it returns. Loads look here before reading flash.

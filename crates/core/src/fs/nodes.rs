@@ -97,6 +97,36 @@ pub(crate) fn map_directory_page_count(map_pages: u64, page_size: usize) -> u64 
     map_pages.div_ceil(map_directory_capacity(page_size) as u64)
 }
 
+/// What the node cache keeps for an entry besides its node: the slab's
+/// links and flags, the hash index's entry and the ordered set's key.
+const NODE_CACHE_ENTRY_OVERHEAD_BYTES: usize = 128;
+const _: () = assert!(NODE_CACHE_ENTRY_OVERHEAD_BYTES >= 3 * std::mem::size_of::<NodeKey>() + 32);
+
+/// What a cached node is charged against the node cache's bound. A file's
+/// inode is a few hundred bytes in memory (on flash, a record among others
+/// in an inode pack), yet each was charged a whole page: the default 8 MiB
+/// held 2,048 inodes, and fileserver's 10,000 files, or delete's, read
+/// their inodes from flash again at most opens. A file is charged what it
+/// holds in memory; the other nodes are page-sized tables and entry lists
+/// and are charged a page, as before.
+pub(crate) fn node_charge_bytes(node: &Node, page_size: usize) -> usize {
+    match node {
+        Node::File { inode, content, .. } => {
+            let inline = match content {
+                FileContent::Inline(data) => data.len(),
+                FileContent::Index { .. } => 0,
+            };
+            let xattrs: usize = inode
+                .xattrs
+                .iter()
+                .map(|(name, value)| std::mem::size_of::<(Vec<u8>, Vec<u8>)>() + name.len() + value.len())
+                .sum();
+            std::mem::size_of::<Cached>() + NODE_CACHE_ENTRY_OVERHEAD_BYTES + inline + xattrs
+        }
+        _ => page_size,
+    }
+}
+
 /// Pointers one index page holds.
 pub(crate) fn index_capacity(page_size: usize) -> usize {
     array_capacity(page_size, 8)
@@ -164,7 +194,17 @@ impl<D: FlashDevice> Fs<D> {
     pub(crate) fn modify<R>(&mut self, key: NodeKey, change: impl FnOnce(&mut Node) -> R) -> Result<R> {
         self.ensure(key)?;
         self.changed = true;
-        Ok(change(&mut self.nodes.get_mut(key).expect("ensured").node))
+        let cached = self.nodes.get_mut(key).expect("ensured");
+        let result = change(&mut cached.node);
+        // A file's charge follows what it holds (inline bytes, xattrs);
+        // a page-sized node's charge never changes.
+        if let Node::File { .. } = cached.node {
+            let bytes = node_charge_bytes(&cached.node, self.page_size);
+            for victim in self.nodes.recharge(key, bytes) {
+                self.pending.insert(victim.key, victim.value);
+            }
+        }
+        Ok(result)
     }
 
     /// Adds a node that has never been written.
@@ -175,8 +215,8 @@ impl<D: FlashDevice> Fs<D> {
     }
 
     pub(crate) fn cache_insert(&mut self, key: NodeKey, cached: Cached, dirty: Dirty) {
-        let page_size = self.page_size;
-        for victim in self.nodes.insert(key, cached, page_size, dirty) {
+        let bytes = node_charge_bytes(&cached.node, self.page_size);
+        for victim in self.nodes.insert(key, cached, bytes, dirty) {
             self.pending.insert(victim.key, victim.value);
         }
     }
