@@ -115,6 +115,13 @@ impl Hasher for KeyHasher {
 }
 
 impl<K: Ord + Copy + Hash + std::fmt::Debug, V> PageCache<K, V> {
+    /// What an entry takes besides the heap its value owns: its slab slot
+    /// (key, value, links, flags), the hash index's key and position and
+    /// control byte, and the ordered set's key, counted twice for the
+    /// B-tree's half-full nodes and their links.
+    pub const ENTRY_BYTES: usize =
+        std::mem::size_of::<Option<Slot<K, V>>>() + std::mem::size_of::<(K, u32)>() + 1 + 2 * std::mem::size_of::<K>();
+
     pub fn new(capacity_bytes: usize) -> PageCache<K, V> {
         assert!(capacity_bytes > 0, "a cache needs room for something");
         PageCache {
@@ -300,16 +307,15 @@ impl<K: Ord + Copy + Hash + std::fmt::Debug, V> PageCache<K, V> {
         assert!(bytes <= self.capacity_bytes, "a {bytes}-byte page cannot fit a {}-byte cache", self.capacity_bytes);
         let Some(&at) = self.index.get(&key) else { return Vec::new() };
         self.touch(at);
+        // Charged nothing while room is made: the page is the most recent,
+        // so it would go last, and only were nothing else left, which the
+        // bound rules out; even then the count could not go below zero.
         let slot = self.slot_mut(at);
-        let was = std::mem::replace(&mut slot.bytes, bytes);
-        if was == bytes {
-            return Vec::new();
-        }
+        let was = std::mem::replace(&mut slot.bytes, 0);
         self.used_bytes -= was;
-        // The page is the most recent, so the oldest goes first and the page
-        // itself only if nothing else is left, which the bound rules out.
         let evicted = self.make_room(bytes);
-        debug_assert!(self.index.contains_key(&key), "a recharged page stays cached");
+        let at = *self.index.get(&key).expect("a recharged page stays cached");
+        self.slot_mut(at).bytes = bytes;
         self.used_bytes += bytes;
         debug_assert!(self.used_bytes <= self.capacity_bytes);
         evicted

@@ -25,7 +25,10 @@ fn operation() -> impl Strategy<Value = Operation> {
         2 => (0u8..24, any::<u32>()).prop_map(|(key, value)| Operation::Modify { key, value }),
         1 => (0u8..24).prop_map(|key| Operation::Clean { key }),
         1 => (0u8..24).prop_map(|key| Operation::Remove { key }),
-        2 => (0u8..24, 1usize..300).prop_map(|(key, bytes)| Operation::Recharge { key, bytes }),
+        // Up to the whole capacity: a page that grows to fill the cache
+        // pushes every other page out, and stays.
+        2 => (0u8..24, prop_oneof![1usize..300, 900usize..=1000])
+            .prop_map(|(key, bytes)| Operation::Recharge { key, bytes }),
     ]
 }
 
@@ -102,7 +105,11 @@ proptest! {
                         let mut victims = Vec::new();
                         for victim in evicted {
                             prop_assert!(victim.dirty.any(), "only dirty victims come back");
-                            prop_assert_eq!(Some(&victim.value), latest.get(&victim.key), "a victim carries its latest value");
+                            prop_assert_eq!(
+                                Some(&victim.value),
+                                latest.get(&victim.key),
+                                "a victim carries its latest value"
+                            );
                             home.insert(victim.key, victim.value);
                             victims.push(victim.key);
                         }
@@ -124,7 +131,8 @@ proptest! {
                 }
             }
             prop_assert!(cache.used_bytes() <= CAPACITY);
-            let cached_bytes: usize = charged.iter().filter(|(key, _)| cache.contains(**key)).map(|(_, bytes)| bytes).sum();
+            let cached_bytes: usize =
+                charged.iter().filter(|(key, _)| cache.contains(**key)).map(|(_, bytes)| bytes).sum();
             prop_assert_eq!(cache.used_bytes(), cached_bytes, "the bound counts each page at its last charge");
             // No page is ever lost: what is not cached is current at home.
             for (key, value) in &latest {

@@ -119,8 +119,9 @@ fn files_and_directories_survive_a_remount() {
 /// a cache of 16 pages keeps the inodes of 60 files beside their
 /// directory's pages, so a second walk of them reads no node page from
 /// flash. (Charged a page each, 16 pages held 16 inodes, and every walk
-/// read them all again.) An inode that grows in place, with inline bytes,
-/// is charged again, and the files still read back.
+/// read them all again.) Inodes made dirty are charged a page again, and
+/// once written back what they hold, inline bytes included, so they no
+/// longer all fit; the files still read back.
 #[test]
 fn the_node_cache_charges_an_inode_what_it_holds() {
     let (flash, clock) = fresh();

@@ -982,7 +982,7 @@ impl<D: FlashDevice> Fs<D> {
         self.ensure(key)?;
         // To flash: kept in NVM instead, its home here would stay.
         self.to_flash.insert(key);
-        self.nodes.mark_dirty(key);
+        self.mark_node_dirty(key);
         self.changed = true;
         self.cleaner.nodes_moved += 1;
         Ok(())

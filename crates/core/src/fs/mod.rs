@@ -67,9 +67,9 @@ pub use scrub::{ScrubReport, SCRUB_NAMED_PAGES_MAX, SCRUB_PAGES_PER_STEP_MAX};
 
 /// The root directory's slot.
 pub const ROOT_SLOT: u32 = 0;
-/// Default byte bound of the node cache. A file's inode counts what it
-/// holds in memory; the other nodes count a page each
-/// (`nodes::node_charge_bytes`).
+/// Default byte bound of the node cache. A clean file inode counts what
+/// it holds in memory; a dirty one, and every other node, at least a
+/// page (`nodes::node_charge_bytes`).
 pub const NODE_CACHE_BYTES_DEFAULT: usize = 8 << 20;
 /// Default byte bound of buffered file data.
 pub const DATA_BUFFER_BYTES_DEFAULT: usize = 8 << 20;
@@ -200,7 +200,8 @@ impl Default for FsOptions {
 
 impl FsOptions {
     /// Small pages, small caches: what the model tests run with, so
-    /// every eviction path is taken.
+    /// every eviction path is taken (dirty nodes count a page each; a
+    /// clean inode of 512-byte pages about one).
     pub fn smallest(page_size_bytes: u32) -> FsOptions {
         let bytes = CACHE_PAGES_MIN * page_size_bytes as usize;
         FsOptions { node_cache_bytes: bytes, data_buffer_bytes: bytes, read_cache_bytes: bytes, ..FsOptions::default() }

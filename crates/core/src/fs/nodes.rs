@@ -14,7 +14,7 @@ use flintfs_format::{
 use super::nvm::{Keep, NvmStore};
 use super::{Fs, Location};
 use crate::allocator::PageMeta;
-use crate::cache::Dirty;
+use crate::cache::{Dirty, PageCache};
 use crate::error::{errno, Error, Result};
 
 /// Marks a free slot's map entry; the low 32 bits chain to the next free
@@ -97,19 +97,16 @@ pub(crate) fn map_directory_page_count(map_pages: u64, page_size: usize) -> u64 
     map_pages.div_ceil(map_directory_capacity(page_size) as u64)
 }
 
-/// What the node cache keeps for an entry besides its node: the slab's
-/// links and flags, the hash index's entry and the ordered set's key.
-const NODE_CACHE_ENTRY_OVERHEAD_BYTES: usize = 128;
-const _: () = assert!(NODE_CACHE_ENTRY_OVERHEAD_BYTES >= 3 * std::mem::size_of::<NodeKey>() + 32);
-
-/// What a cached node is charged against the node cache's bound. A file's
-/// inode is a few hundred bytes in memory (on flash, a record among others
-/// in an inode pack), yet each was charged a whole page: the default 8 MiB
-/// held 2,048 inodes, and fileserver's 10,000 files, or delete's, read
-/// their inodes from flash again at most opens. A file is charged what it
-/// holds in memory; the other nodes are page-sized tables and entry lists
-/// and are charged a page, as before.
-pub(crate) fn node_charge_bytes(node: &Node, page_size: usize) -> usize {
+/// What a cached node is charged against the node cache's bound. A clean
+/// file inode is charged what it holds in memory: its cache entry and
+/// its inline bytes and xattrs (a few hundred bytes, where its page would
+/// be 4 KiB). A dirty one is charged at least a page, because the space
+/// checks and the checkpoint trigger count each dirty node as a page to
+/// write (`unindexed_short`, `pages_past_heads`), and the bound on dirty
+/// nodes is what keeps that count, and a checkpoint's write-back, where
+/// it was. Every other node is a page-sized table or entry list and is
+/// charged a page.
+pub(crate) fn node_charge_bytes(node: &Node, dirty: bool, page_size: usize) -> usize {
     match node {
         Node::File { inode, content, .. } => {
             let inline = match content {
@@ -121,7 +118,12 @@ pub(crate) fn node_charge_bytes(node: &Node, page_size: usize) -> usize {
                 .iter()
                 .map(|(name, value)| std::mem::size_of::<(Vec<u8>, Vec<u8>)>() + name.len() + value.len())
                 .sum();
-            std::mem::size_of::<Cached>() + NODE_CACHE_ENTRY_OVERHEAD_BYTES + inline + xattrs
+            let held = PageCache::<NodeKey, Cached>::ENTRY_BYTES + inline + xattrs;
+            if dirty {
+                held.max(page_size)
+            } else {
+                held
+            }
         }
         _ => page_size,
     }
@@ -190,21 +192,33 @@ impl<D: FlashDevice> Fs<D> {
         Ok(self.nodes.get(key).expect("ensured").node.clone())
     }
 
-    /// Changes a node in place and marks it dirty.
+    /// Changes a node in place and marks it dirty. Its charge against the
+    /// cache's bound follows (dirty, and what it holds now), which may push
+    /// other nodes out to `pending`.
     pub(crate) fn modify<R>(&mut self, key: NodeKey, change: impl FnOnce(&mut Node) -> R) -> Result<R> {
         self.ensure(key)?;
         self.changed = true;
         let cached = self.nodes.get_mut(key).expect("ensured");
         let result = change(&mut cached.node);
-        // A file's charge follows what it holds (inline bytes, xattrs);
-        // a page-sized node's charge never changes.
-        if let Node::File { .. } = cached.node {
-            let bytes = node_charge_bytes(&cached.node, self.page_size);
-            for victim in self.nodes.recharge(key, bytes) {
-                self.pending.insert(victim.key, victim.value);
-            }
-        }
+        self.recharge_dirty(key);
         Ok(result)
+    }
+
+    /// Marks a cached node dirty without changing it (its next write-back
+    /// moves it), charged as dirty.
+    pub(crate) fn mark_node_dirty(&mut self, key: NodeKey) {
+        self.nodes.mark_dirty(key);
+        self.recharge_dirty(key);
+    }
+
+    /// Charges a cached node that has just become dirty, or changed while
+    /// dirty; what that pushes out goes to `pending`.
+    fn recharge_dirty(&mut self, key: NodeKey) {
+        let Some(cached) = self.nodes.peek(key) else { return };
+        let bytes = node_charge_bytes(&cached.node, true, self.page_size);
+        for victim in self.nodes.recharge(key, bytes) {
+            self.pending.insert(victim.key, victim.value);
+        }
     }
 
     /// Adds a node that has never been written.
@@ -215,7 +229,7 @@ impl<D: FlashDevice> Fs<D> {
     }
 
     pub(crate) fn cache_insert(&mut self, key: NodeKey, cached: Cached, dirty: Dirty) {
-        let bytes = node_charge_bytes(&cached.node, self.page_size);
+        let bytes = node_charge_bytes(&cached.node, dirty.any(), self.page_size);
         for victim in self.nodes.insert(key, cached, bytes, dirty) {
             self.pending.insert(victim.key, victim.value);
         }
