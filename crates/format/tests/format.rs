@@ -478,7 +478,12 @@ proptest! {
         match (flintfs_format::decompress_into(codec, &payload, &mut into), whole) {
             (Ok(()), Ok(bytes)) => prop_assert_eq!(into, bytes),
             (Err(_), Err(_)) => {}
-            (into, whole) => prop_assert!(false, "decompress_into gave {:?}, decompress {:?}", into, whole.map(|bytes| bytes.len())),
+            (into, whole) => prop_assert!(
+                false,
+                "decompress_into gave {:?}, decompress {:?}",
+                into,
+                whole.map(|bytes| bytes.len())
+            ),
         }
     }
 }
