@@ -1145,17 +1145,19 @@ impl Phase {
         self.log_pages_at_start = files.log_pages();
         self.fuse_requests_at_start = files.fuse_requests();
         self.heap_allocations_at_start = heap_allocations();
-        self.started = Some(Instant::now());
+        // Recording starts before the clock, and stops after it (`end`), so
+        // the writes to perf's FIFO are not timed.
         perf_control("enable");
+        self.started = Some(Instant::now());
         Ok(())
     }
 
     pub(crate) fn end(&mut self) {
         self.heap_allocations_at_end = Some(heap_allocations());
-        perf_control("disable");
         if let Some(started) = self.started {
             self.seconds = started.elapsed().as_secs_f64();
         }
+        perf_control("disable");
     }
 }
 
@@ -1233,8 +1235,15 @@ pub(crate) fn bench_device(geometry: Geometry, options: DeviceOptions) -> Outcom
 /// leaves out the setup (fileserver's fill is two thirds of its run). A
 /// FIFO no one reads would block the run, so perf must hold it open.
 fn perf_control(command: &str) {
+    use std::io::Write;
     if let Some(path) = std::env::var_os("FLINTFS_BENCH_PERF_CONTROL") {
-        if let Err(error) = std::fs::write(&path, format!("{command}\n")) {
+        // Never created: a mistyped path is an error, not a file that
+        // quietly profiles nothing.
+        let written = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .and_then(|mut fifo| fifo.write_all(format!("{command}\n").as_bytes()));
+        if let Err(error) = written {
             eprintln!("FLINTFS_BENCH_PERF_CONTROL {}: {error}", std::path::Path::new(&path).display());
         }
     }
