@@ -142,9 +142,9 @@ pub fn decompress(codec: Compression, payload: &[u8], logical_bytes: usize) -> R
 
 /// [`decompress`] into `output`, whose length is the logical length: a
 /// read lands a block straight in the caller's buffer, with no block of
-/// its own to allocate, zero and copy out again (about a sixth of
-/// webserver's read path in process, by a profile). On an error `output` holds whatever the
-/// codec wrote before it stopped, which the caller must not return.
+/// its own to allocate, zero and copy out again. On an error `output`
+/// holds whatever the codec wrote before it stopped, which the caller
+/// must not return.
 pub fn decompress_into(codec: Compression, payload: &[u8], output: &mut [u8]) -> Result<(), DecodeError> {
     let error = |reason: String| DecodeError { structure: "compressed chunk", reason };
     let logical_bytes = output.len();
