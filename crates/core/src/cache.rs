@@ -307,6 +307,10 @@ impl<K: Ord + Copy + Hash + std::fmt::Debug, V> PageCache<K, V> {
         assert!(bytes <= self.capacity_bytes, "a {bytes}-byte page cannot fit a {}-byte cache", self.capacity_bytes);
         let Some(&at) = self.index.get(&key) else { return Vec::new() };
         self.touch(at);
+        if self.slot(at).bytes == bytes {
+            // Every modify of a page-sized node lands here.
+            return Vec::new();
+        }
         // Charged nothing while room is made: the page is the most recent,
         // so it would go last, and only were nothing else left, which the
         // bound rules out; even then the count could not go below zero.

@@ -200,7 +200,8 @@ impl<D: FlashDevice> Fs<D> {
         self.changed = true;
         let cached = self.nodes.get_mut(key).expect("ensured");
         let result = change(&mut cached.node);
-        self.recharge_dirty(key);
+        let bytes = node_charge_bytes(&cached.node, true, self.page_size);
+        self.recharge(key, bytes);
         Ok(result)
     }
 
@@ -208,14 +209,14 @@ impl<D: FlashDevice> Fs<D> {
     /// moves it), charged as dirty.
     pub(crate) fn mark_node_dirty(&mut self, key: NodeKey) {
         self.nodes.mark_dirty(key);
-        self.recharge_dirty(key);
-    }
-
-    /// Charges a cached node that has just become dirty, or changed while
-    /// dirty; what that pushes out goes to `pending`.
-    fn recharge_dirty(&mut self, key: NodeKey) {
         let Some(cached) = self.nodes.peek(key) else { return };
         let bytes = node_charge_bytes(&cached.node, true, self.page_size);
+        self.recharge(key, bytes);
+    }
+
+    /// Charges a cached node `bytes` from now on; what that pushes out
+    /// goes to `pending`.
+    fn recharge(&mut self, key: NodeKey, bytes: usize) {
         for victim in self.nodes.recharge(key, bytes) {
             self.pending.insert(victim.key, victim.value);
         }
