@@ -9,7 +9,7 @@ use flintfs_flash::{FlashDevice, PageAddress, ZoneState};
 use flintfs_format::{InvertedIndex, LogHead, PageHeader, PageKind, ZoneRole, FIRST_DYNAMIC_ZONE};
 
 use crate::error::{errno, Error, Result};
-use crate::volume::{read_verified, Volume, RESERVE_ZONES};
+use crate::volume::{read_verified_into, Volume, RESERVE_ZONES};
 
 /// What to put in a page besides its data.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -228,6 +228,11 @@ impl<D: FlashDevice> Volume<D> {
     /// Reads a page this volume wrote and checks it: kind, address and the
     /// zone's current generation.
     pub fn read_page(&mut self, address: PageAddress) -> Result<(PageHeader, Vec<u8>)> {
+        self.read_page_into(address, Vec::new())
+    }
+
+    /// [`Volume::read_page`] into `buffer`, a page's buffer to reuse.
+    pub(crate) fn read_page_into(&mut self, address: PageAddress, buffer: Vec<u8>) -> Result<(PageHeader, Vec<u8>)> {
         let generation = self
             .checkpoint
             .zones
@@ -235,7 +240,7 @@ impl<D: FlashDevice> Volume<D> {
             .ok_or_else(|| Error::corrupt(format!("{address} is past the device")))?
             .generation;
         let mut pages_read = 0;
-        read_verified(&mut self.device, address, Some(generation), &mut pages_read)
+        read_verified_into(&mut self.device, address, Some(generation), &mut pages_read, buffer)
     }
 
     fn set_head_write_pointer(&mut self, role: ZoneRole, write_pointer: u32) {

@@ -341,6 +341,17 @@ impl<K: Ord + Copy + Hash + std::fmt::Debug, V> PageCache<K, V> {
     }
 
     /// Takes a page out (deleted, say), returning it with its flags.
+    /// Lets the least recent page go and returns it, if it is clean (a
+    /// dirty one stays, for its write-back): what the next insert would
+    /// drop, taken early, so that its buffer can be reused.
+    pub fn pop_oldest_clean(&mut self) -> Option<(K, V)> {
+        if self.oldest == NONE || self.slot(self.oldest).dirty.any() {
+            return None;
+        }
+        let key = self.slot(self.oldest).key;
+        self.remove_slot(key).map(|slot| (key, slot.value))
+    }
+
     pub fn remove(&mut self, key: K) -> Option<(V, Dirty)> {
         self.remove_slot(key).map(|slot| (slot.value, slot.dirty))
     }

@@ -1424,6 +1424,84 @@ impl<D: FlashDevice> Protected<D> {
 
     /// Reads physical `address` from the device; the host waited for its
     /// die (`note_die_idle`).
+    /// [`FlashDevice::read_page`], with the page's header when this read
+    /// decoded it whole (its CRC checked) on the way: the caller that
+    /// needs the header then checks the page's CRC once, not twice. `None`
+    /// when the page is erased, or came back only through ECC, a read
+    /// again or parity (rare: the caller decodes those itself).
+    pub(crate) fn read_page_decoded(
+        &mut self,
+        address: PageAddress,
+        data: &mut [u8],
+        oob: &mut [u8],
+    ) -> Result<(PageState, Option<PageHeader>)> {
+        let physical = self.to_physical(address);
+        let mut attempt = 0;
+        let failure = loop {
+            attempt += 1;
+            let state = match self.read_inner(physical, data, oob) {
+                Ok(state) => state,
+                Err(error) if error.is_media_failure() && attempt < READ_ATTEMPTS => continue,
+                Err(error) if error.is_media_failure() => break Err(error),
+                Err(error) => return Err(error),
+            };
+            if state == PageState::Erased {
+                // Erased below the write pointer is a lost write (a program
+                // that landed elsewhere): damage, for parity to rebuild.
+                let lost = self.parity_zone(address.zone)
+                    && self.inner.report_zone(address.zone).is_ok_and(|zone| physical.page < zone.write_pointer);
+                if !lost {
+                    return Ok((state, None));
+                }
+                break Ok(state);
+            }
+            let decoded = PageHeader::decode(oob, data).ok();
+            if decoded.is_some() || self.correct_with_ecc(physical, data, oob) {
+                if attempt > 1 {
+                    self.counters.pages_read_again += 1;
+                }
+                return Ok((state, decoded));
+            }
+            if attempt >= READ_ATTEMPTS {
+                break Ok(state);
+            }
+        };
+        if self.parity_zone(address.zone) && self.correction.parity {
+            let started_ns = self.inner.now_ns();
+            let repaired = self.repair(address.zone, physical.page);
+            self.counters.repair_device_time_ns += self.inner.now_ns().saturating_sub(started_ns);
+            if let Some((unit, source)) = repaired {
+                let page_size = data.len();
+                let (rebuilt_data, rebuilt_oob) =
+                    (&unit[..page_size], &unit[page_size..page_size + PROTECTED_OOB_BYTES]);
+                // The rebuilt page must be the one that was asked for:
+                // whole by its CRC and signature, written for this address.
+                if self.rebuilt_is(&unit, address.zone, physical.page) {
+                    data.copy_from_slice(rebuilt_data);
+                    oob.fill(0);
+                    oob[..PROTECTED_OOB_BYTES].copy_from_slice(rebuilt_oob);
+                    protection::seal(data, oob, self.ecc.as_deref());
+                    match source {
+                        RepairSource::Block => self.counters.pages_repaired_block_parity += 1,
+                        RepairSource::Zone => self.counters.pages_repaired_zone_parity += 1,
+                        RepairSource::OpenStripe => self.counters.pages_repaired_open_stripe += 1,
+                    }
+                    self.note_repair(address.zone, physical.page);
+                    return Ok((PageState::Programmed, None));
+                }
+            }
+        }
+        self.counters.pages_unrepairable += 1;
+        tracing::debug!(
+            zone = address.zone,
+            page = address.page,
+            physical_page = physical.page,
+            parity = self.parity_zone(address.zone),
+            "no layer of protection brings the page back"
+        );
+        failure.map(|state| (state, None))
+    }
+
     fn read_inner(&mut self, address: PageAddress, data: &mut [u8], oob: &mut [u8]) -> Result<PageState> {
         let read = self.inner.read_page(address, data, oob);
         self.note_die_idle(address);
@@ -1859,70 +1937,7 @@ impl<D: FlashDevice> FlashDevice for Protected<D> {
     }
 
     fn read_page(&mut self, address: PageAddress, data: &mut [u8], oob: &mut [u8]) -> Result<PageState> {
-        let physical = self.to_physical(address);
-        let mut attempt = 0;
-        let failure = loop {
-            attempt += 1;
-            let state = match self.read_inner(physical, data, oob) {
-                Ok(state) => state,
-                Err(error) if error.is_media_failure() && attempt < READ_ATTEMPTS => continue,
-                Err(error) if error.is_media_failure() => break Err(error),
-                Err(error) => return Err(error),
-            };
-            if state == PageState::Erased {
-                // Erased below the write pointer is a lost write (a program
-                // that landed elsewhere): damage, for parity to rebuild.
-                let lost = self.parity_zone(address.zone)
-                    && self.inner.report_zone(address.zone).is_ok_and(|zone| physical.page < zone.write_pointer);
-                if !lost {
-                    return Ok(state);
-                }
-                break Ok(state);
-            }
-            if PageHeader::decode(oob, data).is_ok() || self.correct_with_ecc(physical, data, oob) {
-                if attempt > 1 {
-                    self.counters.pages_read_again += 1;
-                }
-                return Ok(state);
-            }
-            if attempt >= READ_ATTEMPTS {
-                break Ok(state);
-            }
-        };
-        if self.parity_zone(address.zone) && self.correction.parity {
-            let started_ns = self.inner.now_ns();
-            let repaired = self.repair(address.zone, physical.page);
-            self.counters.repair_device_time_ns += self.inner.now_ns().saturating_sub(started_ns);
-            if let Some((unit, source)) = repaired {
-                let page_size = data.len();
-                let (rebuilt_data, rebuilt_oob) =
-                    (&unit[..page_size], &unit[page_size..page_size + PROTECTED_OOB_BYTES]);
-                // The rebuilt page must be the one that was asked for:
-                // whole by its CRC and signature, written for this address.
-                if self.rebuilt_is(&unit, address.zone, physical.page) {
-                    data.copy_from_slice(rebuilt_data);
-                    oob.fill(0);
-                    oob[..PROTECTED_OOB_BYTES].copy_from_slice(rebuilt_oob);
-                    protection::seal(data, oob, self.ecc.as_deref());
-                    match source {
-                        RepairSource::Block => self.counters.pages_repaired_block_parity += 1,
-                        RepairSource::Zone => self.counters.pages_repaired_zone_parity += 1,
-                        RepairSource::OpenStripe => self.counters.pages_repaired_open_stripe += 1,
-                    }
-                    self.note_repair(address.zone, physical.page);
-                    return Ok(PageState::Programmed);
-                }
-            }
-        }
-        self.counters.pages_unrepairable += 1;
-        tracing::debug!(
-            zone = address.zone,
-            page = address.page,
-            physical_page = physical.page,
-            parity = self.parity_zone(address.zone),
-            "no layer of protection brings the page back"
-        );
-        failure
+        self.read_page_decoded(address, data, oob).map(|(state, _)| state)
     }
 
     fn read_oob(&mut self, address: PageAddress, oob: &mut [u8]) -> Result<PageState> {
@@ -2097,6 +2112,41 @@ mod tests {
             count: 0,
         };
         crate::volume::program(device, PageAddress::new(ZONE, page), &header, &data).unwrap();
+    }
+
+    /// A clean page's read hands up the header it decoded, the one a
+    /// decode of its own would give, so `read_verified` checks the page's
+    /// CRC once. A page that came back only through ECC hands up none, and
+    /// `read_verified` decodes the corrected page itself.
+    #[test]
+    fn a_read_hands_up_the_header_it_decoded_and_none_for_a_corrected_page() {
+        let mut device = device();
+        program(&mut device, 0, 1);
+        program(&mut device, 1, 1);
+        let geometry = device.geometry();
+        let (mut data, mut oob) = (vec![0u8; 4096], vec![0u8; geometry.oob_size_bytes as usize]);
+        let (state, header) = device.read_page_decoded(PageAddress::new(ZONE, 0), &mut data, &mut oob).unwrap();
+        assert_eq!(state, PageState::Programmed);
+        let header = header.expect("a clean page's header is handed up");
+        assert_eq!(header, PageHeader::decode(&oob, &data).unwrap());
+        assert_eq!((header.zone, header.page, header.sequence), (ZONE, 0, 101));
+
+        let address = PageAddress::new(ZONE, 1);
+        let (mut media, media_oob) = device.inner_mut().pristine_page(address).unwrap().expect("programmed");
+        media[100] ^= 0x10;
+        let media: Vec<u8> = media.into_iter().chain(media_oob).collect();
+        assert!(device
+            .inner_mut()
+            .inject_page_fault(address, flintfs_flash::PageFault::Stored { media: media.into_boxed_slice() })
+            .unwrap());
+        let (state, header) = device.read_page_decoded(address, &mut data, &mut oob).unwrap();
+        assert_eq!((state, header), (PageState::Programmed, None), "corrected by ECC: no header handed up");
+        // `program` fills page 1 of generation 1 with 1 ^ 1.
+        assert_eq!(data, vec![0u8; 4096], "the flipped bit is corrected");
+        let mut pages_read = 0;
+        let (header, data) = crate::volume::read_verified(&mut device, address, Some(1), &mut pages_read).unwrap();
+        assert_eq!((header.page, header.sequence, pages_read), (1, 102, 1));
+        assert_eq!(data, vec![0u8; 4096]);
     }
 
     /// A run long enough to be sealed on two threads comes out byte for

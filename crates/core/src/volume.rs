@@ -242,13 +242,28 @@ const _: () = assert!(OOB_ON_STACK_BYTES_MAX >= 128);
 
 /// Reads a page and checks its header, address and zone generation.
 pub(crate) fn read_verified<D: FlashDevice>(
-    device: &mut D,
+    device: &mut Protected<D>,
     address: PageAddress,
     zone_generation: Option<u32>,
     pages_read: &mut u64,
 ) -> Result<(PageHeader, Vec<u8>)> {
+    read_verified_into(device, address, zone_generation, pages_read, Vec::new())
+}
+
+/// [`read_verified`] into `data`, a buffer to reuse (a page's length
+/// already costs no zeroing). Whatever it held is overwritten: a read
+/// fills the whole page, and the CRC the header is decoded with covers
+/// every byte, so a stale byte left by a device that did not would be
+/// refused as damage, never returned.
+pub(crate) fn read_verified_into<D: FlashDevice>(
+    device: &mut Protected<D>,
+    address: PageAddress,
+    zone_generation: Option<u32>,
+    pages_read: &mut u64,
+    mut data: Vec<u8>,
+) -> Result<(PageHeader, Vec<u8>)> {
     let geometry = device.geometry();
-    let mut data = vec![0u8; geometry.page_size_bytes as usize];
+    data.resize(geometry.page_size_bytes as usize, 0);
     // The spare area is only looked at here: on the stack when it fits,
     // so that a page read allocates only its data.
     let mut oob_inline = [0u8; OOB_ON_STACK_BYTES_MAX];
@@ -263,9 +278,13 @@ pub(crate) fn read_verified<D: FlashDevice>(
     *pages_read += 1;
     // The protection layer below has already corrected what it could and
     // read again where that helps: what fails here is damage.
-    let header = match device.read_page(address, &mut data, oob) {
-        Ok(PageState::Erased) => return Err(Error::corrupt(format!("{address} is erased"))),
-        Ok(PageState::Programmed) => {
+    // The protection layer checked the header's CRC on the way, and
+    // hands the header up when it decoded it: the page's bytes are then
+    // not run through the CRC a second time.
+    let header = match device.read_page_decoded(address, &mut data, oob) {
+        Ok((PageState::Erased, _)) => return Err(Error::corrupt(format!("{address} is erased"))),
+        Ok((PageState::Programmed, Some(header))) => header,
+        Ok((PageState::Programmed, None)) => {
             PageHeader::decode(oob, &data).map_err(|error| Error::corrupt(format!("{address}: {error}")))?
         }
         Err(error) => return Err(error.into()),
@@ -441,7 +460,7 @@ fn checkpoint_record_page_count(payload_bytes: usize, page_size_bytes: u32) -> u
 /// ends a record, walking back over anything torn or damaged; `*cursor`
 /// is left at that page.
 fn last_record_end<D: FlashDevice>(
-    device: &mut D,
+    device: &mut Protected<D>,
     zone: u32,
     cursor: &mut u32,
     report: &mut MountReport,
@@ -466,7 +485,7 @@ fn last_record_end<D: FlashDevice>(
 /// self-consistent; otherwise the page it starts at, from where the walk
 /// back goes on.
 fn record_ending_at<D: FlashDevice>(
-    device: &mut D,
+    device: &mut Protected<D>,
     zone: u32,
     (end, header, data): (u32, PageHeader, Vec<u8>),
     report: &mut MountReport,
@@ -504,7 +523,7 @@ fn record_ending_at<D: FlashDevice>(
 /// its zone walks back to its previous record and the choice is made
 /// again.
 fn newest_checkpoint<D: FlashDevice>(
-    device: &mut D,
+    device: &mut Protected<D>,
     write_pointers: [u32; 2],
     report: &mut MountReport,
 ) -> Option<(Checkpoint, u32)> {

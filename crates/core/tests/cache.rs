@@ -15,6 +15,7 @@ enum Operation {
     Clean { key: u8 },
     Remove { key: u8 },
     Recharge { key: u8, bytes: usize },
+    PopOldestClean,
 }
 
 fn operation() -> impl Strategy<Value = Operation> {
@@ -29,6 +30,7 @@ fn operation() -> impl Strategy<Value = Operation> {
         // pushes every other page out, and stays.
         2 => (0u8..24, prop_oneof![1usize..300, 900usize..=1000])
             .prop_map(|(key, bytes)| Operation::Recharge { key, bytes }),
+        1 => Just(Operation::PopOldestClean),
     ]
 }
 
@@ -119,6 +121,23 @@ proptest! {
                         recency.retain(|&other| cache.contains(other));
                     } else {
                         prop_assert!(cache.recharge(key, bytes).is_empty());
+                    }
+                }
+                Operation::PopOldestClean => {
+                    // Only the least recent page goes, and only clean: its
+                    // value is then the one at home.
+                    let oldest = recency.first().copied();
+                    let oldest_dirty = oldest.is_some_and(|key| cache.dirty(key).is_some_and(Dirty::any));
+                    match cache.pop_oldest_clean() {
+                        Some((key, value)) => {
+                            prop_assert_eq!(Some(key), oldest, "the least recent page goes");
+                            prop_assert!(!oldest_dirty, "a dirty page never goes without its write-back");
+                            prop_assert_eq!(Some(&value), latest.get(&key));
+                            prop_assert_eq!(home.get(&key), Some(&value), "a clean page is current at home");
+                            prop_assert!(!cache.contains(key));
+                            recency.remove(0);
+                        }
+                        None => prop_assert!(oldest.is_none() || oldest_dirty, "a clean least recent page stays"),
                     }
                 }
                 Operation::Remove { key } => {

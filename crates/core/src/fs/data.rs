@@ -446,28 +446,37 @@ impl<D: FlashDevice> Fs<D> {
     /// Reads block `block` of file `ino` from `pointer`, checking its
     /// inverted index; returns the whole block (zeros past what is stored).
     pub(crate) fn read_block(&mut self, ino: u64, born: u64, block: u64, pointer: Pointer) -> Result<Vec<u8>> {
-        let mut out = vec![0u8; self.page_size];
-        self.read_block_into(ino, born, block, pointer, &mut out)?;
+        let mut out = Vec::with_capacity(self.page_size);
+        self.read_block_onto(ino, born, block, pointer, &mut out)?;
         Ok(out)
     }
 
-    /// [`Fs::read_block`] into `out`, a block's length of zeros.
-    fn read_block_into(&mut self, ino: u64, born: u64, block: u64, pointer: Pointer, out: &mut [u8]) -> Result<()> {
+    /// [`Fs::read_block`] appended to `out`: a block's length more. On an
+    /// error `out` may have grown by part of it.
+    fn read_block_onto(&mut self, ino: u64, born: u64, block: u64, pointer: Pointer, out: &mut Vec<u8>) -> Result<()> {
         let page_size = self.page_size;
-        debug_assert_eq!(out.len(), page_size);
         let wanted = WantedBlock { ino, born, block, pointer, offset: block * self.block_bytes() };
         let whole = pointer.whole_page();
         // A hit is read in place: copying the cached page out first cost
         // webserver a fifth of its time.
         if let Some(cached) = self.read_cache.get(whole) {
             self.counters.read_cache_hits += 1;
-            return wanted.cut_from_page(cached, out);
+            return wanted.cut_from_page(cached, out, page_size);
         }
         if pointer.zone() >= self.volume.device().geometry().zone_count {
             return Err(Error::corrupt(format!("inode {ino} block {block} points past the device: {pointer}")));
         }
         let address = PageAddress::new(pointer.zone(), pointer.page());
-        let (header, data) = self.volume.read_page(address).inspect_err(|error| {
+        // A full cache lets its least recent page go now, not at the
+        // insert below, and that page's buffer takes the read: no page is
+        // allocated and zeroed for it (all of the read cache is clean).
+        if self.read_cache.used_bytes() + page_size > self.read_cache.capacity_bytes() {
+            if let Some((_, oldest)) = self.read_cache.pop_oldest_clean() {
+                self.read_page_spare = oldest.data;
+            }
+        }
+        let spare = std::mem::take(&mut self.read_page_spare);
+        let (header, data) = self.volume.read_page_into(address, spare).inspect_err(|error| {
             // The one line an operator needs: where, and whose bytes.
             tracing::error!(
                 zone = address.zone,
@@ -480,7 +489,7 @@ impl<D: FlashDevice> Fs<D> {
         })?;
         self.counters.data_pages_read += 1;
         let page = CachedPage::new(header, data);
-        let cut = wanted.cut_from_page(&page, out);
+        let cut = wanted.cut_from_page(&page, out, page_size);
         // Only clean pages go in: nothing comes back to write.
         let bytes = page.bytes(page_size);
         if bytes <= self.read_cache.capacity_bytes() {
@@ -526,9 +535,10 @@ impl<D: FlashDevice> Fs<D> {
                 if pointer.is_null() {
                     out.resize(start + take, 0);
                 } else if take == self.page_size {
-                    // A whole block lands in place: no buffer of its own.
-                    out.resize(start + take, 0);
-                    self.read_block_into(ino, born, block, pointer, &mut out[start..])?;
+                    // A whole block lands in place: no buffer of its own,
+                    // and no zeros written first where stored bytes go.
+                    self.read_block_onto(ino, born, block, pointer, &mut out)?;
+                    debug_assert_eq!(out.len(), start + take);
                 } else {
                     let data = self.read_block(ino, born, block, pointer)?;
                     out.extend_from_slice(&data[within..within + take]);
@@ -1403,12 +1413,12 @@ struct WantedBlock {
 
 impl WantedBlock {
     /// The block out of its verified page, once the page's inverted index
-    /// names it, into `out`: a block's length of zeros, which stay past
-    /// what is stored. On an error `out` may be part-written.
-    fn cut_from_page(&self, page: &CachedPage, out: &mut [u8]) -> Result<()> {
+    /// names it, appended to `out`: `block_bytes` more, zeros past what is
+    /// stored. On an error `out` may have grown by part of it.
+    fn cut_from_page(&self, page: &CachedPage, out: &mut Vec<u8>, block_bytes: usize) -> Result<()> {
         let WantedBlock { ino, born, block, pointer, offset } = *self;
         let (header, data) = (&page.header, page.data.as_slice());
-        let page_size = out.len();
+        let start = out.len();
         let bad = |what: String| Error::corrupt(format!("inode {ino} block {block} at {pointer}: {what}"));
         if pointer.chunk() == 0 {
             if header.kind != PageKind::DataBlock {
@@ -1418,7 +1428,8 @@ impl WantedBlock {
             if index.ino != ino || index.offset != offset || index.version < born {
                 return Err(bad(format!("the page belongs to {index:?}")));
             }
-            out[..header.length as usize].copy_from_slice(&data[..header.length as usize]);
+            let stored = data.get(..header.length as usize).filter(|stored| stored.len() <= block_bytes);
+            out.extend_from_slice(stored.ok_or_else(|| bad(format!("{} bytes stored", header.length)))?);
         } else {
             if header.kind != PageKind::PackedData {
                 return Err(bad(format!("a {:?} page, not packed chunks", header.kind)));
@@ -1427,25 +1438,23 @@ impl WantedBlock {
             if chunk.ino != ino || chunk.offset != offset || chunk.version < born || chunk.kind != ChunkKind::FileData {
                 return Err(bad(format!("the chunk belongs to inode {} offset {}", chunk.ino, chunk.offset)));
             }
-            if chunk.logical_length as usize > page_size {
+            if chunk.logical_length as usize > block_bytes || range.len() > block_bytes {
                 return Err(bad("a chunk longer than a block".into()));
             }
             if chunk.compression == Compression::None {
-                out[..range.len()].copy_from_slice(&data[range]);
+                out.extend_from_slice(&data[range]);
             } else {
                 // The page verified (CRC, ECC), so a payload that does not
                 // decompress to its logical length was written wrong:
                 // refused, never returned as garbage.
                 // Straight into `out`: an error leaves it part-written, and
                 // the read fails with it.
-                flintfs_format::decompress_into(
-                    chunk.compression,
-                    &data[range],
-                    &mut out[..chunk.logical_length as usize],
-                )
-                .map_err(|error| bad(error.to_string()))?;
+                out.resize(start + chunk.logical_length as usize, 0);
+                flintfs_format::decompress_into(chunk.compression, &data[range], &mut out[start..])
+                    .map_err(|error| bad(error.to_string()))?;
             }
         }
+        out.resize(start + block_bytes, 0);
         Ok(())
     }
 }

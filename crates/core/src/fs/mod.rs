@@ -325,6 +325,10 @@ pub struct Fs<D: FlashDevice> {
     pub(crate) dirty_blocks: buffer::DataBuffer,
     /// Verified data pages, by where they are.
     pub(crate) read_cache: PageCache<Pointer, data::CachedPage>,
+    /// The buffer of the page the read cache last let go, for the next
+    /// data page read from flash (empty when there is none): that read
+    /// then allocates and zeroes no page of its own.
+    pub(crate) read_page_spare: Vec<u8>,
     /// The map's directory pages (from the checkpoint's tree roots), which
     /// locate its pages, and its allocator.
     pub(crate) map_directory: Vec<Pointer>,
@@ -572,6 +576,7 @@ impl<D: FlashDevice> Fs<D> {
         Ok(Fs {
             nodes: PageCache::new_ordered(options.node_cache_bytes),
             read_cache: PageCache::new(options.read_cache_bytes),
+            read_page_spare: Vec::new(),
             options,
             clock,
             page_size,
@@ -704,6 +709,7 @@ impl<D: FlashDevice> Fs<D> {
     pub fn memory_bytes(&self) -> (usize, usize) {
         let used = self.nodes.used_bytes()
             + self.read_cache.used_bytes()
+            + self.read_page_spare.capacity()
             + (self.dirty_blocks.len() + self.dirty_blocks.spare_len()) * self.page_size
             + self.known.len() * std::mem::size_of::<(u64, Known)>();
         let bound = self.options.node_cache_bytes + self.options.read_cache_bytes + self.options.data_buffer_bytes;
