@@ -1,7 +1,9 @@
 //! The engine's operations end to end on a small device: namespace, data,
 //! remount.
 
-use flintfs_core::{errno, Fs, FsOptions, ManualClock, MkfsOptions, RenameFlags, SetAttributes, XattrFlags};
+use flintfs_core::{
+    errno, Fs, FsOptions, ManualClock, MkfsOptions, RenameFlags, SetAttributes, XattrFlags, FORGOTTEN_BATCH_FILES,
+};
 use flintfs_flash::{DeviceOptions, FaultConfig, FlashDevice, Geometry, MemoryFlash, ZoneState};
 
 mod common;
@@ -164,6 +166,44 @@ fn the_node_cache_charges_an_inode_what_it_holds() {
         assert_eq!(fs.read(file.ino, 0, 4096).unwrap(), vec![index as u8; 1000]);
         fs.forget(file.ino, 1).unwrap();
     }
+    assert_clean(&mut fs);
+}
+
+/// Files let go by their last reference stay known until a batch of them
+/// is looked at together; the batch drops every one with nothing in
+/// memory, keeps one with buffered data and a dirty inode, and the
+/// checkpoint that writes those drops it too.
+#[test]
+fn files_let_go_are_dropped_a_batch_at_a_time_and_never_with_state() {
+    let (flash, clock) = fresh();
+    let (mut fs, _) = Fs::mount(flash, FsOptions::default(), Box::new(clock.clone())).unwrap();
+    let name = |index: usize| format!("f{index:04}");
+    for index in 0..FORGOTTEN_BATCH_FILES {
+        let file = fs.create(1, name(index).as_bytes(), 0o644, 0, 0).unwrap();
+        fs.forget(file.ino, 1).unwrap();
+    }
+    // New inodes are dirty when let go: what no checkpoint has written yet
+    // stays known, and the checkpoint drops it.
+    fs.checkpoint().unwrap();
+    let at_start = fs.known_files();
+    assert!(at_start < 4, "{at_start} files known with none held");
+
+    let buffered = fs.lookup(1, name(0).as_bytes()).unwrap().ino;
+    fs.write(buffered, 0, &vec![7u8; 8192]).unwrap();
+    fs.forget(buffered, 1).unwrap();
+    for index in 1..FORGOTTEN_BATCH_FILES - 1 {
+        let file = fs.lookup(1, name(index).as_bytes()).unwrap();
+        fs.forget(file.ino, 1).unwrap();
+    }
+    assert_eq!(fs.known_files(), at_start + FORGOTTEN_BATCH_FILES - 1, "let go, not looked at yet");
+    let last = fs.lookup(1, name(FORGOTTEN_BATCH_FILES - 1).as_bytes()).unwrap();
+    fs.forget(last.ino, 1).unwrap();
+    assert_eq!(fs.known_files(), at_start + 1, "the batch keeps only the file with state");
+    fs.checkpoint().unwrap();
+    assert_eq!(fs.known_files(), at_start);
+    let file = fs.lookup(1, name(0).as_bytes()).unwrap();
+    assert_eq!(fs.read(file.ino, 0, 16384).unwrap(), vec![7u8; 8192]);
+    fs.forget(file.ino, 1).unwrap();
     assert_clean(&mut fs);
 }
 

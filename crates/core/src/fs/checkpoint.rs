@@ -8,8 +8,11 @@
 use flintfs_flash::FlashDevice;
 use flintfs_format::{Pointer, TreeRoots};
 
+use std::collections::HashSet;
+
 use super::nodes::NodeKey;
 use super::Fs;
+use crate::cache::Dirty;
 use crate::error::Result;
 
 impl<D: FlashDevice> Fs<D> {
@@ -151,6 +154,37 @@ impl<D: FlashDevice> Fs<D> {
             self.known.iter().filter(|(_, known)| known.lookups == 0 && !known.orphan).map(|(&ino, _)| ino).collect();
         for ino in candidates {
             if !self.file_has_state(ino) {
+                self.known.remove(&ino);
+            }
+        }
+        // Every file let go is looked at above.
+        self.forgotten.clear();
+    }
+
+    /// Forgets the files of `forgotten` that nobody holds again and that
+    /// have nothing in memory, as [`Fs::file_has_state`] would tell for
+    /// each, from one pass over the dirty blocks, the pending nodes and
+    /// the dirty cached ones.
+    pub(crate) fn prune_forgotten(&mut self) {
+        let forgotten = std::mem::take(&mut self.forgotten);
+        let mut files: HashSet<u64> = self.dirty_blocks.keys().map(|&(ino, _)| ino).collect();
+        let mut slots: HashSet<u32> = HashSet::new();
+        let mut note = |key: &NodeKey| match *key {
+            NodeKey::File(ino) | NodeKey::Index { ino, .. } => {
+                files.insert(ino);
+            }
+            NodeKey::Slot(slot) => {
+                slots.insert(slot);
+            }
+            NodeKey::Map(_) | NodeKey::MapDirectory(_) => {}
+        };
+        self.pending.keys().for_each(&mut note);
+        self.nodes.dirty_keys(Dirty::BOTH).iter().for_each(&mut note);
+        for ino in forgotten {
+            let Some(known) = self.known.get(&ino) else { continue };
+            let slot_dirty = matches!(known.location, super::Location::Slot(slot) if slots.contains(&slot));
+            if known.lookups == 0 && !known.orphan && !files.contains(&ino) && !slot_dirty {
+                debug_assert!(!self.file_has_state(ino), "inode {ino} let go with state in memory");
                 self.known.remove(&ino);
             }
         }

@@ -86,6 +86,12 @@ pub const SCRUB_PAGES_PER_SECOND_DEFAULT: u32 = 256;
 /// page, two inodes, the map pages of their slots): the margin the space
 /// check and the checkpoint trigger keep.
 pub const OPERATION_NODE_PAGES_MAX: u64 = 16;
+/// Files let go (their last reference forgotten) that wait in `known` to
+/// be looked at together: a batch's pass over what is dirty costs about
+/// what one file's own lookups did, so this many share it. They cost a
+/// `known` entry each meanwhile.
+pub const FORGOTTEN_BATCH_FILES: usize = 1024;
+const _: () = assert!(FORGOTTEN_BATCH_FILES > 0 && FORGOTTEN_BATCH_FILES <= 1 << 16);
 /// Smallest cache bound, in pages: what one operation touches at once.
 /// (Nothing holds a cached node across another fetch, so a smaller cache
 /// would still be correct; it would only thrash.)
@@ -321,6 +327,10 @@ pub struct Fs<D: FlashDevice> {
     pub(crate) write_home_all: bool,
     /// Files that must stay findable by number.
     pub(crate) known: BTreeMap<u64, Known>,
+    /// Files let go by their last reference since the last prune, still
+    /// in `known` until [`Fs::prune_forgotten`] looks at them together (at
+    /// most [`FORGOTTEN_BATCH_FILES`]).
+    pub(crate) forgotten: Vec<u64>,
     /// Buffered file blocks: `(ino, block)` to the whole block.
     pub(crate) dirty_blocks: buffer::DataBuffer,
     /// Verified data pages, by where they are.
@@ -587,6 +597,7 @@ impl<D: FlashDevice> Fs<D> {
             to_flash: std::collections::BTreeSet::new(),
             write_home_all: false,
             known: BTreeMap::new(),
+            forgotten: Vec::with_capacity(FORGOTTEN_BATCH_FILES),
             dirty_blocks: buffer::DataBuffer::new(data_buffer_blocks),
             map_directory: tree.map_directory,
             slot_count: tree.slot_count,
