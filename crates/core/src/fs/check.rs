@@ -227,12 +227,14 @@ impl<D: FlashDevice> Fs<D> {
             self.check_file(walk, ino, count, target, &slot_home);
         }
         // Orphans: unlinked, still held, still counted.
-        let orphans: Vec<(u64, Location, bool)> = self
+        let mut orphans: Vec<(u64, Location, bool)> = self
             .known
             .iter()
             .filter(|(_, known)| known.orphan)
             .map(|(&ino, known)| (ino, known.location, known.directory))
             .collect();
+        // In inode order, as the report has always listed them.
+        orphans.sort_unstable_by_key(|&(ino, _, _)| ino);
         for (ino, location, directory) in orphans {
             if directory {
                 // A removed directory still held: only its slot is kept.

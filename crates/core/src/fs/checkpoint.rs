@@ -122,13 +122,7 @@ impl<D: FlashDevice> Fs<D> {
             version_next: self.version_next,
             map_directory: self.map_directory.clone(),
             root,
-            orphans: self
-                .known
-                .iter()
-                .filter(|(_, known)| known.orphan)
-                .map(|(&ino, _)| ino)
-                .take(flintfs_format::orphans_max(self.page_size))
-                .collect(),
+            orphans: self.orphans().into_iter().take(flintfs_format::orphans_max(self.page_size)).collect(),
             nvm_nodes: self.kept.as_ref().map_or(0, |kept| kept.len() as u32),
         };
         self.volume.write_checkpoint()?;
@@ -150,6 +144,8 @@ impl<D: FlashDevice> Fs<D> {
 
     /// Forgets files nobody holds and nothing in memory needs.
     pub(crate) fn prune_known(&mut self) {
+        // In any order: each is dropped or kept on its own, and nothing is
+        // programmed.
         let candidates: Vec<u64> =
             self.known.iter().filter(|(_, known)| known.lookups == 0 && !known.orphan).map(|(&ino, _)| ino).collect();
         for ino in candidates {
