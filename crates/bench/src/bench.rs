@@ -1234,6 +1234,9 @@ pub(crate) fn bench_device(geometry: Geometry, options: DeviceOptions) -> Outcom
 /// start enables the recording and its end disables it, so a profile
 /// leaves out the setup (fileserver's fill is two thirds of its run). A
 /// FIFO no one reads would block the run, so perf must hold it open.
+/// Never inlined: callgrind's `--dump-before` (README) finds the measured
+/// phase by the calls to it.
+#[inline(never)]
 fn perf_control(command: &str) {
     use std::io::Write;
     if let Some(path) = std::env::var_os("FLINTFS_BENCH_PERF_CONTROL") {

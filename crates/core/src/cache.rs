@@ -340,7 +340,6 @@ impl<K: Ord + Copy + Hash + std::fmt::Debug, V> PageCache<K, V> {
         Some(slot)
     }
 
-    /// Takes a page out (deleted, say), returning it with its flags.
     /// Lets the least recent page go and returns it, if it is clean (a
     /// dirty one stays, for its write-back): what the next insert would
     /// drop, taken early, so that its buffer can be reused.
@@ -352,6 +351,7 @@ impl<K: Ord + Copy + Hash + std::fmt::Debug, V> PageCache<K, V> {
         self.remove_slot(key).map(|slot| (key, slot.value))
     }
 
+    /// Takes a page out (deleted, say), returning it with its flags.
     pub fn remove(&mut self, key: K) -> Option<(V, Dirty)> {
         self.remove_slot(key).map(|slot| (slot.value, slot.dirty))
     }

@@ -1422,13 +1422,11 @@ impl<D: FlashDevice> Protected<D> {
         Ok(())
     }
 
-    /// Reads physical `address` from the device; the host waited for its
-    /// die (`note_die_idle`).
     /// [`FlashDevice::read_page`], with the page's header when this read
     /// decoded it whole (its CRC checked) on the way: the caller that
     /// needs the header then checks the page's CRC once, not twice. `None`
-    /// when the page is erased, or came back only through ECC, a read
-    /// again or parity (rare: the caller decodes those itself).
+    /// when the page is erased, or came back only through ECC or parity
+    /// (rare: the caller decodes those itself).
     pub(crate) fn read_page_decoded(
         &mut self,
         address: PageAddress,
@@ -1502,6 +1500,8 @@ impl<D: FlashDevice> Protected<D> {
         failure.map(|state| (state, None))
     }
 
+    /// Reads physical `address` from the device; the host waited for its
+    /// die (`note_die_idle`).
     fn read_inner(&mut self, address: PageAddress, data: &mut [u8], oob: &mut [u8]) -> Result<PageState> {
         let read = self.inner.read_page(address, data, oob);
         self.note_die_idle(address);

@@ -277,10 +277,9 @@ pub(crate) fn read_verified_into<D: FlashDevice>(
     };
     *pages_read += 1;
     // The protection layer below has already corrected what it could and
-    // read again where that helps: what fails here is damage.
-    // The protection layer checked the header's CRC on the way, and
-    // hands the header up when it decoded it: the page's bytes are then
-    // not run through the CRC a second time.
+    // read again where that helps: what fails here is damage. It hands
+    // up the header when it decoded it on the way, so that the page's
+    // bytes do not go through the CRC a second time.
     let header = match device.read_page_decoded(address, &mut data, oob) {
         Ok((PageState::Erased, _)) => return Err(Error::corrupt(format!("{address} is erased"))),
         Ok((PageState::Programmed, Some(header))) => header,

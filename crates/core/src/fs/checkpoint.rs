@@ -5,15 +5,19 @@
 //! map's roots. The record is
 //! programmed only after everything it refers to was flushed.
 
+use std::collections::HashSet;
+use std::hash::BuildHasherDefault;
+
 use flintfs_flash::FlashDevice;
 use flintfs_format::{Pointer, TreeRoots};
 
-use std::collections::HashSet;
-
 use super::nodes::NodeKey;
 use super::Fs;
-use crate::cache::Dirty;
+use crate::cache::{Dirty, KeyHasher};
 use crate::error::Result;
+
+/// A set of the engine's own numbers, with the cache's fixed hash.
+type KeySet<T> = HashSet<T, BuildHasherDefault<KeyHasher>>;
 
 impl<D: FlashDevice> Fs<D> {
     /// Makes everything durable with a checkpoint. Skipped when nothing
@@ -163,8 +167,8 @@ impl<D: FlashDevice> Fs<D> {
     /// the dirty cached ones.
     pub(crate) fn prune_forgotten(&mut self) {
         let forgotten = std::mem::take(&mut self.forgotten);
-        let mut files: HashSet<u64> = self.dirty_blocks.keys().map(|&(ino, _)| ino).collect();
-        let mut slots: HashSet<u32> = HashSet::new();
+        let mut files: KeySet<u64> = self.dirty_blocks.keys().map(|&(ino, _)| ino).collect();
+        let mut slots: KeySet<u32> = KeySet::default();
         let mut note = |key: &NodeKey| match *key {
             NodeKey::File(ino) | NodeKey::Index { ino, .. } => {
                 files.insert(ino);

@@ -470,13 +470,13 @@ impl<D: FlashDevice> Fs<D> {
         // A full cache lets its least recent page go now, not at the
         // insert below, and that page's buffer takes the read: no page is
         // allocated and zeroed for it (all of the read cache is clean).
+        let mut buffer = Vec::new();
         if self.read_cache.used_bytes() + page_size > self.read_cache.capacity_bytes() {
             if let Some((_, oldest)) = self.read_cache.pop_oldest_clean() {
-                self.read_page_spare = oldest.data;
+                buffer = oldest.data;
             }
         }
-        let spare = std::mem::take(&mut self.read_page_spare);
-        let (header, data) = self.volume.read_page_into(address, spare).inspect_err(|error| {
+        let (header, data) = self.volume.read_page_into(address, buffer).inspect_err(|error| {
             // The one line an operator needs: where, and whose bytes.
             tracing::error!(
                 zone = address.zone,

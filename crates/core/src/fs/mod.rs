@@ -92,7 +92,10 @@ pub const OPERATION_NODE_PAGES_MAX: u64 = 16;
 /// what one file's own lookups did, so this many share it. They cost a
 /// `known` entry each meanwhile.
 pub const FORGOTTEN_BATCH_FILES: usize = 1024;
-const _: () = assert!(FORGOTTEN_BATCH_FILES > 0 && FORGOTTEN_BATCH_FILES <= 1 << 16);
+/// The most [`FsOptions::forgotten_batch_files`] may be: the entries
+/// waiting cost memory the caches' bounds do not count.
+pub const FORGOTTEN_BATCH_FILES_MAX: usize = 1 << 16;
+const _: () = assert!(FORGOTTEN_BATCH_FILES > 0 && FORGOTTEN_BATCH_FILES <= FORGOTTEN_BATCH_FILES_MAX);
 /// Smallest cache bound, in pages: what one operation touches at once.
 /// (Nothing holds a cached node across another fetch, so a smaller cache
 /// would still be correct; it would only thrash.)
@@ -185,6 +188,10 @@ pub struct FsOptions {
     /// then needs its NVM. Off by default: unmount writes every one home,
     /// so the flash alone is the file system (FSMAC's "portable").
     pub nvm_keep: bool,
+    /// Files let go that wait to be looked at together
+    /// ([`FORGOTTEN_BATCH_FILES`] by default; the model tests take a few,
+    /// so that every run checks each batch against the per-file rule).
+    pub forgotten_batch_files: usize,
 }
 
 impl Default for FsOptions {
@@ -201,6 +208,7 @@ impl Default for FsOptions {
             compression: None,
             nvm_barrier: true,
             nvm_keep: false,
+            forgotten_batch_files: FORGOTTEN_BATCH_FILES,
         }
     }
 }
@@ -208,10 +216,17 @@ impl Default for FsOptions {
 impl FsOptions {
     /// Small pages, small caches: what the model tests run with, so
     /// every eviction path is taken (dirty nodes count a page each; a
-    /// clean inode of 512-byte pages about one).
+    /// clean inode of 512-byte pages about one). Files let go are looked
+    /// at four at a time.
     pub fn smallest(page_size_bytes: u32) -> FsOptions {
         let bytes = CACHE_PAGES_MIN * page_size_bytes as usize;
-        FsOptions { node_cache_bytes: bytes, data_buffer_bytes: bytes, read_cache_bytes: bytes, ..FsOptions::default() }
+        FsOptions {
+            node_cache_bytes: bytes,
+            data_buffer_bytes: bytes,
+            read_cache_bytes: bytes,
+            forgotten_batch_files: 4,
+            ..FsOptions::default()
+        }
     }
 
     fn validate(&self, page_size_bytes: u32) -> Result<()> {
@@ -226,6 +241,12 @@ impl FsOptions {
                     "the {name} of {value} bytes is below {CACHE_PAGES_MIN} pages ({minimum} bytes)"
                 )));
             }
+        }
+        if !(1..=FORGOTTEN_BATCH_FILES_MAX).contains(&self.forgotten_batch_files) {
+            return Err(Error::invalid(format!(
+                "a batch of {} files let go is not between 1 and {FORGOTTEN_BATCH_FILES_MAX}",
+                self.forgotten_batch_files
+            )));
         }
         Ok(())
     }
@@ -336,16 +357,12 @@ pub struct Fs<D: FlashDevice> {
     pub(crate) known: KnownFiles,
     /// Files let go by their last reference since the last prune, still
     /// in `known` until [`Fs::prune_forgotten`] looks at them together (at
-    /// most [`FORGOTTEN_BATCH_FILES`]).
+    /// most `options.forgotten_batch_files`).
     pub(crate) forgotten: Vec<u64>,
     /// Buffered file blocks: `(ino, block)` to the whole block.
     pub(crate) dirty_blocks: buffer::DataBuffer,
     /// Verified data pages, by where they are.
     pub(crate) read_cache: PageCache<Pointer, data::CachedPage>,
-    /// The buffer of the page the read cache last let go, for the next
-    /// data page read from flash (empty when there is none): that read
-    /// then allocates and zeroes no page of its own.
-    pub(crate) read_page_spare: Vec<u8>,
     /// The map's directory pages (from the checkpoint's tree roots), which
     /// locate its pages, and its allocator.
     pub(crate) map_directory: Vec<Pointer>,
@@ -590,10 +607,10 @@ impl<D: FlashDevice> Fs<D> {
             None => None,
         };
         let data_buffer_blocks = options.data_buffer_bytes / page_size;
+        let forgotten_batch_files = options.forgotten_batch_files;
         Ok(Fs {
             nodes: PageCache::new_ordered(options.node_cache_bytes),
             read_cache: PageCache::new(options.read_cache_bytes),
-            read_page_spare: Vec::new(),
             options,
             clock,
             page_size,
@@ -604,7 +621,7 @@ impl<D: FlashDevice> Fs<D> {
             to_flash: std::collections::BTreeSet::new(),
             write_home_all: false,
             known: KnownFiles::default(),
-            forgotten: Vec::with_capacity(FORGOTTEN_BATCH_FILES),
+            forgotten: Vec::with_capacity(forgotten_batch_files),
             dirty_blocks: buffer::DataBuffer::new(data_buffer_blocks),
             map_directory: tree.map_directory,
             slot_count: tree.slot_count,
@@ -727,9 +744,9 @@ impl<D: FlashDevice> Fs<D> {
     pub fn memory_bytes(&self) -> (usize, usize) {
         let used = self.nodes.used_bytes()
             + self.read_cache.used_bytes()
-            + self.read_page_spare.capacity()
             + (self.dirty_blocks.len() + self.dirty_blocks.spare_len()) * self.page_size
-            + self.known.len() * std::mem::size_of::<(u64, Known)>();
+            + self.known.capacity() * std::mem::size_of::<(u64, Known)>()
+            + self.forgotten.capacity() * std::mem::size_of::<u64>();
         let bound = self.options.node_cache_bytes + self.options.read_cache_bytes + self.options.data_buffer_bytes;
         (used, bound)
     }

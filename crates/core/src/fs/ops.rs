@@ -12,7 +12,7 @@ use flintfs_format::{
 use super::directory::name_text;
 use super::nodes::MapEntry;
 use super::nodes::{Cached, NodeKey};
-use super::{Fs, Known, Location, FORGOTTEN_BATCH_FILES, ROOT_SLOT};
+use super::{Fs, Known, Location, ROOT_SLOT};
 use crate::cache::Dirty;
 use crate::error::{errno, Error, Result};
 use crate::volume::{RESERVE_ZONES, ROOT_INO};
@@ -444,7 +444,7 @@ impl<D: FlashDevice> Fs<D> {
             // forget (6% of webserver's host time in process), where a
             // batch's answer is one pass over what is dirty.
             self.forgotten.push(ino);
-            if self.forgotten.len() >= FORGOTTEN_BATCH_FILES {
+            if self.forgotten.len() >= self.options.forgotten_batch_files {
                 self.prune_forgotten();
             }
         }
