@@ -146,27 +146,31 @@ impl<D: FlashDevice> Fs<D> {
         Ok(())
     }
 
-    /// Forgets files nobody holds and nothing in memory needs.
+    /// Forgets files nobody holds and nothing in memory needs (after a
+    /// checkpoint: all of them, the batch of files let go included).
     pub(crate) fn prune_known(&mut self) {
-        // In any order: each is dropped or kept on its own, and nothing is
-        // programmed.
         let candidates: Vec<u64> =
             self.known.iter().filter(|(_, known)| known.lookups == 0 && !known.orphan).map(|(&ino, _)| ino).collect();
-        for ino in candidates {
-            if !self.file_has_state(ino) {
-                self.known.remove(&ino);
-            }
-        }
-        // Every file let go is looked at above.
         self.forgotten.clear();
+        self.drop_without_state(candidates);
     }
 
-    /// Forgets the files of `forgotten` that nobody holds again and that
-    /// have nothing in memory, as [`Fs::file_has_state`] would tell for
-    /// each, from one pass over the dirty blocks, the pending nodes and
-    /// the dirty cached ones.
+    /// Forgets the files let go since the last prune that nobody holds
+    /// again and that have nothing in memory.
     pub(crate) fn prune_forgotten(&mut self) {
         let forgotten = std::mem::take(&mut self.forgotten);
+        self.drop_without_state(forgotten);
+    }
+
+    /// Drops from `known` each of `candidates` that nobody holds, is no
+    /// orphan and has nothing in memory, as [`Fs::file_has_state`] would
+    /// tell for each, from one pass over the dirty blocks, the pending
+    /// nodes and the dirty cached ones. In any order: each is dropped or
+    /// kept on its own, and nothing is programmed.
+    fn drop_without_state(&mut self, candidates: Vec<u64>) {
+        if candidates.is_empty() {
+            return;
+        }
         let mut files: KeySet<u64> = self.dirty_blocks.keys().map(|&(ino, _)| ino).collect();
         let mut slots: KeySet<u32> = KeySet::default();
         let mut note = |key: &NodeKey| match *key {
@@ -180,7 +184,7 @@ impl<D: FlashDevice> Fs<D> {
         };
         self.pending.keys().for_each(&mut note);
         self.nodes.dirty_keys(Dirty::BOTH).iter().for_each(&mut note);
-        for ino in forgotten {
+        for ino in candidates {
             let Some(known) = self.known.get(&ino) else { continue };
             let slot_dirty = matches!(known.location, super::Location::Slot(slot) if slots.contains(&slot));
             if known.lookups == 0 && !known.orphan && !files.contains(&ino) && !slot_dirty {
