@@ -7,7 +7,7 @@
 //! `FLINTFS_MODEL_SEEDS=50 FLINTFS_MODEL_OPERATIONS=10000 cargo test --release -p flintfs-testkit --test model`.
 
 use flintfs_testkit::from_env;
-use flintfs_testkit::runner::{run_model, run_power_cut, spread_cut, Setup};
+use flintfs_testkit::runner::{run_model, run_model_to_full, run_power_cut, spread_cut, Setup};
 
 #[test]
 fn random_workloads_match_the_model() {
@@ -29,6 +29,59 @@ fn random_workloads_match_the_model() {
                 report.index_records_written
             ),
             Err(failure) => panic!("{failure}"),
+        }
+    }
+}
+
+/// The same workloads on a device they fill (a quarter of
+/// [`Setup::small`]'s zones, writes of up to 48 pages): operations that
+/// change something are refused with ENOSPC and must then have changed
+/// nothing, while every read and listing still answers as the model does,
+/// and every remount that completes shows the model's tree. (fsstress on
+/// a full mount found a listing told ENOSPC: a read wrote back what it
+/// pushed out of the node cache, found no zone, and failed. Seed 2 here
+/// failed the same way, a read at operation 1328.) A remount may be
+/// refused for space, and the checker is off: see the ignored test below.
+#[test]
+fn random_workloads_on_a_device_they_fill_match_the_model() {
+    let seeds = from_env("FLINTFS_MODEL_FULL_SEEDS", 4);
+    let operations = from_env("FLINTFS_MODEL_OPERATIONS", 1500);
+    let mut refused = 0;
+    for seed in 1..=seeds {
+        match run_model_to_full(&full_setup(), seed, operations, 1, true) {
+            Ok(report) => {
+                eprintln!(
+                    "seed {seed}: {} operations, {} refused for space, {} checkpoints",
+                    report.operations, report.refused_for_space, report.checkpoints
+                );
+                refused += report.refused_for_space;
+            }
+            Err(failure) => panic!("{failure}"),
+        }
+    }
+    assert!(refused > 0, "the device never filled: the test checked nothing it was written for");
+}
+
+/// A quarter of [`Setup::small`]'s zones, which its workloads fill.
+fn full_setup() -> Setup {
+    let mut setup = Setup::small();
+    setup.geometry.zone_count = 24;
+    setup
+}
+
+/// A known fault, open: on this small device, operations are taken whose
+/// node pages then find no free zone (statfs still shows 41 of 231 blocks
+/// free), so the checker and the next unmount are refused with ENOSPC
+/// (seed 2: a link at operation 1319, the unmount at 1359). Run it with
+/// `cargo test --release -p flintfs-testkit --test model -- --ignored`.
+#[test]
+#[ignore = "known fault: a full small device can take changes whose nodes find no zone; unmount then fails"]
+fn a_device_random_workloads_fill_still_unmounts_and_checks_clean() {
+    for seed in 1..=from_env("FLINTFS_MODEL_FULL_SEEDS", 4) {
+        if let Err(failure) =
+            run_model_to_full(&full_setup(), seed, from_env("FLINTFS_MODEL_OPERATIONS", 1500), 1, false)
+        {
+            panic!("{failure}");
         }
     }
 }
