@@ -227,15 +227,22 @@ impl<D: FlashDevice> Fs<D> {
     /// Writes back the dirty nodes a read pushed out of the bounded node
     /// cache. A read changes nothing, so a write-back refused here (the
     /// device full, a program failing) is not the read's failure: the
-    /// nodes stay pending, where every later read finds them, and the
-    /// next operation that changes something, or the next checkpoint,
-    /// writes them or reports why not. Reads make no node dirty, so what
-    /// stays pending is bounded by what the changes before made dirty.
-    /// (On a full mount, `find` was told ENOSPC by a listing whose
-    /// write-back found no room.)
+    /// nodes stay pending, where every later read finds them. A later
+    /// write-back writes them; the next checkpoint (an fsync's, a sync's,
+    /// the unmount's) writes them or fails with the reason. Reads make no
+    /// node dirty, so what stays pending is bounded by what the changes
+    /// before made dirty. (On a full mount, `find` was told ENOSPC by a
+    /// listing whose write-back found no room.) No room is expected on a
+    /// full device and logged at debug; anything else (a program failing
+    /// for good, a damaged node) at warn, as the mount's logs should show
+    /// it before the checkpoint does.
     fn drain_after_read(&mut self) {
-        if let Err(error) = self.drain() {
-            tracing::debug!(%error, "a write-back after a read failed; the nodes stay pending");
+        match self.drain() {
+            Ok(()) => {}
+            Err(error) if error.errno == errno::ENOSPC => {
+                tracing::debug!(%error, "no room for a write-back after a read; the nodes stay pending");
+            }
+            Err(error) => tracing::warn!(%error, "a write-back after a read failed; the nodes stay pending"),
         }
     }
 
