@@ -191,6 +191,21 @@ fn check_name(name: &[u8]) -> Result<()> {
     })
 }
 
+/// Logs write-backs and flushes an operation left for later because they
+/// failed (`when` says after what). No room is expected on a full device
+/// and logged at debug; anything else (a program failing for good, a
+/// damaged node) at warn, so that the mount's log shows it before the
+/// checkpoint that reports it does.
+fn note_work_left(left: Result<()>, when: &str) {
+    match left {
+        Ok(()) => {}
+        Err(error) if error.errno == errno::ENOSPC => {
+            tracing::debug!(%error, "no room for a write-back {when}; it stays pending");
+        }
+        Err(error) => tracing::warn!(%error, "a write-back {when} failed; it stays pending"),
+    }
+}
+
 impl<D: FlashDevice> Fs<D> {
     /// Runs an operation that changes something: a checkpoint first if one
     /// is due, then the operation, then the write-backs and data flushes it
@@ -213,37 +228,30 @@ impl<D: FlashDevice> Fs<D> {
             self.changed = true;
         }
         // Whatever fails here stays pending or buffered for the next
-        // operation or checkpoint, which reports it.
-        let _ = self.drain().and_then(|()| {
+        // checkpoint, which reports it.
+        let left = self.drain().and_then(|()| {
             if self.dirty_blocks.len() * self.page_size > self.options.data_buffer_bytes {
                 self.flush_data(None)?;
                 self.drain()?;
             }
             self.log_spill()
         });
+        note_work_left(left, "after a change");
         result
     }
 
     /// Writes back the dirty nodes a read pushed out of the bounded node
     /// cache. A read changes nothing, so a write-back refused here (the
-    /// device full, a program failing) is not the read's failure: the
-    /// nodes stay pending, where every later read finds them. A later
-    /// write-back writes them; the next checkpoint (an fsync's, a sync's,
-    /// the unmount's) writes them or fails with the reason. Reads make no
-    /// node dirty, so what stays pending is bounded by what the changes
-    /// before made dirty. (On a full mount, `find` was told ENOSPC by a
-    /// listing whose write-back found no room.) No room is expected on a
-    /// full device and logged at debug; anything else (a program failing
-    /// for good, a damaged node) at warn, as the mount's logs should show
-    /// it before the checkpoint does.
+    /// device full, a program failing) is not the read's failure, as a
+    /// change's own write-backs are not its (`mutate`): the nodes stay
+    /// pending, where every later read finds them. A later write-back
+    /// writes them; the next checkpoint (an fsync's, a sync's, the
+    /// unmount's) writes them or fails with the reason. Reads make no node
+    /// dirty, so what stays pending is bounded by what the changes before
+    /// made dirty. (On a full mount, `find` was told ENOSPC by a listing
+    /// whose write-back found no room.)
     fn drain_after_read(&mut self) {
-        match self.drain() {
-            Ok(()) => {}
-            Err(error) if error.errno == errno::ENOSPC => {
-                tracing::debug!(%error, "no room for a write-back after a read; the nodes stay pending");
-            }
-            Err(error) => tracing::warn!(%error, "a write-back after a read failed; the nodes stay pending"),
-        }
+        note_work_left(self.drain(), "after a read");
     }
 
     /// Makes the root directory (format only).
