@@ -333,16 +333,9 @@ impl Subject {
         Ok(Snapshot(out))
     }
 
-    /// The checker's findings, if any. A checker refused for space says
-    /// so first ([`CHECK_REFUSED_FOR_SPACE`]).
+    /// The checker's findings, if any.
     pub fn check(&mut self) -> Result<(), String> {
-        let report = self.fs().check().map_err(|error| {
-            if error.errno == errno::ENOSPC {
-                format!("{CHECK_REFUSED_FOR_SPACE}{error}")
-            } else {
-                error.to_string()
-            }
-        })?;
+        let report = self.fs().check().map_err(|error| error.to_string())?;
         if report.is_clean() {
             Ok(())
         } else {
@@ -385,15 +378,11 @@ pub struct RunReport {
     pub refused_for_space: u64,
 }
 
-/// How [`Subject::check`]'s error starts when the checker itself was
-/// refused for space (it writes back what is dirty before it reads).
-pub const CHECK_REFUSED_FOR_SPACE: &str = "the checker was refused for space: ";
-
 /// Runs `operations` generated operations from `seed` on the engine and
 /// the model, comparing every result, checking every `check_every` steps
 /// and comparing whole trees at every remount.
 pub fn run_model(setup: &Setup, seed: u64, operations: u64, check_every: u64) -> Result<RunReport, String> {
-    run_model_with(setup, seed, operations, check_every, Space::Ample)
+    run_model_with(setup, seed, operations, check_every, false)
 }
 
 /// [`run_model`] on a device the workload fills: an operation that
@@ -402,33 +391,11 @@ pub fn run_model(setup: &Setup, seed: u64, operations: u64, check_every: u64) ->
 /// find no room before it checks the names), and must then have changed
 /// nothing (the model goes back to its state before, and every read and
 /// remount after is compared with that). A read (`Read`, `Readdir`) is
-/// never refused for space, nor a `Sync` or a remount; every answer
-/// besides is the model's.
-///
-/// With `unmount_may_be_refused`, a `Sync` or an unmount refused with
-/// ENOSPC counts as a refused change (the engine stays mounted), and the
-/// checker's own ENOSPC is let pass (its findings are not): all three
-/// write back what is dirty first, which a known fault can leave without
-/// a zone once the device is full (`docs/BENCHMARKS.md`, "A full device
-/// with no zone for its nodes"). Without it the run asks all three of the
-/// engine.
-pub fn run_model_to_full(
-    setup: &Setup,
-    seed: u64,
-    operations: u64,
-    check_every: u64,
-    unmount_may_be_refused: bool,
-) -> Result<RunReport, String> {
-    let mode = if unmount_may_be_refused { Space::RunsOutUnmountMayFail } else { Space::RunsOut };
-    run_model_with(setup, seed, operations, check_every, mode)
-}
-
-/// How a model run treats space ([`run_model_to_full`]).
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Space {
-    Ample,
-    RunsOut,
-    RunsOutUnmountMayFail,
+/// never refused for space, nor a `Sync`, a remount or the checker: what
+/// the engine took, it must be able to make durable and unmount. Every
+/// answer besides is the model's.
+pub fn run_model_to_full(setup: &Setup, seed: u64, operations: u64, check_every: u64) -> Result<RunReport, String> {
+    run_model_with(setup, seed, operations, check_every, true)
 }
 
 fn run_model_with(
@@ -436,17 +403,9 @@ fn run_model_with(
     seed: u64,
     operations: u64,
     check_every: u64,
-    space: Space,
+    space_may_run_out: bool,
 ) -> Result<RunReport, String> {
-    let space_may_run_out = space != Space::Ample;
-    let unmount_may_fail = space == Space::RunsOutUnmountMayFail;
-    // The checker, and in that mode its ENOSPC let pass (see above).
-    let check = |subject: &mut Subject| -> Result<(), String> {
-        match subject.check() {
-            Err(error) if unmount_may_fail && error.starts_with(CHECK_REFUSED_FOR_SPACE) => Ok(()),
-            other => other,
-        }
-    };
+    let check = |subject: &mut Subject| subject.check();
     let fail = |step: u64, what: String| format!("seed {seed}, operation {step}: {what}");
     let (flash, clock) = setup.formatted(seed);
     let mut subject = Subject::mount(flash, clock, setup.options.clone()).map_err(|error| fail(0, error))?;
@@ -461,14 +420,10 @@ fn run_model_with(
         let before = space_may_run_out.then(|| model.clone());
         let mut expected = model.apply(&operation);
         let actual = subject.apply(&operation);
-        let changes = match operation {
-            Operation::Read { .. } | Operation::Readdir { .. } => false,
-            // A remount refused by the mount after the unmount would leave
-            // no engine to go on with.
-            Operation::Remount => unmount_may_fail && subject.fs.is_some(),
-            Operation::Sync => unmount_may_fail,
-            _ => true,
-        };
+        let changes = !matches!(
+            operation,
+            Operation::Read { .. } | Operation::Readdir { .. } | Operation::Remount | Operation::Sync
+        );
         if let Some(before) = before {
             if changes && actual == Outcome::Error(errno::ENOSPC) && expected != actual {
                 // Refused for want of space: nothing may have changed.

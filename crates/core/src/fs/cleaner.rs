@@ -200,6 +200,15 @@ pub const CLEAN_RELEASE_VICTIMS_MIN: usize = 3;
 /// Zones kept free, beyond what the buffered work and the victim's moves
 /// need, before the cleaner takes another victim into a batch.
 const CLEAN_HEADROOM_ZONES: usize = 1;
+/// Zones of the reserve the cleaner leaves to the operations that free
+/// space (unlink, rmdir, a truncate that shrinks), which only check that
+/// the whole reserve holds them (`room_to_change`), and to the checkpoint
+/// that gives their space back: the cleaner stops before its own
+/// checkpoint would need them. Without it,
+/// cleanings that stopped part way, each freeing nothing, used the whole
+/// reserve, and the next unlink's nodes then found no page.
+pub const CLEAN_RESERVE_KEPT_ZONES: usize = 1;
+const _: () = assert!(CLEAN_RESERVE_KEPT_ZONES > 0 && CLEAN_RESERVE_KEPT_ZONES < crate::volume::RESERVE_ZONES as usize);
 const _: () = assert!(CLEAN_HEADROOM_ZONES <= CLEAN_LOW_WATER_ZONES);
 /// Spread of erase counts (most worn zone minus least worn) past which
 /// static wear levelling moves cold data.
@@ -236,6 +245,11 @@ pub struct CleanerCounters {
     /// decision the accounting disagreed with. Never chosen again this
     /// mount; always zero unless something is wrong.
     pub zones_stuck: u64,
+    /// Times the cleaner stopped before a page because the checkpoint
+    /// that ends its cleaning would no longer have fitted the zones left:
+    /// only on a device nearly full, where the operations that need space
+    /// are then refused it.
+    pub stops_for_checkpoint_room: u64,
 }
 
 impl<D: FlashDevice> Fs<D> {
@@ -360,6 +374,7 @@ impl<D: FlashDevice> Fs<D> {
         // this batch ends with.
         self.incremental.victim = None;
         let mut cleaned = Vec::new();
+        let mut partial = false;
         for _ in 0..zones {
             let taken: Vec<u32> =
                 cleaned.iter().copied().chain(self.incremental.scanned.iter().map(|&(zone, _)| zone)).collect();
@@ -367,14 +382,22 @@ impl<D: FlashDevice> Fs<D> {
             // What moves is buffered until the checkpoint that ends the
             // batch, and only that checkpoint frees the victims: take
             // another only while the checkpoint, with what this one
-            // moves, still fits. (The first goes ahead: the reserve is
-            // kept for it.)
+            // moves, still fits. (The first goes ahead: its moves check
+            // the checkpoint's room page by page.)
             if !cleaned.is_empty()
                 && self.free_zones() < self.buffered_zones() + self.move_cost_zones(victim) + CLEAN_HEADROOM_ZONES
             {
                 break;
             }
-            if let Err(error) = self.move_live(victim) {
+            let moved = self.move_live(victim);
+            if let Ok(false) = moved {
+                // Stopped part way: what moved is written by the
+                // checkpoint below, and the victim stays until a later
+                // cleaning finds the room to finish it.
+                partial = true;
+                break;
+            }
+            if let Err(error) = moved {
                 // Never picked again this mount: one bad zone must not stop
                 // every operation that needs cleaning. Running out of room
                 // says nothing about the zone.
@@ -394,6 +417,10 @@ impl<D: FlashDevice> Fs<D> {
             }
         }
         if cleaned.is_empty() {
+            if partial {
+                self.changed = true;
+                self.checkpoint()?;
+            }
             return Ok(0);
         }
         // The moves become durable, and the victims, which nothing
@@ -738,11 +765,13 @@ impl<D: FlashDevice> Fs<D> {
         (data_pages.div_ceil(zone_pages) + node_pages.div_ceil(zone_pages)) as usize
     }
 
-    /// Moves everything live out of `zone`.
-    fn move_live(&mut self, zone: u32) -> Result<()> {
+    /// Moves everything live out of `zone`; false when it stopped part
+    /// way for the checkpoint's room (see `move_live_pages`).
+    fn move_live(&mut self, zone: u32) -> Result<bool> {
         let write_pointer = self.volume.device.report_zone(zone)?.write_pointer;
-        self.move_live_pages(zone, 0, write_pointer, StepBudget { moves_max: u64::MAX, gain_pages: u64::MAX })?;
-        Ok(())
+        let next =
+            self.move_live_pages(zone, 0, write_pointer, StepBudget { moves_max: u64::MAX, gain_pages: u64::MAX })?;
+        Ok(next >= write_pointer)
     }
 
     /// Moves what is live out of `zone`'s pages from `first` on, up to
@@ -772,6 +801,32 @@ impl<D: FlashDevice> Fs<D> {
             // something references it, the checker says so; moving it
             // would not help.
             let Ok((header, data)) = self.volume.read_page(address) else { continue };
+            // The checkpoint that ends this cleaning writes every node the
+            // moves dirty, and only it frees the victim: move this page
+            // only while that checkpoint, with what is moved and waiting
+            // and what this page may dirty, still fits the zones left, the
+            // reserve's included. Checked a page at a time, not a victim:
+            // a page of small chunks dirties a node for each file in it
+            // (a data zone half valid dirtied 39 nodes on a device of 21
+            // zones of 21 pages), and a victim left part way is only one
+            // not freed yet; its next step, or the next cleaning, goes on.
+            // (Counted twice each below, with a parent: a pack's inodes
+            // go back into at most two pack pages, and each has one
+            // parent, so half of them and one.)
+            let items = match header.kind {
+                PageKind::PackedData => header.count as usize,
+                PageKind::Node if is_inode_pack(&data) => {
+                    decode_inode_pack(&data).map_or(0, |records| records.len().div_ceil(2) + 1)
+                }
+                _ => 1,
+            } as u64;
+            let waiting = (blocks.len() + packed.len()) as u64;
+            let cold = if header.kind == PageKind::Node { waiting } else { waiting + items + 1 };
+            if !self.checkpoint_fits(0, waiting + items, cold, CLEAN_RESERVE_KEPT_ZONES, false) {
+                self.cleaner.stops_for_checkpoint_room += 1;
+                next = page;
+                break;
+            }
             let here = Pointer::page_at(zone, page);
             match header.kind {
                 PageKind::DataBlock => {

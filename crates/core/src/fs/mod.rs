@@ -47,7 +47,7 @@ use flintfs_format::Pointer;
 
 use crate::cache::{KeyHasher, PageCache};
 use crate::error::{errno, Error, Result};
-use crate::volume::{MkfsOptions, MountReport, Volume};
+use crate::volume::{MkfsOptions, MountReport, Volume, RESERVE_ZONES};
 
 pub use cleaner::{
     CleanerCounters, CLEAN_GAIN_PER_STEP_PAGES, CLEAN_IDLE_WATER_ZONES, CLEAN_LOW_WATER_ZONES,
@@ -87,6 +87,16 @@ pub const SCRUB_PAGES_PER_SECOND_DEFAULT: u32 = 256;
 /// page, two inodes, the map pages of their slots): the margin the space
 /// check and the checkpoint trigger keep.
 pub const OPERATION_NODE_PAGES_MAX: u64 = 16;
+/// Node pages a checkpoint may write per node dirty or pending when it
+/// starts, as the space checks count them: writing a node dirties what
+/// points at it (an index page its parent or its file, a file its
+/// directory's entry), and that is written too. Parents are mostly
+/// shared, and inodes and small index pages go several to a page, so
+/// the full model runs on a device they fill write about 1.3 pages a
+/// node; one parent each is the bound kept. Left uncounted, a full
+/// device took changes whose checkpoint then found no zone, and could
+/// not unmount.
+pub const CHECKPOINT_NODE_AMPLIFICATION: u64 = 2;
 /// Files let go (their last reference forgotten) that wait in `known` to
 /// be looked at together: a batch's pass over what is dirty costs about
 /// what one file's own lookups did, so this many share it. They cost a
@@ -386,9 +396,9 @@ pub struct Fs<D: FlashDevice> {
     pub(crate) incremental: cleaner::IncrementalCleaner,
     /// The last zone scan before an operation (see `Fs::zone_scan`).
     pub(crate) zone_scan_hint: [Option<(cleaner::ZoneScanKey, usize, bool)>; 2],
-    /// The allocatable zones' capacities, smallest first, under the same
-    /// key and on the same two sides of the reserve (`reserve_space`).
-    pub(crate) capacities_hint: [Option<(cleaner::ZoneScanKey, Vec<u64>)>; 2],
+    /// The allocatable zones' capacities, the reserve's included, smallest
+    /// first, under the same key (`checkpoint_fits`).
+    pub(crate) capacities_hint: Option<(cleaner::ZoneScanKey, Vec<u64>)>,
     /// The allocatable zones' summed capacity, and the resets issued when
     /// it was counted (`Fs::space_blocks`).
     pub(crate) capacity_hint: std::cell::Cell<Option<(u64, u64)>>,
@@ -635,7 +645,7 @@ impl<D: FlashDevice> Fs<D> {
             cleaner_stuck: std::collections::BTreeSet::new(),
             incremental: cleaner::IncrementalCleaner::default(),
             zone_scan_hint: [None; 2],
-            capacities_hint: [None, None],
+            capacities_hint: None,
             capacity_hint: std::cell::Cell::new(None),
             log: log::LogState { nvm, ..log::LogState::default() },
             space_reserved: false,
@@ -796,7 +806,12 @@ impl<D: FlashDevice> Fs<D> {
         let after_checkpoint = std::mem::take(&mut self.checkpoint_just_taken);
         let erased = !after_checkpoint && self.volume.erase_ahead()?;
         self.clean_if_low(!erased, after_checkpoint)?;
-        if self.unindexed_short(data_pages) {
+        // A checkpoint now, too, when what is buffered and one more
+        // operation may no longer fit the zones left with the reserve
+        // (`room_to_change`): what the operations that free space (unlink,
+        // rmdir) left buffered goes out, and the checkpoint gives back the
+        // space they freed.
+        if self.unindexed_short(data_pages) || !self.checkpoint_fits(data_pages.min(1), 0, 0, 0, true) {
             self.checkpoint()?;
         }
         Ok(())
@@ -833,17 +848,120 @@ impl<D: FlashDevice> Fs<D> {
     /// what is buffered and then checkpointed: the dirty blocks, the dirty
     /// and pending nodes, the map pages, and one operation's worth of node
     /// pages as a margin. Data and nodes go to different heads, so each
-    /// role's overflow is its own.
+    /// role's overflow is its own. The cleaner's thresholds count this.
     pub(crate) fn pages_past_heads(&self, data_pages: u64, node_pages: u64) -> (u64, u64) {
+        self.pages_past_heads_by(data_pages, node_pages, 1, OPERATION_NODE_PAGES_MAX)
+    }
+
+    /// As [`Fs::pages_past_heads`], with each dirty or pending node and
+    /// each node page wanted counted `amplification` times (what the space
+    /// checks count, [`CHECKPOINT_NODE_AMPLIFICATION`]), and
+    /// `margin_pages` of node pages kept for what comes next.
+    fn pages_past_heads_by(
+        &self,
+        data_pages: u64,
+        node_pages: u64,
+        amplification: u64,
+        margin_pages: u64,
+    ) -> (u64, u64) {
         let dirty_nodes = (self.nodes.dirty_count() + self.pending.len()) as u64;
-        let margin = OPERATION_NODE_PAGES_MAX
-            + nodes::map_page_count(self.slot_count, self.page_size)
-            + self.map_directory.len() as u64;
+        let nodes = (dirty_nodes + node_pages) * amplification + margin_pages;
+        // The map pages the checkpoint rewrites: every one, unamplified
+        // (the cleaner's thresholds); amplified, no more than the nodes
+        // whose writing dirties them (a map of 300 pages, counted whole,
+        // kept the cleaner from a device with eight zones free).
+        let map_pages = nodes::map_page_count(self.slot_count, self.page_size);
+        let map_pages = if amplification > 1 { map_pages.min(nodes) } else { map_pages };
         let data_need = (self.dirty_blocks.len() as u64 + data_pages)
             .saturating_sub(self.volume.head_free_pages(flintfs_format::ZoneRole::HotData));
-        let node_need = (dirty_nodes + node_pages + margin)
+        let node_need = (nodes + map_pages + self.map_directory.len() as u64)
             .saturating_sub(self.volume.head_free_pages(flintfs_format::ZoneRole::Node));
         (data_need, node_need)
+    }
+
+    /// Whether the zones allocation may hand out, but for `kept_zones` of
+    /// them, hold on top of what is buffered `data_pages` data pages,
+    /// `node_pages` node pages (both counted as the space checks count
+    /// them, nodes amplified) and `cold_pages` pages for the cold data
+    /// head, and then the checkpoint that makes them durable. The zones
+    /// kept are the largest, and each role takes whole zones, so each
+    /// role's need is met zone by zone, smallest zones first: a zone
+    /// shrunk by bad blocks counts for what it holds, and the estimate
+    /// errs towards no. With `operation_margin`, room for one more
+    /// operation's node pages ([`OPERATION_NODE_PAGES_MAX`]) is kept too:
+    /// what an operation admitted now leaves for the next; the cleaner,
+    /// which leaves a zone of the reserve instead, keeps none.
+    pub(crate) fn checkpoint_fits(
+        &mut self,
+        data_pages: u64,
+        node_pages: u64,
+        cold_pages: u64,
+        kept_zones: usize,
+        operation_margin: bool,
+    ) -> bool {
+        let margin = if operation_margin { OPERATION_NODE_PAGES_MAX } else { 0 };
+        let (data_need, node_need) =
+            self.pages_past_heads_by(data_pages, node_pages, CHECKPOINT_NODE_AMPLIFICATION, margin);
+        let cold_need = cold_pages.saturating_sub(self.volume.head_free_pages(flintfs_format::ZoneRole::ColdData));
+        if data_need == 0 && node_need == 0 && cold_need == 0 {
+            // The heads hold it all: no zone list to read (the common
+            // case, before every write).
+            return true;
+        }
+        // Every zone, the reserve's too, and the ones kept left out below.
+        // The list is kept while nothing that changes it happens (the zone
+        // scan's key): a buffer larger than a zone asks before every write.
+        let allowed = std::mem::replace(&mut self.volume.reserve_allowed, true);
+        let key = self.zone_scan_key();
+        let capacities = match self.capacities_hint.take() {
+            Some((cached, capacities)) if cached == key => capacities,
+            _ => self.volume.allocatable_capacities(),
+        };
+        self.volume.reserve_allowed = allowed;
+        let usable = &capacities[..capacities.len().saturating_sub(kept_zones)];
+        let mut fits = zones_cover(usable, &[data_need, node_need, cold_need]);
+        if !fits {
+            // Near full only: the bound counted each buffered node with a
+            // parent of its own; a file's inode shares its page with other
+            // inodes (a pack of thirty, counted as thirty pages, kept the
+            // cleaner from a node zone with eight zones free). Counted by
+            // kind now, a walk over what is buffered.
+            let dirty_nodes = (self.nodes.dirty_count() + self.pending.len()) as u64;
+            let loose = dirty_nodes * CHECKPOINT_NODE_AMPLIFICATION;
+            let tight = self.buffered_node_pages_bound();
+            if tight < loose {
+                fits = zones_cover(usable, &[data_need, node_need.saturating_sub(loose - tight), cold_need]);
+            }
+        }
+        self.capacities_hint = Some((key, capacities));
+        fits
+    }
+
+    /// Node pages a checkpoint may write for what is buffered now, each
+    /// node and the parent its writing dirties counted once more, as
+    /// [`CHECKPOINT_NODE_AMPLIFICATION`] does, except that a file's inode
+    /// counts for its record's share of a pack page (at most half full,
+    /// since records do not split) rather than a page. A walk over the
+    /// dirty and pending nodes: only when the plain bound does not fit.
+    fn buffered_node_pages_bound(&self) -> u64 {
+        let room = (self.page_size - flintfs_format::NODE_HEADER_BYTES) as u64;
+        let (mut pages, mut record_bytes, mut parents) = (0u64, 0u64, 0u64);
+        let mut count = |key: nodes::NodeKey, node: &flintfs_format::Node| {
+            parents += 1;
+            match key {
+                nodes::NodeKey::File(_) => record_bytes += flintfs_format::inode_record_bytes(node) as u64,
+                _ => pages += 1,
+            }
+        };
+        for key in self.nodes.dirty_keys(crate::cache::Dirty::BOTH) {
+            if let Some(cached) = self.nodes.peek(key) {
+                count(key, &cached.node);
+            }
+        }
+        for (key, cached) in &self.pending {
+            count(*key, &cached.node);
+        }
+        pages + (2 * record_bytes).div_ceil(room) + parents
     }
 
     /// Errors with ENOSPC unless `data_pages` and `node_pages` more can be
@@ -862,37 +980,12 @@ impl<D: FlashDevice> Fs<D> {
         }
         let mut cleaned = 0;
         let mut released = false;
+        let mut checkpointed = false;
         loop {
-            let (data_need, node_need) = self.pages_past_heads(data_pages, node_pages);
-            if data_need == 0 && node_need == 0 {
-                // The heads hold it all: no zone list to read (the common
-                // case, before every write).
-                return Ok(());
-            }
-            // Smallest zones first: a zone shrunk by bad blocks counts for
-            // what it holds, and the estimate errs towards ENOSPC. The list
-            // is kept while nothing that changes it happens (the zone scan's
-            // key): a buffer larger than a zone asks before every write.
-            let key = self.zone_scan_key();
-            let slot = usize::from(key.reserve_allowed);
-            let capacities = match self.capacities_hint[slot].take() {
-                Some((cached, capacities)) if cached == key => capacities,
-                _ => self.volume.allocatable_capacities(),
-            };
-            let mut remaining = capacities.iter().copied();
-            let mut covered = |need: u64| {
-                let mut left = need;
-                while left > 0 {
-                    match remaining.next() {
-                        Some(capacity) => left = left.saturating_sub(capacity),
-                        None => return false,
-                    }
-                }
-                true
-            };
-            let fits = covered(data_need) && covered(node_need);
-            self.capacities_hint[slot] = Some((key, capacities));
-            if fits {
+            // The reserve is left out: an operation that fills space must
+            // leave the reserve whole on top of its checkpoint's room, for
+            // the unlinks and the cleaner that make space again.
+            if self.checkpoint_fits(data_pages, node_pages, 0, RESERVE_ZONES as usize, true) {
                 return Ok(());
             }
             // Zones emptied by unlinks and truncates come back at the next
@@ -900,6 +993,14 @@ impl<D: FlashDevice> Fs<D> {
             if !released && self.volume.releasable_zones() > 0 {
                 released = true;
                 self.changed = true;
+                self.checkpoint()?;
+                continue;
+            }
+            // What is buffered is counted at its bound (each dirty node
+            // with a parent): written, it costs what it costs, often much
+            // less. Cleaning would end with a checkpoint anyway.
+            if !checkpointed && self.has_buffered_work() {
+                checkpointed = true;
                 self.checkpoint()?;
                 continue;
             }
@@ -928,8 +1029,49 @@ impl<D: FlashDevice> Fs<D> {
         }
     }
 
+    /// Errors with ENOSPC unless one more operation that changes
+    /// something can be recorded: its node pages ([`OPERATION_NODE_PAGES_MAX`]
+    /// at most) and a data page if it has any (a truncate's edge block; a
+    /// write's own pages are checked as it buffers them), on top of what
+    /// is buffered, and the checkpoint that makes them durable, must fit
+    /// every zone left, the reserve's included. What fills space checks more
+    /// ([`Fs::reserve_space`], which leaves the reserve whole); what frees
+    /// it (unlink, rmdir, a truncate that shrinks) checks only this, since
+    /// the reserve is kept for it. A device this full can take nothing:
+    /// taking it would leave nodes that no checkpoint, and so no unmount,
+    /// could write.
+    pub(crate) fn room_to_change(&mut self, data_pages: u64) -> Result<()> {
+        if self.log.replaying || self.space_reserved || self.checkpoint_fits(data_pages.min(1), 0, 0, 0, true) {
+            return Ok(());
+        }
+        Err(Error::new(errno::ENOSPC, "no space: not even the reserve can take one more change and its checkpoint"))
+    }
+
+    /// Whether a checkpoint would write anything besides its record:
+    /// dirty or pending nodes, or buffered data blocks.
+    fn has_buffered_work(&self) -> bool {
+        self.nodes.dirty_count() > 0 || !self.pending.is_empty() || !self.dirty_blocks.is_empty()
+    }
+
     pub(crate) fn mark_checkpointed(&mut self) {
         self.last_checkpoint_ns = self.now();
         self.changed = false;
     }
+}
+
+/// Whether `capacities` (pages a zone, smallest first) hold each of
+/// `needs` in whole zones of its own, in turn: each role takes whole
+/// zones, so pages left in one role's last zone are no use to the next.
+fn zones_cover(capacities: &[u64], needs: &[u64]) -> bool {
+    let mut remaining = capacities.iter().copied();
+    needs.iter().all(|&need| {
+        let mut left = need;
+        while left > 0 {
+            match remaining.next() {
+                Some(capacity) => left = left.saturating_sub(capacity),
+                None => return false,
+            }
+        }
+        true
+    })
 }

@@ -196,7 +196,7 @@ fn check_name(name: &[u8]) -> Result<()> {
 /// and logged at debug; anything else (a program failing for good, a
 /// damaged node) at warn, so that the mount's log shows it before the
 /// checkpoint that reports it does.
-fn note_work_left(left: Result<()>, when: &str) {
+pub(crate) fn note_work_left(left: Result<()>, when: &str) {
     match left {
         Ok(()) => {}
         Err(error) if error.errno == errno::ENOSPC => {
@@ -213,6 +213,7 @@ impl<D: FlashDevice> Fs<D> {
     /// pending for the next one; the operation's own result is returned.
     pub(crate) fn mutate<T>(&mut self, data_pages: u64, operation: impl FnOnce(&mut Fs<D>) -> Result<T>) -> Result<T> {
         self.begin(data_pages)?;
+        self.room_to_change(data_pages)?;
         // One time and the version counter as the operation starts: its
         // log record carries both, and replay runs it with them.
         let replaying = self.log.replaying;
@@ -1109,8 +1110,16 @@ impl<D: FlashDevice> Fs<D> {
     }
 
     pub fn setattr(&mut self, ino: u64, changes: &SetAttributes) -> Result<Attributes> {
-        self.mutate(0, |fs| {
+        // A size inside a block rewrites that block, zeroed past the size.
+        let edge_pages = u64::from(changes.size.is_some_and(|size| size % self.block_bytes() != 0));
+        self.mutate(edge_pages, |fs| {
             let inode = fs.inode(ino)?;
+            // The inode and, when it moves, what points at it. A truncate
+            // that shrinks gives space back, as an unlink does, and is not
+            // refused for it.
+            if changes.size.is_none_or(|size| size >= inode.size) {
+                fs.reserve_space(0, 2)?;
+            }
             if changes.size.is_some() && inode.file_type() == Some(FileType::Regular) {
                 fs.log_pending_state(ino)?;
             }
@@ -1522,6 +1531,7 @@ impl<D: FlashDevice> Fs<D> {
             super::data::parse_compression_xattr(value)?;
         }
         self.mutate(0, |fs| {
+            fs.reserve_space(0, 2)?;
             let mut xattrs = fs.inode(ino)?.xattrs;
             let position = xattrs.binary_search_by(|(existing, _)| existing.as_slice().cmp(name));
             match (position, flags.create, flags.replace) {
@@ -1575,6 +1585,7 @@ impl<D: FlashDevice> Fs<D> {
 
     pub fn removexattr(&mut self, ino: u64, name: &[u8]) -> Result<()> {
         self.mutate(0, |fs| {
+            fs.reserve_space(0, 2)?;
             let mut xattrs = fs.inode(ino)?.xattrs;
             let at = xattrs
                 .iter()
