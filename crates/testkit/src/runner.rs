@@ -391,9 +391,9 @@ pub fn run_model(setup: &Setup, seed: u64, operations: u64, check_every: u64) ->
 /// find no room before it checks the names), and must then have changed
 /// nothing (the model goes back to its state before, and every read and
 /// remount after is compared with that). A read (`Read`, `Readdir`) is
-/// never refused for space, nor a `Sync`, a remount or the checker: what
-/// the engine took, it must be able to make durable and unmount. Every
-/// answer besides is the model's.
+/// never refused for space, nor an `Fsync`, a `Sync`, a remount or the
+/// checker: what the engine took, it must be able to make durable and
+/// unmount. Every answer besides is the model's.
 pub fn run_model_to_full(setup: &Setup, seed: u64, operations: u64, check_every: u64) -> Result<RunReport, String> {
     run_model_with(setup, seed, operations, check_every, true)
 }
@@ -422,7 +422,11 @@ fn run_model_with(
         let actual = subject.apply(&operation);
         let changes = !matches!(
             operation,
-            Operation::Read { .. } | Operation::Readdir { .. } | Operation::Remount | Operation::Sync
+            Operation::Read { .. }
+                | Operation::Readdir { .. }
+                | Operation::Fsync { .. }
+                | Operation::Remount
+                | Operation::Sync
         );
         if let Some(before) = before {
             if changes && actual == Outcome::Error(errno::ENOSPC) && expected != actual {

@@ -417,7 +417,10 @@ impl<D: FlashDevice> Fs<D> {
             }
         }
         if cleaned.is_empty() {
-            if partial {
+            // Only when it moved something: stopped at its first page, a
+            // checkpoint would write an empty record each time a refused
+            // write asked for cleaning.
+            if partial && self.has_buffered_work() {
                 self.changed = true;
                 self.checkpoint()?;
             }
@@ -702,7 +705,7 @@ impl<D: FlashDevice> Fs<D> {
     /// since. Both change only when a zone is taken, reset, released (at
     /// a checkpoint), found bad or given up on; an operation between those
     /// need not read every zone's report again. A hint, never a decision:
-    /// what cleans re-chooses, and `reserve_space` keeps its own list
+    /// what cleans re-chooses, and `checkpoint_fits` keeps its own list
     /// of capacities under the same key.
     fn zone_scan(&mut self) -> (usize, bool) {
         let key = self.zone_scan_key();
@@ -760,7 +763,9 @@ impl<D: FlashDevice> Fs<D> {
     /// free zones are fewer than these can no longer finish.
     fn buffered_zones(&self) -> usize {
         let zone_pages = self.volume.device.geometry().zone_pages().max(1);
-        // What `reserve_space` counts, with nothing more wanted.
+        // What `pages_past_heads` counts, with nothing more wanted (each
+        // node once: the space checks, `checkpoint_fits`, count it with its
+        // parent; these water marks were tuned on this count).
         let (data_pages, node_pages) = self.pages_past_heads(0, 0);
         (data_pages.div_ceil(zone_pages) + node_pages.div_ceil(zone_pages)) as usize
     }

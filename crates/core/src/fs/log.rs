@@ -40,7 +40,7 @@ use flintfs_format::{
 use super::ops::{RenameFlags, XattrFlags};
 use super::Fs;
 use crate::allocator::PageMeta;
-use crate::error::{Error, Result};
+use crate::error::{errno, Error, Result};
 
 /// Pages of one log record at most; a batch that would take more is made
 /// durable by a checkpoint instead (index pages are then the cheaper way
@@ -329,8 +329,20 @@ impl<D: FlashDevice> Fs<D> {
         // next checkpoint.
         let mut embedding = super::data::Embedding { bytes_max: self.page_size / 2, ..Default::default() };
         if regular {
-            self.flush_data_with(Some(ino), Some(&mut embedding))?;
-            self.drain()?;
+            let written = self.flush_data_with(Some(ino), Some(&mut embedding)).and_then(|()| self.drain());
+            if let Err(error) = written {
+                if error.errno != errno::ENOSPC {
+                    return Err(error);
+                }
+                // No room outside the reserve for the file's write-back:
+                // the checkpoint may use the reserve, and every change was
+                // admitted only while a checkpoint of all that is buffered
+                // fitted it (`room_to_change`), so a full device still
+                // makes the file durable.
+                self.changed = true;
+                self.checkpoint()?;
+                return Ok(false);
+            }
         }
         if self.volume.undeclared_zones_taken > 0 {
             self.checkpoint()?;

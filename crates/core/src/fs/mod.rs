@@ -92,10 +92,12 @@ pub const OPERATION_NODE_PAGES_MAX: u64 = 16;
 /// points at it (an index page its parent or its file, a file its
 /// directory's entry), and that is written too. Parents are mostly
 /// shared, and inodes and small index pages go several to a page, so
-/// the full model runs on a device they fill write about 1.3 pages a
-/// node; one parent each is the bound kept. Left uncounted, a full
-/// device took changes whose checkpoint then found no zone, and could
-/// not unmount.
+/// the full model runs on a device they fill write about 1.3 to 1.6
+/// pages a node. One parent each is an estimate, not a bound (a chain
+/// of index page, index page, inode and directory could take more when
+/// nothing in it is shared); the model runs that fill devices of 24 to
+/// 64 zones hold it. Left uncounted, a full device took changes whose
+/// checkpoint then found no zone, and could not unmount.
 pub const CHECKPOINT_NODE_AMPLIFICATION: u64 = 2;
 /// Files let go (their last reference forgotten) that wait in `known` to
 /// be looked at together: a batch's pass over what is dirty costs about
@@ -1036,8 +1038,10 @@ impl<D: FlashDevice> Fs<D> {
     /// is buffered, and the checkpoint that makes them durable, must fit
     /// every zone left, the reserve's included. What fills space checks more
     /// ([`Fs::reserve_space`], which leaves the reserve whole); what frees
-    /// it (unlink, rmdir, a truncate that shrinks) checks only this, since
-    /// the reserve is kept for it. A device this full can take nothing:
+    /// it (unlink and rmdir after their lookups, a truncate that shrinks)
+    /// checks only this, since the reserve is kept for it, and a file let
+    /// go after its unlink not even this (`mutate_with`). A device this
+    /// full can take nothing:
     /// taking it would leave nodes that no checkpoint, and so no unmount,
     /// could write.
     pub(crate) fn room_to_change(&mut self, data_pages: u64) -> Result<()> {
@@ -1049,7 +1053,7 @@ impl<D: FlashDevice> Fs<D> {
 
     /// Whether a checkpoint would write anything besides its record:
     /// dirty or pending nodes, or buffered data blocks.
-    fn has_buffered_work(&self) -> bool {
+    pub(crate) fn has_buffered_work(&self) -> bool {
         self.nodes.dirty_count() > 0 || !self.pending.is_empty() || !self.dirty_blocks.is_empty()
     }
 

@@ -102,7 +102,8 @@ pub(crate) fn map_directory_page_count(map_pages: u64, page_size: usize) -> u64 
 /// its inline bytes and xattrs (a few hundred bytes, where its page would
 /// be 4 KiB). A dirty one is charged at least a page, because the space
 /// checks and the checkpoint trigger count each dirty node as a page to
-/// write (`unindexed_short`, `pages_past_heads`), and the bound on dirty
+/// write or more (`unindexed_short`, `pages_past_heads`, two with its
+/// parent in `checkpoint_fits`), and the bound on dirty
 /// nodes is what keeps that count, and a checkpoint's write-back, where
 /// it was. Every other node is a page-sized table or entry list and is
 /// charged a page.

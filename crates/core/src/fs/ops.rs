@@ -212,8 +212,25 @@ impl<D: FlashDevice> Fs<D> {
     /// left. A write-back that fails after the operation succeeded stays
     /// pending for the next one; the operation's own result is returned.
     pub(crate) fn mutate<T>(&mut self, data_pages: u64, operation: impl FnOnce(&mut Fs<D>) -> Result<T>) -> Result<T> {
+        self.mutate_with(data_pages, true, operation)
+    }
+
+    /// [`Fs::mutate`], asking `room_to_change` first only with `room`:
+    /// the operations that free space ask it themselves, after their
+    /// lookups (an unlink of a name not there is ENOENT on a full device
+    /// too, and `rm -f` says nothing), or not at all (a file let go after
+    /// its unlink, whose space must come back on the device that needs
+    /// it most).
+    pub(crate) fn mutate_with<T>(
+        &mut self,
+        data_pages: u64,
+        room: bool,
+        operation: impl FnOnce(&mut Fs<D>) -> Result<T>,
+    ) -> Result<T> {
         self.begin(data_pages)?;
-        self.room_to_change(data_pages)?;
+        if room {
+            self.room_to_change(data_pages)?;
+        }
         // One time and the version counter as the operation starts: its
         // log record carries both, and replay runs it with them.
         let replaying = self.log.replaying;
@@ -464,7 +481,7 @@ impl<D: FlashDevice> Fs<D> {
             return Ok(());
         }
         if known.orphan {
-            self.mutate(0, |fs| {
+            self.mutate_with(0, false, |fs| {
                 fs.delete_orphan(ino)?;
                 fs.log(LogOperation::Delete { ino });
                 Ok(())
@@ -709,11 +726,12 @@ impl<D: FlashDevice> Fs<D> {
         check_name(name)
             .map_err(|error| if error.errno == errno::EEXIST { Error::invalid(error.message) } else { error })?;
         self.volume.reserve_allowed = true;
-        let result = self.mutate(0, |fs| {
+        let result = self.mutate_with(0, false, |fs| {
             let (ino, file_type) = fs.entry_with(parent, name, |entry| (entry.ino, entry.file_type))?;
             if file_type == FileType::Directory {
                 return Err(Error::new(errno::EISDIR, format!("{:?} is a directory", name_text(name))));
             }
+            fs.room_to_change(0)?;
             // Found through its entry: remembered before the entry goes.
             fs.remember_count(ino, 0)?;
             let held = fs.known[&ino].lookups > 0;
@@ -801,7 +819,7 @@ impl<D: FlashDevice> Fs<D> {
         }
         check_name(name)?;
         self.volume.reserve_allowed = true;
-        let result = self.mutate(0, |fs| {
+        let result = self.mutate_with(0, false, |fs| {
             let entry = fs.entry(parent, name)?;
             if entry.file_type != FileType::Directory {
                 return Err(Error::new(errno::ENOTDIR, format!("{:?} is not a directory", name_text(name))));
@@ -810,6 +828,7 @@ impl<D: FlashDevice> Fs<D> {
             if entry_count > 0 {
                 return Err(Error::new(errno::ENOTEMPTY, format!("{:?} holds {entry_count} entries", name_text(name))));
             }
+            fs.room_to_change(0)?;
             let held = fs.known.get(&entry.ino).is_some_and(|known| known.lookups > 0);
             fs.directory_remove(parent, name)?;
             fs.remove_directory(entry.ino)?;
@@ -1315,8 +1334,9 @@ impl<D: FlashDevice> Fs<D> {
             let plan = ZeroPlan::new(offset, end.min(inode.size), inode.size, fs.block_bytes());
             if !inline && !plan.edges.is_empty() {
                 // The edge blocks come into the buffer; freeing blocks
-                // takes no room (truncate reserves none either), so a full
-                // volume can still punch holes to get space back.
+                // takes none, so a full volume can still punch whole
+                // blocks out to get space back, unless not even the
+                // reserve holds the change (`room_to_change`).
                 let edges = plan.edges.len() as u64;
                 fs.reserve_space(edges, edges)?;
             }
