@@ -277,6 +277,7 @@ impl Subject {
                 }
                 self.fs().shut_down().map_err(code)?;
                 let counters = self.fs().counters().clone();
+                self.counters_earlier.checkpoints += counters.checkpoints;
                 self.counters_earlier.chunks_compressed += counters.chunks_compressed;
                 self.counters_earlier.compression_attempts += counters.compression_attempts;
                 self.counters_earlier.index_records_written += counters.index_records_written;
@@ -356,6 +357,7 @@ pub fn spread_cut(device_operations: u64, cut: u64, cuts: u64, seed: u64) -> u64
 pub struct RunReport {
     pub operations: u64,
     pub errors_expected: u64,
+    /// Checkpoints over the whole run, every mount's.
     pub checkpoints: u64,
     /// Zones the cleaner cleaned in the last mount of the run.
     pub zones_cleaned: u64,
@@ -387,13 +389,14 @@ pub fn run_model(setup: &Setup, seed: u64, operations: u64, check_every: u64) ->
 
 /// [`run_model`] on a device the workload fills: an operation that
 /// changes something may be refused with ENOSPC where the model (which
-/// has no size) took it or refused it for another reason (the engine may
-/// find no room before it checks the names), and must then have changed
+/// has no size) took it, and must then have changed
 /// nothing (the model goes back to its state before, and every read and
 /// remount after is compared with that). A read (`Read`, `Readdir`) is
 /// never refused for space, nor an `Fsync`, a `Sync`, a remount or the
 /// checker: what the engine took, it must be able to make durable and
-/// unmount. Every answer besides is the model's.
+/// unmount. Every answer besides is the model's, a refusal for another
+/// reason (EEXIST, ENOENT, ENOTEMPTY, ...) too: a full device finds those
+/// before it asks for space.
 pub fn run_model_to_full(setup: &Setup, seed: u64, operations: u64, check_every: u64) -> Result<RunReport, String> {
     run_model_with(setup, seed, operations, check_every, true)
 }
@@ -429,7 +432,12 @@ fn run_model_with(
                 | Operation::Sync
         );
         if let Some(before) = before {
-            if changes && actual == Outcome::Error(errno::ENOSPC) && expected != actual {
+            // Only where the model took the operation: a name that is
+            // there (EEXIST), one that is not (ENOENT), a directory not
+            // empty, a wrong type, are found before any space is asked
+            // for, on a full device as on an empty one, as in the kernel's
+            // file systems, whose lookups come before their allocations.
+            if changes && actual == Outcome::Error(errno::ENOSPC) && !matches!(expected, Outcome::Error(_)) {
                 // Refused for want of space: nothing may have changed.
                 model = before;
                 expected = actual.clone();
@@ -468,9 +476,9 @@ fn run_model_with(
     if snapshot != model.snapshot() {
         return Err(fail(operations, describe_difference(&model.snapshot(), &snapshot)));
     }
-    report.checkpoints = subject.fs().counters().checkpoints;
     report.zones_cleaned = subject.fs().cleaner_counters().zones_cleaned;
     let (now, earlier) = (subject.fs().counters().clone(), &subject.counters_earlier);
+    report.checkpoints = earlier.checkpoints + now.checkpoints;
     report.chunks_compressed = earlier.chunks_compressed + now.chunks_compressed;
     report.compression_attempts = earlier.compression_attempts + now.compression_attempts;
     report.index_records_written = earlier.index_records_written + now.index_records_written;

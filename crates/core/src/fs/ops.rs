@@ -505,7 +505,8 @@ impl<D: FlashDevice> Fs<D> {
     fn make_inode(&mut self, parent: u64, name: &[u8], new: NewInode, content: &[u8]) -> Result<Attributes> {
         let NewInode { file_type, permissions, uid, gid, rdev } = new;
         check_name(name)?;
-        self.mutate(0, |fs| {
+        // Room is asked after the lookups (EEXIST on a full device too).
+        self.mutate_with(0, false, |fs| {
             let directory = fs.inode(parent)?;
             if directory.file_type() != Some(FileType::Directory) {
                 return Err(Error::new(errno::ENOTDIR, format!("inode {parent} is not a directory")));
@@ -656,13 +657,13 @@ impl<D: FlashDevice> Fs<D> {
     /// moves to the map first: its entries then name a slot, not a page.
     pub fn link(&mut self, ino: u64, new_parent: u64, new_name: &[u8]) -> Result<Attributes> {
         check_name(new_name)?;
-        self.mutate(0, |fs| {
-            fs.reserve_space(0, 2)?;
+        self.mutate_with(0, false, |fs| {
+            // The refusals first, by reads alone (EEXIST on a full device
+            // too); then room, whose making may move the inode.
             let inode = fs.inode(ino)?;
             if inode.file_type() == Some(FileType::Directory) {
                 return Err(Error::new(errno::EPERM, "directories cannot be hard-linked"));
             }
-            fs.log_pending_state(ino)?;
             if fs.inode(new_parent)?.file_type() != Some(FileType::Directory) {
                 return Err(Error::new(errno::ENOTDIR, format!("inode {new_parent} is not a directory")));
             }
@@ -672,6 +673,8 @@ impl<D: FlashDevice> Fs<D> {
             if inode.nlink == 0 {
                 return Err(Error::new(errno::ENOENT, format!("inode {ino} has been unlinked")));
             }
+            fs.reserve_space(0, 2)?;
+            fs.log_pending_state(ino)?;
             let slot = match fs.file_key(ino)? {
                 NodeKey::Slot(slot) => slot,
                 _ => fs.move_to_map(ino, true)?,
@@ -898,32 +901,33 @@ impl<D: FlashDevice> Fs<D> {
                 }
             })?;
         }
-        self.mutate(0, |fs| {
-            // Room first: making it may clean and checkpoint, which moves
-            // inodes; nothing read before may be used after.
-            fs.reserve_space(0, 4)?;
-            let source = fs.entry(parent, name)?;
-            fs.log_pending_state(source.ino)?;
-            if fs.inode(new_parent)?.file_type() != Some(FileType::Directory) {
-                return Err(Error::new(errno::ENOTDIR, format!("inode {new_parent} is not a directory")));
+        self.mutate_with(0, false, |fs| {
+            // The refusals first, and only reads: a rename that cannot be
+            // done gets its own answer (ENOENT, EEXIST, ENOTEMPTY, ...) on a
+            // full device too. Then room, whose making may clean and
+            // checkpoint, which moves inodes: the names are read again
+            // after it, and give the same answer.
+            let (source, target, changes) = fs.rename_plan(parent, name, new_parent, new_name, flags)?;
+            if !changes {
+                // No name changes, but a rename that returns carries the
+                // file's writes before it all the same (docs/SEMANTICS.md):
+                // its unlogged writes are logged, with room for them.
+                for ino in std::iter::once(source.ino).chain(target.map(|target| target.ino)) {
+                    if fs.log.written.contains_key(&ino) {
+                        fs.room_to_change(0)?;
+                    }
+                    fs.log_pending_state(ino)?;
+                }
+                return Ok(());
             }
-            let target = fs.directory_lookup(new_parent, new_name)?;
+            fs.reserve_space(0, 4)?;
+            let (source, target, _) = fs.rename_plan(parent, name, new_parent, new_name, flags)?;
+            fs.log_pending_state(source.ino)?;
             if let Some(target) = &target {
                 fs.log_pending_state(target.ino)?;
             }
-            if source.file_type == FileType::Directory && fs.is_within(new_parent, source.ino)? {
-                return Err(Error::invalid("a directory cannot move below itself"));
-            }
             if flags.exchange {
-                let target = target.ok_or_else(|| {
-                    Error::new(errno::ENOENT, format!("no {:?} to exchange with", name_text(new_name)))
-                })?;
-                if target.file_type == FileType::Directory && fs.is_within(parent, target.ino)? {
-                    return Err(Error::invalid("a directory cannot move below itself"));
-                }
-                if (parent, name) == (new_parent, new_name) {
-                    return Ok(());
-                }
+                let target = target.expect("an exchange's plan has a target");
                 fs.remember_moved(&source)?;
                 fs.remember_moved(&target)?;
                 fs.directory_remove(parent, name)?;
@@ -943,35 +947,6 @@ impl<D: FlashDevice> Fs<D> {
                     new_name: new_name.to_vec(),
                 });
                 return Ok(());
-            }
-            if (parent, name) == (new_parent, new_name) {
-                return Ok(());
-            }
-            if let Some(target) = &target {
-                if flags.no_replace {
-                    return Err(Error::new(errno::EEXIST, format!("{:?} exists", name_text(new_name))));
-                }
-                if target.ino == source.ino {
-                    return Ok(());
-                }
-                match (source.file_type == FileType::Directory, target.file_type == FileType::Directory) {
-                    (true, false) => {
-                        return Err(Error::new(errno::ENOTDIR, format!("{:?} is not a directory", name_text(new_name))))
-                    }
-                    (false, true) => {
-                        return Err(Error::new(errno::EISDIR, format!("{:?} is a directory", name_text(new_name))))
-                    }
-                    (true, true) => {
-                        let Node::Directory { entry_count, .. } = fs.directory(target.ino)? else { unreachable!() };
-                        if entry_count > 0 {
-                            return Err(Error::new(
-                                errno::ENOTEMPTY,
-                                format!("{:?} is not empty", name_text(new_name)),
-                            ));
-                        }
-                    }
-                    (false, false) => {}
-                }
             }
             let now = fs.now();
             fs.remember_moved(&source)?;
@@ -1005,6 +980,64 @@ impl<D: FlashDevice> Fs<D> {
             });
             Ok(())
         })
+    }
+
+    /// What a rename would do, found by reads alone: its source entry, the
+    /// entry it replaces or exchanges with, and whether it changes any
+    /// name (not a name onto itself, nor onto another name of the same
+    /// file); or the error that refuses it.
+    fn rename_plan(
+        &mut self,
+        parent: u64,
+        name: &[u8],
+        new_parent: u64,
+        new_name: &[u8],
+        flags: RenameFlags,
+    ) -> Result<(Entry, Option<Entry>, bool)> {
+        let source = self.entry(parent, name)?;
+        if self.inode(new_parent)?.file_type() != Some(FileType::Directory) {
+            return Err(Error::new(errno::ENOTDIR, format!("inode {new_parent} is not a directory")));
+        }
+        let target = self.directory_lookup(new_parent, new_name)?;
+        if source.file_type == FileType::Directory && self.is_within(new_parent, source.ino)? {
+            return Err(Error::invalid("a directory cannot move below itself"));
+        }
+        if flags.exchange {
+            let target = target
+                .ok_or_else(|| Error::new(errno::ENOENT, format!("no {:?} to exchange with", name_text(new_name))))?;
+            if target.file_type == FileType::Directory && self.is_within(parent, target.ino)? {
+                return Err(Error::invalid("a directory cannot move below itself"));
+            }
+            let changes = (parent, name) != (new_parent, new_name);
+            return Ok((source, Some(target), changes));
+        }
+        if (parent, name) == (new_parent, new_name) {
+            return Ok((source, target, false));
+        }
+        if let Some(target) = &target {
+            if flags.no_replace {
+                return Err(Error::new(errno::EEXIST, format!("{:?} exists", name_text(new_name))));
+            }
+            if target.ino == source.ino {
+                return Ok((source, Some(target.clone()), false));
+            }
+            match (source.file_type == FileType::Directory, target.file_type == FileType::Directory) {
+                (true, false) => {
+                    return Err(Error::new(errno::ENOTDIR, format!("{:?} is not a directory", name_text(new_name))))
+                }
+                (false, true) => {
+                    return Err(Error::new(errno::EISDIR, format!("{:?} is a directory", name_text(new_name))))
+                }
+                (true, true) => {
+                    let Node::Directory { entry_count, .. } = self.directory(target.ino)? else { unreachable!() };
+                    if entry_count > 0 {
+                        return Err(Error::new(errno::ENOTEMPTY, format!("{:?} is not empty", name_text(new_name))));
+                    }
+                }
+                (false, false) => {}
+            }
+        }
+        Ok((source, target, true))
     }
 
     /// Remembers a file whose entry is about to go (it is found through
@@ -1092,7 +1125,7 @@ impl<D: FlashDevice> Fs<D> {
     /// kernel says, with FUSE_WRITE_KILL_SUIDGID).
     pub fn write_with(&mut self, ino: u64, offset: u64, data: &[u8], set_id: SetIdOnWrite) -> Result<usize> {
         let pages = (data.len() as u64).div_ceil(self.block_bytes()) + 1;
-        self.mutate(pages, |fs| {
+        self.mutate_with(pages, false, |fs| {
             let inode = fs.inode(ino)?;
             match inode.file_type() {
                 Some(FileType::Directory) => {
@@ -1101,6 +1134,8 @@ impl<D: FlashDevice> Fs<D> {
                 Some(FileType::Regular) => {}
                 _ => return Err(Error::invalid(format!("inode {ino} is not a regular file"))),
             }
+            // Room after the refusals, which a full device gives too.
+            fs.room_to_change(pages)?;
             fs.file_write(ino, offset, data)?;
             fs.log_note_write(ino);
             let now = fs.now();
@@ -1131,25 +1166,28 @@ impl<D: FlashDevice> Fs<D> {
     pub fn setattr(&mut self, ino: u64, changes: &SetAttributes) -> Result<Attributes> {
         // A size inside a block rewrites that block, zeroed past the size.
         let edge_pages = u64::from(changes.size.is_some_and(|size| size % self.block_bytes() != 0));
-        self.mutate(edge_pages, |fs| {
+        self.mutate_with(edge_pages, false, |fs| {
             let inode = fs.inode(ino)?;
+            // The refusals first, which a full device gives too.
+            if let Some(size) = changes.size {
+                match inode.file_type() {
+                    Some(FileType::Directory) => {
+                        return Err(Error::new(errno::EISDIR, format!("inode {ino} is a directory")))
+                    }
+                    Some(FileType::Regular) => fs.check_file_size(size)?,
+                    _ => return Err(Error::invalid(format!("inode {ino} cannot be truncated"))),
+                }
+            }
+            fs.room_to_change(edge_pages)?;
             // The inode and, when it moves, what points at it. A truncate
             // that shrinks gives space back, as an unlink does, and is not
             // refused for it.
             if changes.size.is_none_or(|size| size >= inode.size) {
                 fs.reserve_space(0, 2)?;
             }
-            if changes.size.is_some() && inode.file_type() == Some(FileType::Regular) {
-                fs.log_pending_state(ino)?;
-            }
             if let Some(size) = changes.size {
-                match inode.file_type() {
-                    Some(FileType::Directory) => {
-                        return Err(Error::new(errno::EISDIR, format!("inode {ino} is a directory")))
-                    }
-                    Some(FileType::Regular) => fs.truncate(ino, size)?,
-                    _ => return Err(Error::invalid(format!("inode {ino} cannot be truncated"))),
-                }
+                fs.log_pending_state(ino)?;
+                fs.truncate(ino, size)?;
             }
             let now = fs.now();
             fs.change_inode(ino, |inode| {
@@ -1295,8 +1333,10 @@ impl<D: FlashDevice> Fs<D> {
         if mode & (FALLOC_FL_PUNCH_HOLE | FALLOC_FL_ZERO_RANGE) != 0 {
             return self.zero_range(ino, offset, length, mode);
         }
-        self.mutate(0, |fs| {
+        self.mutate_with(0, false, |fs| {
             let (inode, end) = fs.fallocate_target(ino, offset, length)?;
+            // Room after the refusals, which a full device gives too.
+            fs.room_to_change(0)?;
             let block_bytes = fs.block_bytes();
             let new_blocks = end.div_ceil(block_bytes).saturating_sub(inode.size.div_ceil(block_bytes));
             fs.check_capacity(new_blocks)?;
@@ -1320,8 +1360,10 @@ impl<D: FlashDevice> Fs<D> {
     /// range holds no space, for either mode. ZERO_RANGE without
     /// KEEP_SIZE then grows the file to cover the range.
     fn zero_range(&mut self, ino: u64, offset: u64, length: u64, mode: u32) -> Result<()> {
-        self.mutate(0, |fs| {
+        self.mutate_with(0, false, |fs| {
             let (inode, end) = fs.fallocate_target(ino, offset, length)?;
+            // Room after the refusals, which a full device gives too.
+            fs.room_to_change(0)?;
             let grows = mode & FALLOC_FL_KEEP_SIZE == 0 && end > inode.size;
             if !grows && offset >= inode.size {
                 // Nothing below the size to zero: no change, as ext4. The
@@ -1550,8 +1592,7 @@ impl<D: FlashDevice> Fs<D> {
         if name == super::data::COMPRESSION_XATTR {
             super::data::parse_compression_xattr(value)?;
         }
-        self.mutate(0, |fs| {
-            fs.reserve_space(0, 2)?;
+        self.mutate_with(0, false, |fs| {
             let mut xattrs = fs.inode(ino)?.xattrs;
             let position = xattrs.binary_search_by(|(existing, _)| existing.as_slice().cmp(name));
             match (position, flags.create, flags.replace) {
@@ -1566,6 +1607,9 @@ impl<D: FlashDevice> Fs<D> {
                     format!("the xattrs of an inode are bounded to {} bytes", xattr_bytes_max(fs.page_size)),
                 ));
             }
+            // Room after the refusals (EEXIST, ENODATA on a full device
+            // too). Making it may move the inode, not change its xattrs.
+            fs.reserve_space(0, 2)?;
             let now = fs.now();
             fs.change_inode(ino, |inode| {
                 inode.xattrs = xattrs;
@@ -1604,14 +1648,14 @@ impl<D: FlashDevice> Fs<D> {
     }
 
     pub fn removexattr(&mut self, ino: u64, name: &[u8]) -> Result<()> {
-        self.mutate(0, |fs| {
-            fs.reserve_space(0, 2)?;
+        self.mutate_with(0, false, |fs| {
             let mut xattrs = fs.inode(ino)?.xattrs;
             let at = xattrs
                 .iter()
                 .position(|(existing, _)| existing == name)
                 .ok_or_else(|| Error::new(errno::ENODATA, "no such xattr"))?;
             xattrs.remove(at);
+            fs.reserve_space(0, 2)?;
             let now = fs.now();
             fs.change_inode(ino, |inode| {
                 inode.xattrs = xattrs;
