@@ -71,6 +71,11 @@ pub struct PageCache<K: Ord + Copy + Hash, V> {
     newest: u32,
     /// Entries with either dirty flag set.
     dirty_entries: usize,
+    /// Times an entry's dirty flags went from none to some or back, a
+    /// dirty entry left, or an entry was taken to be changed: says whether
+    /// the dirty entries are the ones, as they were, that a bound was
+    /// counted for.
+    dirty_changes: u64,
 }
 
 /// FxHash's multiply-and-rotate over the key's words: keys are the engine's
@@ -134,6 +139,7 @@ impl<K: Ord + Copy + Hash + std::fmt::Debug, V> PageCache<K, V> {
             oldest: NONE,
             newest: NONE,
             dirty_entries: 0,
+            dirty_changes: 0,
         }
     }
 
@@ -157,6 +163,11 @@ impl<K: Ord + Copy + Hash + std::fmt::Debug, V> PageCache<K, V> {
     /// Entries with either dirty flag set.
     pub fn dirty_count(&self) -> usize {
         self.dirty_entries
+    }
+
+    /// Changes to which entries are dirty, ever (see `dirty_changes`).
+    pub fn dirty_changes(&self) -> u64 {
+        self.dirty_changes
     }
 
     pub fn is_empty(&self) -> bool {
@@ -222,6 +233,8 @@ impl<K: Ord + Copy + Hash + std::fmt::Debug, V> PageCache<K, V> {
         let at = *self.index.get(&key)?;
         self.touch(at);
         let slot = self.slots[at as usize].as_mut().expect("an indexed slot is full");
+        // Changed in place, a dirty node's record may grow.
+        self.dirty_changes += 1;
         if !slot.dirty.any() {
             self.dirty_entries += 1;
         }
@@ -261,6 +274,7 @@ impl<K: Ord + Copy + Hash + std::fmt::Debug, V> PageCache<K, V> {
         let evicted = self.make_room(bytes);
         if dirty.any() {
             self.dirty_entries += 1;
+            self.dirty_changes += 1;
         }
         let slot = Slot { key, value, bytes, dirty, older: NONE, newer: NONE };
         let at = match self.free.pop() {
@@ -336,6 +350,7 @@ impl<K: Ord + Copy + Hash + std::fmt::Debug, V> PageCache<K, V> {
         self.used_bytes -= slot.bytes;
         if slot.dirty.any() {
             self.dirty_entries -= 1;
+            self.dirty_changes += 1;
         }
         Some(slot)
     }
@@ -365,6 +380,7 @@ impl<K: Ord + Copy + Hash + std::fmt::Debug, V> PageCache<K, V> {
             slot.dirty.checkpoint &= !cleared.checkpoint;
             if was && !slot.dirty.any() {
                 self.dirty_entries -= 1;
+                self.dirty_changes += 1;
             }
         }
     }
@@ -419,6 +435,7 @@ impl<K: Ord + Copy + Hash + std::fmt::Debug, V> PageCache<K, V> {
             let slot = self.slots[at as usize].as_mut().expect("an indexed slot is full");
             if !slot.dirty.any() {
                 self.dirty_entries += 1;
+                self.dirty_changes += 1;
             }
             slot.dirty = Dirty::BOTH;
         }

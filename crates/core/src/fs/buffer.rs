@@ -38,13 +38,16 @@ pub(crate) struct DataBuffer {
     /// Buffered blocks and spare buffers kept together, at most: the
     /// buffer's bound in blocks.
     blocks_max: usize,
+    /// Blocks that came in or went out, ever: with the count, says whether
+    /// the buffered blocks are the ones a bound was counted for.
+    changes: u64,
 }
 
 impl DataBuffer {
     /// An empty buffer that keeps spare buffers while it and they hold at
     /// most `blocks_max` blocks.
     pub(crate) fn new(blocks_max: usize) -> DataBuffer {
-        DataBuffer { blocks: BTreeMap::new(), holes: HashMap::new(), spare: Vec::new(), blocks_max }
+        DataBuffer { blocks: BTreeMap::new(), holes: HashMap::new(), spare: Vec::new(), blocks_max, changes: 0 }
     }
 
     /// Spare buffers kept: memory held besides the buffered blocks.
@@ -101,8 +104,14 @@ impl DataBuffer {
     pub(crate) fn insert(&mut self, key: (u64, u64), data: Vec<u8>) -> Option<Vec<u8>> {
         self.holes.remove(&key.0);
         let previous = self.blocks.insert(key, data);
+        self.changes += u64::from(previous.is_none());
         self.keep_bound();
         previous
+    }
+
+    /// Blocks that came in or went out, ever.
+    pub(crate) fn changes(&self) -> u64 {
+        self.changes
     }
 
     /// Frees spare buffers while spares and blocks together pass the
@@ -117,6 +126,7 @@ impl DataBuffer {
     pub(crate) fn insert_new(&mut self, key: (u64, u64), data: Vec<u8>, hole: bool) {
         let previous = self.blocks.insert(key, data);
         assert!(previous.is_none(), "block {key:?} was already buffered");
+        self.changes += 1;
         self.keep_bound();
         if let Some(holes) = self.holes.get_mut(&key.0) {
             *holes += u64::from(hole);
@@ -131,6 +141,7 @@ impl DataBuffer {
             Entry::Occupied(mut buffered) => buffered.get_mut().copy_from_slice(data),
             Entry::Vacant(vacant) => {
                 vacant.insert(copy_into_spare(&mut self.spare, data));
+                self.changes += 1;
                 match hole {
                     Some(hole) => {
                         if let Some(holes) = self.holes.get_mut(&key.0) {
@@ -147,7 +158,9 @@ impl DataBuffer {
 
     pub(crate) fn remove(&mut self, key: &(u64, u64)) -> Option<Vec<u8>> {
         self.holes.remove(&key.0);
-        self.blocks.remove(key)
+        let removed = self.blocks.remove(key);
+        self.changes += u64::from(removed.is_some());
+        removed
     }
 
     /// Removes a block whose bytes are no longer wanted (cut away or

@@ -87,18 +87,24 @@ pub const SCRUB_PAGES_PER_SECOND_DEFAULT: u32 = 256;
 /// page, two inodes, the map pages of their slots): the margin the space
 /// check and the checkpoint trigger keep.
 pub const OPERATION_NODE_PAGES_MAX: u64 = 16;
-/// Node pages a checkpoint may write per node dirty or pending when it
-/// starts, as the space checks count them: writing a node dirties what
-/// points at it (an index page its parent or its file, a file its
-/// directory's entry), and that is written too. Parents are mostly
-/// shared, and inodes and small index pages go several to a page, so
-/// the full model runs on a device they fill write about 1.3 to 1.6
-/// pages a node. One parent each is an estimate, not a bound (a chain
-/// of index page, index page, inode and directory could take more when
-/// nothing in it is shared); the model runs that fill devices of 24 to
-/// 64 zones hold it. Left uncounted, a full device took changes whose
-/// checkpoint then found no zone, and could not unmount.
+/// Node pages the space checks count for each node page an operation
+/// says it will dirty: the page and what points at it. An operation's own
+/// count is an estimate; once its nodes are buffered they are counted by
+/// [`CHECKPOINT_NODE_CHAIN_PAGES_MAX`], or by the walk that bounds them.
 pub const CHECKPOINT_NODE_AMPLIFICATION: u64 = 2;
+/// Node pages a checkpoint may write per node dirty or pending when it
+/// starts, at most: writing a node dirties what points at it, and that is
+/// written too, up a chain of index pages (a tree of at most
+/// `INDEX_HEIGHT_MAX` levels), the file's inode, and the directory page
+/// that holds its entry (the map pages come on top, counted apart). Once
+/// counted as one parent each: an estimate the full model runs held until
+/// one (48 zones, seed 7) buffered eight nodes, mostly index pages the
+/// cleaner's moves had dirtied, whose checkpoint wrote 20 pages and found
+/// no zone for the rest. Near full, the walk over what is buffered
+/// (`buffered_node_pages_bound`) counts each chain once, shared parents
+/// once.
+pub const CHECKPOINT_NODE_CHAIN_PAGES_MAX: u64 = flintfs_format::INDEX_HEIGHT_MAX as u64 + 2;
+const _: () = assert!(CHECKPOINT_NODE_CHAIN_PAGES_MAX >= CHECKPOINT_NODE_AMPLIFICATION);
 /// Files let go (their last reference forgotten) that wait in `known` to
 /// be looked at together: a batch's pass over what is dirty costs about
 /// what one file's own lookups did, so this many share it. They cost a
@@ -358,6 +364,13 @@ pub struct Fs<D: FlashDevice> {
     /// way).
     pub(crate) kept: Option<nvm::NvmStore>,
     pub(crate) parking_paused: bool,
+    /// A checkpoint's drain: every node made dirty joins the write-backs
+    /// at once (`Fs::drain`), so that each node is written once, after
+    /// everything below it.
+    pub(crate) drain_takes_dirty: bool,
+    /// The last walk's bound on what a checkpoint writes, and the changes
+    /// counted when it was taken (`Fs::checkpoint_fits`).
+    pub(crate) walked: Option<(u64, u64)>,
     /// Nodes whose next write-back must go to flash, not NVM: the cleaner
     /// is moving their flash home, or NVM is writing them home.
     pub(crate) to_flash: std::collections::BTreeSet<nodes::NodeKey>,
@@ -630,6 +643,8 @@ impl<D: FlashDevice> Fs<D> {
             pending: BTreeMap::new(),
             kept,
             parking_paused: false,
+            drain_takes_dirty: false,
+            walked: None,
             to_flash: std::collections::BTreeSet::new(),
             write_home_all: false,
             known: KnownFiles::default(),
@@ -852,22 +867,23 @@ impl<D: FlashDevice> Fs<D> {
     /// pages as a margin. Data and nodes go to different heads, so each
     /// role's overflow is its own. The cleaner's thresholds count this.
     pub(crate) fn pages_past_heads(&self, data_pages: u64, node_pages: u64) -> (u64, u64) {
-        self.pages_past_heads_by(data_pages, node_pages, 1, OPERATION_NODE_PAGES_MAX)
+        let dirty_nodes = (self.nodes.dirty_count() + self.pending.len()) as u64;
+        self.pages_past_heads_by(data_pages, dirty_nodes, node_pages, 1, OPERATION_NODE_PAGES_MAX)
     }
 
-    /// As [`Fs::pages_past_heads`], with each dirty or pending node and
-    /// each node page wanted counted `amplification` times (what the space
-    /// checks count, [`CHECKPOINT_NODE_AMPLIFICATION`]), and
-    /// `margin_pages` of node pages kept for what comes next.
+    /// As [`Fs::pages_past_heads`], with `buffered_pages` counted for what
+    /// is dirty or pending (the cleaner's thresholds: one page a node), each
+    /// node page wanted counted `amplification` times, and `margin_pages`
+    /// of node pages kept for what comes next.
     fn pages_past_heads_by(
         &self,
         data_pages: u64,
+        buffered_pages: u64,
         node_pages: u64,
         amplification: u64,
         margin_pages: u64,
     ) -> (u64, u64) {
-        let dirty_nodes = (self.nodes.dirty_count() + self.pending.len()) as u64;
-        let nodes = (dirty_nodes + node_pages) * amplification + margin_pages;
+        let nodes = buffered_pages + node_pages * amplification + margin_pages;
         // The map pages the checkpoint rewrites: every one, unamplified
         // (the cleaner's thresholds); amplified, no more than the nodes
         // whose writing dirties them (a map of 300 pages, counted whole,
@@ -902,8 +918,14 @@ impl<D: FlashDevice> Fs<D> {
         operation_margin: bool,
     ) -> bool {
         let margin = if operation_margin { OPERATION_NODE_PAGES_MAX } else { 0 };
-        let (data_need, node_need) =
-            self.pages_past_heads_by(data_pages, node_pages, CHECKPOINT_NODE_AMPLIFICATION, margin);
+        // A buffered block, written, dirties the index page that points
+        // at it (or its inode): a chain as a dirty node's.
+        let dirty_nodes = (self.nodes.dirty_count() + self.pending.len() + self.dirty_blocks.len()) as u64;
+        let loose = dirty_nodes * CHECKPOINT_NODE_CHAIN_PAGES_MAX;
+        let need = |fs: &Self, buffered: u64| {
+            fs.pages_past_heads_by(data_pages, buffered, node_pages, CHECKPOINT_NODE_AMPLIFICATION, margin)
+        };
+        let (data_need, node_need) = need(self, loose);
         let cold_need = cold_pages.saturating_sub(self.volume.head_free_pages(flintfs_format::ZoneRole::ColdData));
         if data_need == 0 && node_need == 0 && cold_need == 0 {
             // The heads hold it all: no zone list to read (the common
@@ -923,47 +945,134 @@ impl<D: FlashDevice> Fs<D> {
         let usable = &capacities[..capacities.len().saturating_sub(kept_zones)];
         let mut fits = zones_cover(usable, &[data_need, node_need, cold_need]);
         if !fits {
-            // Near full only: the bound counted each buffered node with a
-            // parent of its own; a file's inode shares its page with other
-            // inodes (a pack of thirty, counted as thirty pages, kept the
-            // cleaner from a node zone with eight zones free). Counted by
-            // kind now, a walk over what is buffered.
-            let dirty_nodes = (self.nodes.dirty_count() + self.pending.len()) as u64;
-            let loose = dirty_nodes * CHECKPOINT_NODE_AMPLIFICATION;
-            let tight = self.buffered_node_pages_bound();
-            if tight < loose {
-                fits = zones_cover(usable, &[data_need, node_need.saturating_sub(loose - tight), cold_need]);
+            // Near full only: the bound counted a whole chain for each
+            // buffered node, where their chains mostly share parents, and a
+            // file's inode shares its page with other inodes. Counted node
+            // by node, each chain once, a walk over what is buffered; kept,
+            // with a whole chain added for each change since (a node made
+            // dirty, or changed, a block buffered), until that no longer
+            // fits and a walk counts again: every operation near full asks
+            // two or three times, a cleaning step before each page, and a
+            // walk each time made near_full_90 34 times slower in host time.
+            let changes = self.walk_changes();
+            let kept = self.walked.map(|(bound, at)| {
+                bound.saturating_add(changes.saturating_sub(at).saturating_mul(CHECKPOINT_NODE_CHAIN_PAGES_MAX))
+            });
+            let covered = |fs: &Self, bound: u64| {
+                let (data_need, node_need) = need(fs, bound);
+                bound < loose && zones_cover(usable, &[data_need, node_need, cold_need])
+            };
+            fits = kept.is_some_and(|bound| covered(self, bound));
+            let walked_now = self.walked.is_some_and(|(_, at)| at == changes);
+            if !fits && !walked_now {
+                let bound = self.buffered_node_pages_bound();
+                self.walked = Some((bound, changes));
+                fits = covered(self, bound);
             }
         }
         self.capacities_hint = Some((key, capacities));
         fits
     }
 
-    /// Node pages a checkpoint may write for what is buffered now, each
-    /// node and the parent its writing dirties counted once more, as
-    /// [`CHECKPOINT_NODE_AMPLIFICATION`] does, except that a file's inode
-    /// counts for its record's share of a pack page (at most half full,
-    /// since records do not split) rather than a page. A walk over the
-    /// dirty and pending nodes: only when the plain bound does not fit.
-    fn buffered_node_pages_bound(&self) -> u64 {
+    /// What may have added to the walk's bound since it was counted, as a
+    /// count that only grows: the cache's changes to its dirty nodes (one
+    /// made dirty, changed, or let go, which is how a node becomes
+    /// pending), and the blocks buffered or dropped. What a write-back or
+    /// a checkpoint takes away only makes the bound loose.
+    fn walk_changes(&self) -> u64 {
+        self.nodes.dirty_changes() + self.dirty_blocks.changes()
+    }
+
+    /// Node pages a checkpoint may write for what is buffered now: each
+    /// dirty or pending node, the index page (or inode) each buffered data
+    /// block's writing dirties, and everything their writing dirties in turn
+    /// (the chain of index pages above an index page, the file's inode,
+    /// the directory page holding a file's entry), each counted once
+    /// however many chains share it. File inodes count their record's
+    /// share of a pack page (at most half full, since records do not
+    /// split, and one more for the last); an index page, or a node not in
+    /// memory, counts a page, and a file whose tree height is not in memory
+    /// the highest tree. The map pages are counted apart. A walk: only
+    /// when [`CHECKPOINT_NODE_CHAIN_PAGES_MAX`] a node does not fit.
+    pub(crate) fn buffered_node_pages_bound(&self) -> u64 {
+        use nodes::NodeKey;
         let room = (self.page_size - flintfs_format::NODE_HEADER_BYTES) as u64;
-        let (mut pages, mut record_bytes, mut parents) = (0u64, 0u64, 0u64);
-        let mut count = |key: nodes::NodeKey, node: &flintfs_format::Node| {
-            parents += 1;
-            match key {
-                nodes::NodeKey::File(_) => record_bytes += flintfs_format::inode_record_bytes(node) as u64,
-                _ => pages += 1,
+        let fanout = self.index_fanout();
+        type KeySet<K> = std::collections::HashSet<K, BuildHasherDefault<KeyHasher>>;
+        let mut closure: KeySet<NodeKey> = KeySet::default();
+        let mut stack: Vec<NodeKey> = self.nodes.dirty_keys(crate::cache::Dirty::BOTH);
+        stack.extend(self.pending.keys().copied());
+        // What is read of a node (a file's tree height, an inode's record)
+        // only from the dirty and pending ones, which stay in memory until
+        // written: a clean one may be let go, and the bound kept after this
+        // walk (`checkpoint_fits`) must not grow with that.
+        let buffered: KeySet<NodeKey> = stack.iter().copied().collect();
+        // Level 0 whatever the tree: a file with its blocks in the inode
+        // counts one page more than it writes.
+        let mut last = None;
+        for &(ino, block) in self.dirty_blocks.keys() {
+            let leaf = NodeKey::Index { level: 0, ino, number: block / fanout };
+            if last != Some(leaf) {
+                stack.push(leaf);
+                last = Some(leaf);
+            }
+        }
+        // Physically located files: each one's entry is in a directory
+        // page, which its writing dirties.
+        let mut entries_moved: KeySet<u64> = KeySet::default();
+        let in_memory = |key: NodeKey| {
+            if buffered.contains(&key) {
+                self.nodes.peek(key).or_else(|| self.pending.get(&key))
+            } else {
+                None
             }
         };
-        for key in self.nodes.dirty_keys(crate::cache::Dirty::BOTH) {
-            if let Some(cached) = self.nodes.peek(key) {
-                count(key, &cached.node);
+        while let Some(key) = stack.pop() {
+            if !closure.insert(key) {
+                continue;
+            }
+            match key {
+                NodeKey::Index { level, ino, number } => {
+                    let file = match self.known.get(&ino).map(|known| known.location) {
+                        Some(Location::Slot(slot)) => NodeKey::Slot(slot),
+                        _ => NodeKey::File(ino),
+                    };
+                    let height = match in_memory(file).map(|cached| &cached.node) {
+                        Some(flintfs_format::Node::File {
+                            content: flintfs_format::FileContent::Index { height, .. },
+                            ..
+                        }) => *height,
+                        _ => flintfs_format::INDEX_HEIGHT_MAX,
+                    };
+                    stack.push(if level + 1 < height {
+                        NodeKey::Index { level: level + 1, ino, number: number / fanout }
+                    } else {
+                        file
+                    });
+                }
+                NodeKey::File(ino) => {
+                    entries_moved.insert(ino);
+                }
+                // Slots point from the map, and map pages and the map
+                // directory from the checkpoint: counted apart.
+                NodeKey::Slot(_) | NodeKey::Map(_) | NodeKey::MapDirectory(_) => {}
             }
         }
-        for (key, cached) in &self.pending {
-            count(*key, &cached.node);
+        // The files' packs: their last page may hold a single record.
+        let (mut pages, mut record_bytes) = (0u64, 0u64);
+        let mut groups = false;
+        for key in &closure {
+            match (key, in_memory(*key)) {
+                // An index page counts a page, as one written whole does
+                // (its record's size is a scan of its pointers).
+                (NodeKey::File(_), Some(cached)) => {
+                    record_bytes += flintfs_format::inode_record_bytes(&cached.node) as u64;
+                    groups = true;
+                }
+                _ => pages += 1,
+            }
         }
-        pages + (2 * record_bytes).div_ceil(room) + parents
+        pages + (2 * record_bytes).div_ceil(room) + u64::from(groups) + entries_moved.len() as u64
     }
 
     /// Errors with ENOSPC unless `data_pages` and `node_pages` more can be

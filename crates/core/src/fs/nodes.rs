@@ -903,6 +903,15 @@ impl<D: FlashDevice> Fs<D> {
         // Nodes NVM did not take in this drain: flash takes them.
         let mut refused = std::collections::BTreeSet::new();
         loop {
+            if self.drain_takes_dirty && self.nodes.dirty_count() > 0 {
+                // A parent a write-back dirtied in the cache (it was clean)
+                // is written in this pass, at its level, not in the next
+                // pass after the nodes above it: a file written before its
+                // index page, then again after, then its directory again.
+                for (key, cached) in self.nodes.take_dirty() {
+                    self.pending.insert(key, cached);
+                }
+            }
             if !self.parking_paused && self.kept.is_some() {
                 // With NVM, a node is written back to its slot there, in
                 // place; only what finds no room, or is sent to flash, goes
