@@ -587,3 +587,25 @@ fn a_full_device_gives_each_refusal_its_own_errno_before_enospc() {
     assert_eq!(fs.lookup(1, format!("fill{}", filled - 1).as_bytes()).unwrap().size, 64 << 10);
     assert_clean(&mut fs);
 }
+
+/// A block far past what a file's tree holds grows the tree when it is
+/// written, by pages no buffered node leads to: the checkpoint's bound
+/// counts them (debug builds assert each checkpoint keeps to its bound).
+#[test]
+fn a_write_that_grows_the_tree_stays_within_the_checkpoint_bound() {
+    let (flash, clock) = fresh();
+    let (mut fs, _) = Fs::mount(flash, FsOptions::default(), Box::new(clock.clone())).unwrap();
+    let file = fs.create(1, b"sparse", 0o644, 0, 0).unwrap();
+    fs.write(file.ino, 0, &[7; 100]).unwrap();
+    fs.sync().unwrap();
+    let far = 16 << 30;
+    fs.write(file.ino, far, b"x").unwrap();
+    fs.sync().unwrap();
+    assert_eq!(fs.read(file.ino, far - 1, 10).unwrap(), [0, b'x']);
+    assert_clean(&mut fs);
+    let flash = fs.unmount().unwrap();
+    let (mut fs, _) = Fs::mount(flash, FsOptions::default(), Box::new(clock)).unwrap();
+    assert_eq!(fs.read(file.ino, 0, 100).unwrap(), [7; 100]);
+    assert_eq!(fs.read(file.ino, far, 10).unwrap(), b"x");
+    assert_clean(&mut fs);
+}

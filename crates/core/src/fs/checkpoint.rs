@@ -73,8 +73,11 @@ impl<D: FlashDevice> Fs<D> {
     }
 
     fn write_checkpoint(&mut self) -> Result<()> {
+        // The blocks first: their pointers dirty index pages and inodes,
+        // which the drain below writes with the rest (a drain of what was
+        // pending before it would write a parent, then its child, then the
+        // parent again).
         self.flush_data(None)?;
-        self.drain()?;
         let mut cold_sent = false;
         // Every dirty node goes through the same ordered write-back as an
         // eviction, in one drain that takes the parents the write-backs

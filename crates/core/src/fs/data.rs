@@ -32,7 +32,7 @@ impl<D: FlashDevice> Fs<D> {
     }
 
     /// Blocks an index of `height` covers.
-    fn index_capacity_blocks(&self, height: u8) -> u64 {
+    pub(crate) fn index_capacity_blocks(&self, height: u8) -> u64 {
         self.span(height).saturating_mul(INDEX_ROOTS as u64)
     }
 

@@ -999,6 +999,7 @@ impl<D: FlashDevice> Fs<D> {
         let room = (self.page_size - flintfs_format::NODE_HEADER_BYTES) as u64;
         let fanout = self.index_fanout();
         type KeySet<K> = std::collections::HashSet<K, BuildHasherDefault<KeyHasher>>;
+        type KeyMap<K, V> = std::collections::HashMap<K, V, BuildHasherDefault<KeyHasher>>;
         let mut closure: KeySet<NodeKey> = KeySet::default();
         let mut stack: Vec<NodeKey> = self.nodes.dirty_keys(crate::cache::Dirty::BOTH);
         stack.extend(self.pending.keys().copied());
@@ -1008,14 +1009,24 @@ impl<D: FlashDevice> Fs<D> {
         // walk (`checkpoint_fits`) must not grow with that.
         let buffered: KeySet<NodeKey> = stack.iter().copied().collect();
         // Level 0 whatever the tree: a file with its blocks in the inode
-        // counts one page more than it writes.
+        // counts one page more than it writes. A block past what the tree
+        // holds grows it when it is written: the file's tree is counted as
+        // high as its last buffered block needs (`grown`), with the new
+        // top pages, which hold the old roots, on top of the block's path.
         let mut last = None;
+        let mut grown: KeyMap<u64, u8> = KeyMap::default();
         for &(ino, block) in self.dirty_blocks.keys() {
             let leaf = NodeKey::Index { level: 0, ino, number: block / fanout };
             if last != Some(leaf) {
                 stack.push(leaf);
                 last = Some(leaf);
             }
+            let mut height = 0;
+            while height < flintfs_format::INDEX_HEIGHT_MAX && block >= self.index_capacity_blocks(height) {
+                height += 1;
+            }
+            let needed = grown.entry(ino).or_default();
+            *needed = (*needed).max(height);
         }
         // Physically located files: each one's entry is in a directory
         // page, which its writing dirties.
@@ -1027,23 +1038,32 @@ impl<D: FlashDevice> Fs<D> {
                 None
             }
         };
+        let file_of = |ino: u64| match self.known.get(&ino).map(|known| known.location) {
+            Some(Location::Slot(slot)) => NodeKey::Slot(slot),
+            _ => NodeKey::File(ino),
+        };
+        // A buffered file's tree height, or none.
+        let height_of = |ino: u64| match in_memory(file_of(ino)).map(|cached| &cached.node) {
+            Some(flintfs_format::Node::File { content: flintfs_format::FileContent::Index { height, .. }, .. }) => {
+                Some(*height)
+            }
+            _ => None,
+        };
+        for (&ino, &needed) in &grown {
+            for level in height_of(ino).unwrap_or(0)..needed {
+                stack.push(NodeKey::Index { level, ino, number: 0 });
+            }
+        }
         while let Some(key) = stack.pop() {
             if !closure.insert(key) {
                 continue;
             }
             match key {
                 NodeKey::Index { level, ino, number } => {
-                    let file = match self.known.get(&ino).map(|known| known.location) {
-                        Some(Location::Slot(slot)) => NodeKey::Slot(slot),
-                        _ => NodeKey::File(ino),
-                    };
-                    let height = match in_memory(file).map(|cached| &cached.node) {
-                        Some(flintfs_format::Node::File {
-                            content: flintfs_format::FileContent::Index { height, .. },
-                            ..
-                        }) => *height,
-                        _ => flintfs_format::INDEX_HEIGHT_MAX,
-                    };
+                    let file = file_of(ino);
+                    let height = height_of(ino).map_or(flintfs_format::INDEX_HEIGHT_MAX, |height| {
+                        height.max(grown.get(&ino).copied().unwrap_or(0))
+                    });
                     stack.push(if level + 1 < height {
                         NodeKey::Index { level: level + 1, ino, number: number / fanout }
                     } else {

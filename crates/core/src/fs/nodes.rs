@@ -359,6 +359,9 @@ impl<D: FlashDevice> Fs<D> {
                 self.to_flash.insert(key);
                 self.pending.insert(key, cached);
                 self.counters.nodes_sent_home += 1;
+                // Pending from NVM, which the walk's kept bound did not
+                // count (`Fs::checkpoint_fits`): it walks again.
+                self.walked = None;
             }
         }
     }

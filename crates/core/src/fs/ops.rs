@@ -1134,6 +1134,9 @@ impl<D: FlashDevice> Fs<D> {
                 Some(FileType::Regular) => {}
                 _ => return Err(Error::invalid(format!("inode {ino} is not a regular file"))),
             }
+            if offset.checked_add(data.len() as u64).is_none_or(|end| end > fs.file_bytes_max()) {
+                return Err(Error::new(errno::EFBIG, "a write past the largest file"));
+            }
             // Room after the refusals, which a full device gives too.
             fs.room_to_change(pages)?;
             fs.file_write(ino, offset, data)?;
