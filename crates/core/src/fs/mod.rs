@@ -104,7 +104,14 @@ pub const CHECKPOINT_NODE_AMPLIFICATION: u64 = 2;
 /// (`buffered_node_pages_bound`) counts each chain once, shared parents
 /// once.
 pub const CHECKPOINT_NODE_CHAIN_PAGES_MAX: u64 = flintfs_format::INDEX_HEIGHT_MAX as u64 + 2;
+/// Node pages a checkpoint may write per buffered data block, at most: the
+/// chain above the index page that will point at it, and the top pages a
+/// tree grown to reach the block needs besides (they hold the old roots,
+/// and a block's path need not run through them).
+pub const CHECKPOINT_BLOCK_CHAIN_PAGES_MAX: u64 =
+    CHECKPOINT_NODE_CHAIN_PAGES_MAX + flintfs_format::INDEX_HEIGHT_MAX as u64;
 const _: () = assert!(CHECKPOINT_NODE_CHAIN_PAGES_MAX >= CHECKPOINT_NODE_AMPLIFICATION);
+const _: () = assert!(CHECKPOINT_BLOCK_CHAIN_PAGES_MAX >= CHECKPOINT_NODE_CHAIN_PAGES_MAX);
 /// Files let go (their last reference forgotten) that wait in `known` to
 /// be looked at together: a batch's pass over what is dirty costs about
 /// what one file's own lookups did, so this many share it. They cost a
@@ -919,9 +926,10 @@ impl<D: FlashDevice> Fs<D> {
     ) -> bool {
         let margin = if operation_margin { OPERATION_NODE_PAGES_MAX } else { 0 };
         // A buffered block, written, dirties the index page that points
-        // at it (or its inode): a chain as a dirty node's.
-        let dirty_nodes = (self.nodes.dirty_count() + self.pending.len() + self.dirty_blocks.len()) as u64;
-        let loose = dirty_nodes * CHECKPOINT_NODE_CHAIN_PAGES_MAX;
+        // at it (or its inode), and may grow its file's tree.
+        let dirty_nodes = (self.nodes.dirty_count() + self.pending.len()) as u64;
+        let loose = dirty_nodes * CHECKPOINT_NODE_CHAIN_PAGES_MAX
+            + self.dirty_blocks.len() as u64 * CHECKPOINT_BLOCK_CHAIN_PAGES_MAX;
         let need = |fs: &Self, buffered: u64| {
             fs.pages_past_heads_by(data_pages, buffered, node_pages, CHECKPOINT_NODE_AMPLIFICATION, margin)
         };
@@ -956,7 +964,7 @@ impl<D: FlashDevice> Fs<D> {
             // walk each time made near_full_90 34 times slower in host time.
             let changes = self.walk_changes();
             let kept = self.walked.map(|(bound, at)| {
-                bound.saturating_add(changes.saturating_sub(at).saturating_mul(CHECKPOINT_NODE_CHAIN_PAGES_MAX))
+                bound.saturating_add(changes.saturating_sub(at).saturating_mul(CHECKPOINT_BLOCK_CHAIN_PAGES_MAX))
             });
             let covered = |fs: &Self, bound: u64| {
                 let (data_need, node_need) = need(fs, bound);
