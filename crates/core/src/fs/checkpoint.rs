@@ -83,18 +83,17 @@ impl<D: FlashDevice> Fs<D> {
         // eviction, in one drain that takes the parents the write-backs
         // dirty as it goes: each node is written once, after what is below
         // it, as the space checks count (`checkpoint_fits`).
+        // With NVM, a node its slots settle may leave a parent dirty after
+        // the drain ends: another drain, until none is left.
         loop {
-            let takes_dirty = std::mem::replace(&mut self.drain_takes_dirty, true);
-            let drained = self.drain();
-            self.drain_takes_dirty = takes_dirty;
-            drained?;
-            // Nothing is left but by a drain that stopped early (NVM's
-            // slots): the rest, a round at a time.
-            while self.nodes.dirty_count() > 0 || !self.pending.is_empty() {
-                for (key, cached) in self.nodes.take_dirty() {
-                    self.pending.insert(key, cached);
+            loop {
+                let takes_dirty = std::mem::replace(&mut self.drain_takes_dirty, true);
+                let drained = self.drain();
+                self.drain_takes_dirty = takes_dirty;
+                drained?;
+                if self.nodes.dirty_count() == 0 && self.pending.is_empty() {
+                    break;
                 }
-                self.drain()?;
             }
             if self.parking_paused {
                 // A write-home: the nodes kept in NVM, a batch at a time,

@@ -1001,7 +1001,9 @@ impl<D: FlashDevice> Fs<D> {
     /// split, and one more for the last); an index page, or a node not in
     /// memory, counts a page, and a file whose tree height is not in memory
     /// the highest tree. The map pages are counted apart. A walk: only
-    /// when [`CHECKPOINT_NODE_CHAIN_PAGES_MAX`] a node does not fit.
+    /// when a whole chain a node and a block
+    /// ([`CHECKPOINT_NODE_CHAIN_PAGES_MAX`], [`CHECKPOINT_BLOCK_CHAIN_PAGES_MAX`])
+    /// does not fit.
     pub(crate) fn buffered_node_pages_bound(&self) -> u64 {
         use nodes::NodeKey;
         let room = (self.page_size - flintfs_format::NODE_HEADER_BYTES) as u64;
@@ -1022,20 +1024,26 @@ impl<D: FlashDevice> Fs<D> {
         // high as its last buffered block needs (`grown`), with the new
         // top pages, which hold the old roots, on top of the block's path.
         let mut last = None;
-        let mut grown: KeyMap<u64, u8> = KeyMap::default();
+        let mut last_blocks: KeyMap<u64, u64> = KeyMap::default();
         for &(ino, block) in self.dirty_blocks.keys() {
             let leaf = NodeKey::Index { level: 0, ino, number: block / fanout };
             if last != Some(leaf) {
                 stack.push(leaf);
                 last = Some(leaf);
             }
-            let mut height = 0;
-            while height < flintfs_format::INDEX_HEIGHT_MAX && block >= self.index_capacity_blocks(height) {
-                height += 1;
-            }
-            let needed = grown.entry(ino).or_default();
-            *needed = (*needed).max(height);
+            // In order: a file's last block comes last.
+            last_blocks.insert(ino, block);
         }
+        let grown: KeyMap<u64, u8> = last_blocks
+            .into_iter()
+            .map(|(ino, block)| {
+                let mut height = 0;
+                while height < flintfs_format::INDEX_HEIGHT_MAX && block >= self.index_capacity_blocks(height) {
+                    height += 1;
+                }
+                (ino, height)
+            })
+            .collect();
         // Physically located files: each one's entry is in a directory
         // page, which its writing dirties.
         let mut entries_moved: KeySet<u64> = KeySet::default();
@@ -1088,19 +1096,19 @@ impl<D: FlashDevice> Fs<D> {
         }
         // The files' packs: their last page may hold a single record.
         let (mut pages, mut record_bytes) = (0u64, 0u64);
-        let mut groups = false;
+        let mut files_packed = false;
         for key in &closure {
             match (key, in_memory(*key)) {
                 // An index page counts a page, as one written whole does
                 // (its record's size is a scan of its pointers).
                 (NodeKey::File(_), Some(cached)) => {
                     record_bytes += flintfs_format::inode_record_bytes(&cached.node) as u64;
-                    groups = true;
+                    files_packed = true;
                 }
                 _ => pages += 1,
             }
         }
-        pages + (2 * record_bytes).div_ceil(room) + u64::from(groups) + entries_moved.len() as u64
+        pages + (2 * record_bytes).div_ceil(room) + u64::from(files_packed) + entries_moved.len() as u64
     }
 
     /// Errors with ENOSPC unless `data_pages` and `node_pages` more can be
