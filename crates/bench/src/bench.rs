@@ -1328,6 +1328,7 @@ pub(crate) fn run_engine(workload: &str, target: &str, fsync_mode: FsyncMode, si
     value["cleaner_nodes_moved"] = json!(cleaner_counters.nodes_moved);
     value["cleaner_steps"] = json!(cleaner_counters.steps);
     value["cleaner_whole_zone_cleanings"] = json!(cleaner_counters.whole_zone_cleanings_for_space);
+    value["cleaner_checkpoints_for_buffered"] = json!(cleaner_counters.checkpoints_for_buffered);
     value["cleaner_checkpoints_to_release"] = json!(cleaner_counters.checkpoints_to_release);
     if geometry.nvm_size_bytes > 0 {
         add_nvm_fields(&mut value, &counters, ops, device.nvm_hottest_word(), geometry.nvm_size_bytes);

@@ -234,6 +234,9 @@ pub struct CleanerCounters {
     /// behind: what bounds an operation's latency, and what breaks it.
     pub steps: u64,
     pub whole_zone_cleanings_for_space: u64,
+    /// Checkpoints an operation took instead, when free zones were short
+    /// only by what was buffered (see `Fs::clean_if_low`).
+    pub checkpoints_for_buffered: u64,
     /// Checkpoints operations took to free the victims the steps emptied
     /// (`release_wanted`): each a write that waits for every dirty node.
     /// Of those, the ones taken with free zones at the low water mark, and
@@ -525,8 +528,10 @@ impl<D: FlashDevice> Fs<D> {
     /// [`CLEAN_MOVES_PER_STEP_MAX`] moved, stopping once it has given back
     /// [`CLEAN_GAIN_PER_STEP_PAGES`] times the square of the zones short,
     /// so no operation stalls for a whole zone; a victim once started is
-    /// stepped through to its end. Only when the steps fell behind, below
-    /// the low water mark, whole zones (the emptiest first). With room to
+    /// stepped through to its end. Below the low water mark only because
+    /// of what is buffered, a checkpoint first, and no step with it. Only
+    /// when the steps fell behind, below the low water mark with nothing
+    /// buffered to write out, whole zones (the emptiest first). With room to
     /// spare, a zone of cold data when the wear spread is past its bound
     /// (rare: each one narrows the spread). No step when `step_allowed`
     /// is false: the operation has just reset a zone (`erase_ahead`), 3 ms
@@ -544,8 +549,23 @@ impl<D: FlashDevice> Fs<D> {
         // Best effort: an operation that cannot be helped by cleaning (an
         // unlink, say) must not fail because cleaning did. What needs the
         // space finds out in `reserve_space`.
-        let (free, wear) = self.zone_scan();
-        let buffered = self.buffered_zones();
+        let (mut free, wear) = self.zone_scan();
+        let mut buffered = self.buffered_zones();
+        if free < CLEAN_LOW_WATER_ZONES + buffered && buffered > 0 && self.has_buffered_work() {
+            // Short only by what is buffered, counted at its bound: a
+            // checkpoint writes it out (often in fewer pages) and frees the
+            // victims the steps emptied. Cleaning whole zones would end in
+            // that same checkpoint after moving zones' worth of pages, and
+            // one operation should carry one such wait, not both.
+            self.changed = true;
+            let checkpointed = self.checkpoint();
+            self.cleaner.checkpoints_for_buffered += 1;
+            (free, _) = self.zone_scan();
+            buffered = self.buffered_zones();
+            if checkpointed.is_ok() && free >= CLEAN_LOW_WATER_ZONES + buffered {
+                return Ok(());
+            }
+        }
         if free < CLEAN_LOW_WATER_ZONES + buffered {
             self.cleaner.whole_zone_cleanings_for_space += 1;
             let _ = self.clean_for_space(CLEAN_ZONES_PER_OPERATION_MAX);
