@@ -414,8 +414,8 @@ fn run_model_with(
     let mut subject = Subject::mount(flash, clock, setup.options.clone()).map_err(|error| fail(0, error))?;
     let mut model = Model::for_page_size(setup.geometry.page_size_bytes as usize);
     // Filling a device takes writes of more pages than the usual run's.
-    let write_pages_max = if space_may_run_out { 48 } else { 6 };
-    let mut generator = Generator::new(seed, u64::from(setup.geometry.page_size_bytes) * write_pages_max);
+    let mut generator =
+        Generator::new(seed, u64::from(setup.geometry.page_size_bytes) * write_pages_max(space_may_run_out));
     let mut report = RunReport::default();
     for step in 0..operations {
         let operation = generator.next(&model);
@@ -423,21 +423,13 @@ fn run_model_with(
         let before = space_may_run_out.then(|| model.clone());
         let mut expected = model.apply(&operation);
         let actual = subject.apply(&operation);
-        let changes = !matches!(
-            operation,
-            Operation::Read { .. }
-                | Operation::Readdir { .. }
-                | Operation::Fsync { .. }
-                | Operation::Remount
-                | Operation::Sync
-        );
         if let Some(before) = before {
             // Only where the model took the operation: a name that is
             // there (EEXIST), one that is not (ENOENT), a directory not
             // empty, a wrong type, are found before any space is asked
             // for, on a full device as on an empty one, as in the kernel's
             // file systems, whose lookups come before their allocations.
-            if changes && actual == Outcome::Error(errno::ENOSPC) && !matches!(expected, Outcome::Error(_)) {
+            if refused_for_space(&operation, &expected, &actual) {
                 // Refused for want of space: nothing may have changed.
                 model = before;
                 expected = actual.clone();
@@ -527,6 +519,11 @@ pub struct CutReport {
     pub fired: bool,
     /// Programs the device failed in the workload without a cut.
     pub program_failures: u64,
+    /// Operations refused with ENOSPC that the model took
+    /// ([`run_power_cut_to_full`]), and the device operation (counted from
+    /// mount) at which the first was refused.
+    pub refused_for_space: u64,
+    pub first_refusal_device_operation: Option<u64>,
 }
 
 /// Runs `operations` operations from `seed` with a power cut at device
@@ -536,6 +533,27 @@ pub struct CutReport {
 /// persistence point), a clean checker, and a file system that keeps
 /// working.
 pub fn run_power_cut(setup: &Setup, seed: u64, operations: u64, cut_at: u64) -> Result<CutReport, String> {
+    run_power_cut_with(setup, seed, operations, cut_at, false)
+}
+
+/// [`run_power_cut`] on a device the workload fills, with the writes of
+/// [`run_model_to_full`]: an operation that changes something may be
+/// refused with ENOSPC where the model took it, and must then have
+/// changed nothing, before the cut and in the operations after recovery.
+/// The cuts that matter fall after [`CutReport::first_refusal_device_operation`]:
+/// in the checkpoints a full device takes on its reserve, the cleaning
+/// it does for room, and the refusals.
+pub fn run_power_cut_to_full(setup: &Setup, seed: u64, operations: u64, cut_at: u64) -> Result<CutReport, String> {
+    run_power_cut_with(setup, seed, operations, cut_at, true)
+}
+
+fn run_power_cut_with(
+    setup: &Setup,
+    seed: u64,
+    operations: u64,
+    cut_at: u64,
+    space_may_run_out: bool,
+) -> Result<CutReport, String> {
     let fail = |what: String| format!("seed {seed}, cut at device operation {cut_at}: {what}");
     let (flash, clock) = setup.formatted(seed);
     let mut subject = Subject::mount(flash, clock.clone(), setup.options.clone()).map_err(fail)?;
@@ -552,11 +570,13 @@ pub fn run_power_cut(setup: &Setup, seed: u64, operations: u64, cut_at: u64) -> 
     let start_model = model.clone();
     let mut applied: Vec<Operation> = Vec::new();
     let mut returned = false;
-    let mut generator = Generator::new(seed, u64::from(setup.geometry.page_size_bytes) * 6);
+    let mut generator =
+        Generator::new(seed, u64::from(setup.geometry.page_size_bytes) * write_pages_max(space_may_run_out));
     let mut report = CutReport::default();
     for step in 0..operations {
         let operation = generator.next(&model);
         subject.clock.advance(setup.step_ns);
+        let before = space_may_run_out.then(|| model.clone());
         let expected = model.apply(&operation);
         let actual = subject.apply(&operation);
         applied.push(operation.clone());
@@ -566,6 +586,19 @@ pub fn run_power_cut(setup: &Setup, seed: u64, operations: u64, cut_at: u64) -> 
             returned = actual == Outcome::Done;
             report.fired = true;
             break;
+        }
+        if let Some(before) = before {
+            if refused_for_space(&operation, &expected, &actual) {
+                // Nothing changed: the model goes back, and the operation
+                // is not one the recovered state may have taken.
+                model = before;
+                applied.pop();
+                report.refused_for_space += 1;
+                report
+                    .first_refusal_device_operation
+                    .get_or_insert(subject.fs().device().mutating_operations() - start);
+                continue;
+            }
         }
         if actual != expected {
             return Err(fail(format!("operation {step} {operation:?}: engine {actual:?}, model {expected:?}")));
@@ -580,8 +613,35 @@ pub fn run_power_cut(setup: &Setup, seed: u64, operations: u64, cut_at: u64) -> 
         Some(fs) => fs.into_device(),
         None => return Err(fail("the file system was lost in a remount that the cut broke".into())),
     };
-    recover_after_cut(setup, seed, flash, clock, &start_model, &applied, returned).map_err(fail)?;
+    recover_after_cut_with(setup, seed, flash, clock, &start_model, &applied, returned, space_may_run_out)
+        .map_err(fail)?;
     Ok(report)
+}
+
+/// Pages a generated write takes at most: more on a run that must fill
+/// its device.
+fn write_pages_max(space_may_run_out: bool) -> u64 {
+    if space_may_run_out {
+        48
+    } else {
+        6
+    }
+}
+
+/// Whether `actual` is a refusal for space of an operation the model took
+/// (`expected`): only an operation that changes something, and only where
+/// the model found no other error first (a full device finds EEXIST,
+/// ENOENT, ENOTEMPTY and the like before it asks for space).
+fn refused_for_space(operation: &Operation, expected: &Outcome, actual: &Outcome) -> bool {
+    let changes = !matches!(
+        operation,
+        Operation::Read { .. }
+            | Operation::Readdir { .. }
+            | Operation::Fsync { .. }
+            | Operation::Remount
+            | Operation::Sync
+    );
+    changes && *actual == Outcome::Error(errno::ENOSPC) && !matches!(expected, Outcome::Error(_))
 }
 
 /// After a cut that fell in the last of `applied` (which `returned`, or
@@ -593,11 +653,27 @@ pub fn run_power_cut(setup: &Setup, seed: u64, operations: u64, cut_at: u64) -> 
 pub(crate) fn recover_after_cut(
     setup: &Setup,
     seed: u64,
+    flash: MemoryFlash,
+    clock: ManualClock,
+    start_model: &Model,
+    applied: &[Operation],
+    returned: bool,
+) -> Result<(), String> {
+    recover_after_cut_with(setup, seed, flash, clock, start_model, applied, returned, false)
+}
+
+/// [`recover_after_cut`], where the operations after recovery may be
+/// refused for space when `space_may_run_out`.
+#[allow(clippy::too_many_arguments)]
+fn recover_after_cut_with(
+    setup: &Setup,
+    seed: u64,
     mut flash: MemoryFlash,
     clock: ManualClock,
     start_model: &Model,
     applied: &[Operation],
     returned: bool,
+    space_may_run_out: bool,
 ) -> Result<(), String> {
     flash.power_on();
     let mut recovered = Subject::mount(flash, clock, setup.options.clone())?;
@@ -613,8 +689,15 @@ pub(crate) fn recover_after_cut(
     let mut generator = Generator::new(seed ^ 0x5eed, u64::from(setup.geometry.page_size_bytes) * 6);
     for step in 0..20 {
         let operation = generator.next(&model);
+        let before = space_may_run_out.then(|| model.clone());
         let expected = model.apply(&operation);
         let actual = recovered.apply(&operation);
+        if let Some(before) = before {
+            if refused_for_space(&operation, &expected, &actual) {
+                model = before;
+                continue;
+            }
+        }
         if !matches!(operation, Operation::Read { .. }) && actual != expected {
             return Err(format!(
                 "after recovery, operation {step} {operation:?}: engine {actual:?}, model {expected:?}"

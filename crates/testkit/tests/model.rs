@@ -7,7 +7,7 @@
 //! `FLINTFS_MODEL_SEEDS=50 FLINTFS_MODEL_OPERATIONS=10000 cargo test --release -p flintfs-testkit --test model`.
 
 use flintfs_testkit::from_env;
-use flintfs_testkit::runner::{run_model, run_model_to_full, run_power_cut, spread_cut, Setup};
+use flintfs_testkit::runner::{run_model, run_model_to_full, run_power_cut, run_power_cut_to_full, spread_cut, Setup};
 
 #[test]
 fn random_workloads_match_the_model() {
@@ -164,6 +164,40 @@ fn power_cuts_at_random_points_of_long_workloads() {
             run_power_cut(&setup, seed, operations, cut_at).unwrap_or_else(|failure| panic!("{failure}"));
         }
         eprintln!("seed {seed}: {} device operations, {cuts} cuts", total.device_operations);
+    }
+}
+
+/// Power cuts on a device the workload fills: spread over the run after
+/// its first refusal for space, where checkpoints use the reserve, the
+/// cleaner makes room and operations are refused, each recovery judged by
+/// crashtest's oracle, and the operations after it may be refused for
+/// space but must otherwise answer as the model does.
+#[test]
+fn power_cuts_on_a_full_device_recover_as_promised() {
+    let seeds = from_env("FLINTFS_FULL_CUT_SEEDS", 2);
+    let operations = from_env("FLINTFS_FULL_CUT_OPERATIONS", 3000);
+    let cuts = from_env("FLINTFS_FULL_CUTS_PER_SEED", 8);
+    let mut setup = Setup::small();
+    setup.geometry.zone_count = from_env("FLINTFS_FULL_CUT_ZONES", 24) as u32;
+    for seed in 400..400 + seeds {
+        let total =
+            run_power_cut_to_full(&setup, seed, operations, u64::MAX / 2).unwrap_or_else(|failure| panic!("{failure}"));
+        let full_from = total.first_refusal_device_operation.unwrap_or_else(|| {
+            panic!("seed {seed}: the device never filled in {operations} operations, so no cut fell on a full one")
+        });
+        let mut refused = 0;
+        for cut in 1..=cuts {
+            let cut_at = full_from + spread_cut(total.device_operations - full_from, cut, cuts, seed);
+            let report =
+                run_power_cut_to_full(&setup, seed, operations, cut_at).unwrap_or_else(|failure| panic!("{failure}"));
+            assert!(report.fired, "seed {seed}: the cut at {cut_at} did not fire");
+            refused += report.refused_for_space;
+        }
+        eprintln!(
+            "seed {seed}: {} device operations, full from {full_from} ({} refused for space), {cuts} cuts after it \
+             ({refused} refused before them)",
+            total.device_operations, total.refused_for_space
+        );
     }
 }
 
