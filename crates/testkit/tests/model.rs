@@ -177,27 +177,39 @@ fn power_cuts_on_a_full_device_recover_as_promised() {
     let seeds = from_env("FLINTFS_FULL_CUT_SEEDS", 2);
     let operations = from_env("FLINTFS_FULL_CUT_OPERATIONS", 3000);
     let cuts = from_env("FLINTFS_FULL_CUTS_PER_SEED", 8);
-    let mut setup = Setup::small();
-    setup.geometry.zone_count = from_env("FLINTFS_FULL_CUT_ZONES", 24) as u32;
-    for seed in 400..400 + seeds {
-        let total =
-            run_power_cut_to_full(&setup, seed, operations, u64::MAX / 2).unwrap_or_else(|failure| panic!("{failure}"));
-        let full_from = total.first_refusal_device_operation.unwrap_or_else(|| {
-            panic!("seed {seed}: the device never filled in {operations} operations, so no cut fell on a full one")
-        });
-        let mut refused = 0;
-        for cut in 1..=cuts {
-            let cut_at = full_from + spread_cut(total.device_operations - full_from, cut, cuts, seed);
-            let report =
-                run_power_cut_to_full(&setup, seed, operations, cut_at).unwrap_or_else(|failure| panic!("{failure}"));
-            assert!(report.fired, "seed {seed}: the cut at {cut_at} did not fire");
-            refused += report.refused_for_space;
+    // Without NVM and with it (the log and parked nodes in NVM, what a
+    // full device's checkpoints send home), unless one size is asked for.
+    let nvm_sizes = match std::env::var("FLINTFS_FULL_CUT_NVM_BYTES") {
+        Ok(_) => vec![from_env("FLINTFS_FULL_CUT_NVM_BYTES", 0)],
+        Err(_) => vec![0, 64 << 10],
+    };
+    for nvm_size_bytes in nvm_sizes {
+        let mut setup = Setup::small();
+        setup.geometry.zone_count = from_env("FLINTFS_FULL_CUT_ZONES", 24) as u32;
+        setup.geometry.nvm_size_bytes = nvm_size_bytes;
+        for seed in 400..400 + seeds {
+            let total = run_power_cut_to_full(&setup, seed, operations, u64::MAX / 2)
+                .unwrap_or_else(|failure| panic!("NVM {nvm_size_bytes} bytes: {failure}"));
+            let full_from = total.first_refusal_device_operation.unwrap_or_else(|| {
+                panic!(
+                    "NVM {nvm_size_bytes} bytes, seed {seed}: the device never filled in {operations} operations, \
+                     so no cut fell on a full one"
+                )
+            });
+            let mut refused = 0;
+            for cut in 1..=cuts {
+                let cut_at = full_from + spread_cut(total.device_operations - full_from, cut, cuts, seed);
+                let report = run_power_cut_to_full(&setup, seed, operations, cut_at)
+                    .unwrap_or_else(|failure| panic!("NVM {nvm_size_bytes} bytes: {failure}"));
+                assert!(report.fired, "NVM {nvm_size_bytes} bytes, seed {seed}: the cut at {cut_at} did not fire");
+                refused += report.refused_for_space;
+            }
+            eprintln!(
+                "NVM {nvm_size_bytes} bytes, seed {seed}: {} device operations, full from {full_from} ({} refused \
+                 for space), {cuts} cuts after it ({refused} refused before them)",
+                total.device_operations, total.refused_for_space
+            );
         }
-        eprintln!(
-            "seed {seed}: {} device operations, full from {full_from} ({} refused for space), {cuts} cuts after it \
-             ({refused} refused before them)",
-            total.device_operations, total.refused_for_space
-        );
     }
 }
 
