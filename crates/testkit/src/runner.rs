@@ -607,6 +607,15 @@ fn run_power_cut_with(
     if !report.fired {
         report.device_operations = subject.fs().device().mutating_operations() - start;
         report.program_failures = subject.fs().device().lifetime_counters().program_failures_injected;
+        if space_may_run_out {
+            // What the refusals left is the model's, as a model run's end
+            // checks.
+            subject.check().map_err(fail)?;
+            let snapshot = subject.snapshot().map_err(fail)?;
+            if snapshot != model.snapshot() {
+                return Err(fail(describe_difference(&model.snapshot(), &snapshot)));
+            }
+        }
         return Ok(report);
     }
     let flash = match subject.fs.take() {
@@ -689,12 +698,22 @@ fn recover_after_cut_with(
     let mut generator = Generator::new(seed ^ 0x5eed, u64::from(setup.geometry.page_size_bytes) * 6);
     for step in 0..20 {
         let operation = generator.next(&model);
-        let before = space_may_run_out.then(|| model.clone());
+        // On a device that may be full, the tree before each operation: a
+        // refusal must leave it as it was, byte for byte.
+        let before = match space_may_run_out {
+            true => Some((model.clone(), recovered.snapshot()?)),
+            false => None,
+        };
         let expected = model.apply(&operation);
         let actual = recovered.apply(&operation);
-        if let Some(before) = before {
+        if let Some((model_before, tree_before)) = before {
             if refused_for_space(&operation, &expected, &actual) {
-                model = before;
+                model = model_before;
+                if recovered.snapshot()? != tree_before {
+                    return Err(format!(
+                        "after recovery, operation {step} {operation:?} was refused for space but changed the tree"
+                    ));
+                }
                 continue;
             }
         }

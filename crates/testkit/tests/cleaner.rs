@@ -185,15 +185,20 @@ const CUTS: u64 = 10;
 /// (a count) runs seeds 1 to that count instead: 40 pass.
 #[test]
 fn the_foreground_cleaner_works_in_bounded_steps() {
-    let seeds: Vec<u64> = match std::env::var("FLINTFS_CLEANER_SEEDS") {
-        Ok(count) => (1..=count.parse::<u64>().expect("FLINTFS_CLEANER_SEEDS is a count")).collect(),
-        Err(_) => vec![5, 10, 19, 20],
+    let asked = std::env::var("FLINTFS_CLEANER_SEEDS").ok();
+    let seeds: Vec<u64> = match &asked {
+        Some(count) => (1..=count.parse::<u64>().expect("FLINTFS_CLEANER_SEEDS is a count")).collect(),
+        None => vec![5, 10, 19, 20],
     };
     let mut checkpoints_for_buffered = 0;
     for seed in seeds {
         checkpoints_for_buffered += foreground_steps(seed).checkpoints_for_buffered;
     }
-    assert!(checkpoints_for_buffered > 0, "no run was short only by what it buffered, so that path went unchecked");
+    // Seed 19 takes that path; seeds asked for may not.
+    assert!(
+        asked.is_some() || checkpoints_for_buffered > 0,
+        "no run was short only by what it buffered, so that path went unchecked"
+    );
 }
 
 /// One run of `the_foreground_cleaner_works_in_bounded_steps`; returns the

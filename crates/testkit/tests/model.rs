@@ -196,6 +196,10 @@ fn power_cuts_on_a_full_device_recover_as_promised() {
                      so no cut fell on a full one"
                 )
             });
+            assert!(
+                total.device_operations > full_from,
+                "NVM {nvm_size_bytes} bytes, seed {seed}: the first refusal came at the run's last device operation"
+            );
             let mut refused = 0;
             for cut in 1..=cuts {
                 let cut_at = full_from + spread_cut(total.device_operations - full_from, cut, cuts, seed);

@@ -529,9 +529,10 @@ impl<D: FlashDevice> Fs<D> {
     /// [`CLEAN_GAIN_PER_STEP_PAGES`] times the square of the zones short,
     /// so no operation stalls for a whole zone; a victim once started is
     /// stepped through to its end. Below the low water mark only because
-    /// of what is buffered, a checkpoint first, and no step with it. Only
-    /// when the steps fell behind, below the low water mark with nothing
-    /// buffered to write out, whole zones (the emptiest first). With room to
+    /// of what is buffered (counted at its bound), a checkpoint first, and
+    /// no step with it. Only when the steps fell behind, below the low
+    /// water mark without what is buffered, or still below it after that
+    /// checkpoint, whole zones (the emptiest first). With room to
     /// spare, a zone of cold data when the wear spread is past its bound
     /// (rare: each one narrows the spread). No step when `step_allowed`
     /// is false: the operation has just reset a zone (`erase_ahead`), 3 ms
@@ -551,19 +552,30 @@ impl<D: FlashDevice> Fs<D> {
         // space finds out in `reserve_space`.
         let (mut free, wear) = self.zone_scan();
         let mut buffered = self.buffered_zones();
-        if free < CLEAN_LOW_WATER_ZONES + buffered && buffered > 0 && self.has_buffered_work() {
-            // Short only by what is buffered, counted at its bound: a
-            // checkpoint writes it out (often in fewer pages) and frees the
-            // victims the steps emptied. Cleaning whole zones would end in
-            // that same checkpoint after moving zones' worth of pages, and
-            // one operation should carry one such wait, not both.
+        let short_only_by_buffered = free < CLEAN_LOW_WATER_ZONES + buffered && free >= CLEAN_LOW_WATER_ZONES;
+        if short_only_by_buffered && !after_checkpoint && self.has_buffered_work() {
+            // What is buffered, counted at its bound, is all that puts free
+            // zones under the mark: a checkpoint writes it out (often in
+            // fewer pages). Cleaning whole zones would end in that same
+            // checkpoint after moving zones' worth of pages, and one
+            // operation should carry one such wait, not both. Not after a
+            // checkpoint (little is buffered then), nor under the mark
+            // without what is buffered, where only cleaning gives back.
             self.changed = true;
-            let checkpointed = self.checkpoint();
-            self.cleaner.checkpoints_for_buffered += 1;
-            (free, _) = self.zone_scan();
-            buffered = self.buffered_zones();
-            if checkpointed.is_ok() && free >= CLEAN_LOW_WATER_ZONES + buffered {
-                return Ok(());
+            match self.checkpoint() {
+                Ok(()) => {
+                    self.cleaner.checkpoints_for_buffered += 1;
+                    (free, _) = self.zone_scan();
+                    buffered = self.buffered_zones();
+                    if free >= CLEAN_LOW_WATER_ZONES + buffered {
+                        return Ok(());
+                    }
+                }
+                // No room for it: cleaning may make some, below.
+                Err(error) if error.errno == errno::ENOSPC => {}
+                // Best effort, as cleaning is: the operation goes on, and
+                // what needs the checkpoint meets the error itself.
+                Err(_) => return Ok(()),
             }
         }
         if free < CLEAN_LOW_WATER_ZONES + buffered {
