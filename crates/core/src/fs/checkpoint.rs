@@ -56,7 +56,7 @@ impl<D: FlashDevice> Fs<D> {
         // writes more may find no zone on a full device. Not with NVM,
         // whose nodes going home are counted apart.
         #[cfg(debug_assertions)]
-        let bound = self.kept.is_none().then(|| {
+        let bound = self.kept.as_ref().is_none_or(|kept| kept.is_empty()).then(|| {
             let map_pages = super::nodes::map_page_count(self.slot_count, self.page_size);
             (
                 self.buffered_node_pages_bound() + map_pages + self.map_directory.len() as u64,

@@ -325,6 +325,9 @@ pub struct FsCounters {
     /// Nodes kept in NVM sent home to flash because NVM was past its
     /// high-water mark (the coldest first).
     pub nodes_sent_home: u64,
+    /// Unmounts whose nodes kept in NVM stayed there: the flash left could
+    /// not take them home.
+    pub nvm_write_homes_declined: u64,
     pub node_pages_read: u64,
     pub data_pages_written: u64,
     /// Runs of whole data blocks a failed program sent back to be placed
@@ -704,9 +707,14 @@ impl<D: FlashDevice> Fs<D> {
         self.write_home_all = !self.options.nvm_keep;
         let mut result = self.checkpoint();
         let no_room = result.as_ref().is_err_and(|error| error.errno == errno::ENOSPC);
-        if no_room && self.write_home_all && self.kept.as_ref().is_some_and(|kept| !kept.is_empty()) {
+        // Also when the write-home had taken every node out of NVM before
+        // the flash ran out: the checkpoint again, without it, parks those
+        // nodes back in NVM (a full device failed its unmount when this
+        // asked for nodes still kept).
+        if no_room && self.write_home_all && self.kept.is_some() {
             let error = result.as_ref().err().map(|error| error.message.clone()).unwrap_or_default();
             tracing::warn!("node pages kept in NVM could not all go home to flash ({error}); they stay in NVM");
+            self.counters.nvm_write_homes_declined += 1;
             self.write_home_all = false;
             self.to_flash.clear();
             self.changed = true;
