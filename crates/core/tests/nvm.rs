@@ -455,7 +455,7 @@ fn noise_in_nvm_is_never_replayed_and_never_panics() {
 /// devices, `power_cuts_on_a_full_device_recover_as_promised` with NVM;
 /// this larger shape's reserve still takes them home.)
 #[test]
-fn a_full_flash_unmounts_with_its_nodes_left_in_nvm() {
+fn a_full_flash_with_nodes_in_nvm_unmounts_and_mounts_whole() {
     let (flash, clock) = format(4 << 20);
     let mut fs = mount(flash, &clock, FsOptions::default());
     create_and_fsync(&mut fs, 300, 0);

@@ -174,6 +174,10 @@ fn power_cuts_at_random_points_of_long_workloads() {
 /// space but must otherwise answer as the model does.
 #[test]
 fn power_cuts_on_a_full_device_recover_as_promised() {
+    // Two seeds each, and a third with NVM: seed 402's unmount failed for
+    // space, with every kept node taken out of NVM by a write-home that
+    // found no zone (`Fs::shut_down`).
+    let seeds_asked = std::env::var("FLINTFS_FULL_CUT_SEEDS").is_ok();
     let seeds = from_env("FLINTFS_FULL_CUT_SEEDS", 2);
     let operations = from_env("FLINTFS_FULL_CUT_OPERATIONS", 3000);
     let cuts = from_env("FLINTFS_FULL_CUTS_PER_SEED", 8);
@@ -187,6 +191,7 @@ fn power_cuts_on_a_full_device_recover_as_promised() {
         let mut setup = Setup::small();
         setup.geometry.zone_count = from_env("FLINTFS_FULL_CUT_ZONES", 24) as u32;
         setup.geometry.nvm_size_bytes = nvm_size_bytes;
+        let seeds = if nvm_size_bytes > 0 && !seeds_asked { 3 } else { seeds };
         for seed in 400..400 + seeds {
             let total = run_power_cut_to_full(&setup, seed, operations, u64::MAX / 2)
                 .unwrap_or_else(|failure| panic!("NVM {nvm_size_bytes} bytes: {failure}"));

@@ -530,9 +530,11 @@ impl<D: FlashDevice> Fs<D> {
     /// so no operation stalls for a whole zone; a victim once started is
     /// stepped through to its end. Below the low water mark only because
     /// of what is buffered (counted at its bound), a checkpoint first, and
-    /// no step with it. Only when the steps fell behind, below the low
-    /// water mark without what is buffered, or still below it after that
-    /// checkpoint, whole zones (the emptiest first). With room to
+    /// no step with it (not right after a checkpoint, when little is
+    /// buffered). Only when the steps fell behind, below the low water
+    /// mark without what is buffered, or still below it after that
+    /// checkpoint (or with it refused for space, or right after one),
+    /// whole zones (the emptiest first). With room to
     /// spare, a zone of cold data when the wear spread is past its bound
     /// (rare: each one narrows the spread). No step when `step_allowed`
     /// is false: the operation has just reset a zone (`erase_ahead`), 3 ms

@@ -703,18 +703,23 @@ impl<D: FlashDevice> Fs<D> {
         self.volume.declare_empty_first = true;
         // Every node kept in NVM goes home, unless `nvm_keep` says to leave
         // them for the next mount. A flash too full to take them keeps them
-        // in NVM, as `nvm_keep` would: unmount does not fail for it.
+        // in NVM, as `nvm_keep` would: the checkpoint again, without the
+        // write-home, parks back in NVM the nodes it had taken out (all of
+        // them, when they fitted one batch: the retry once asked for nodes
+        // still kept, and a full device then failed its unmount). Where NVM
+        // has no slot of a node's size left, or is past its high-water
+        // mark, that checkpoint still sends some home, and the unmount can
+        // still fail for space.
+        let kept_before = self.kept.as_ref().is_some_and(|kept| !kept.is_empty());
         self.write_home_all = !self.options.nvm_keep;
         let mut result = self.checkpoint();
         let no_room = result.as_ref().is_err_and(|error| error.errno == errno::ENOSPC);
-        // Also when the write-home had taken every node out of NVM before
-        // the flash ran out: the checkpoint again, without it, parks those
-        // nodes back in NVM (a full device failed its unmount when this
-        // asked for nodes still kept).
         if no_room && self.write_home_all && self.kept.is_some() {
-            let error = result.as_ref().err().map(|error| error.message.clone()).unwrap_or_default();
-            tracing::warn!("node pages kept in NVM could not all go home to flash ({error}); they stay in NVM");
-            self.counters.nvm_write_homes_declined += 1;
+            if kept_before {
+                let error = result.as_ref().err().map(|error| error.message.clone()).unwrap_or_default();
+                tracing::warn!("node pages kept in NVM could not all go home to flash ({error}); they stay in NVM");
+                self.counters.nvm_write_homes_declined += 1;
+            }
             self.write_home_all = false;
             self.to_flash.clear();
             self.changed = true;
