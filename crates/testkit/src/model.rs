@@ -51,6 +51,9 @@ pub struct SnapshotEntry {
     pub data: Vec<u8>,
     pub nlink: u32,
     pub xattrs: BTreeMap<Vec<u8>, Vec<u8>>,
+    /// A file's permission bits (chmod's); `None` for a directory, whose
+    /// bits the model does not change.
+    pub permissions: Option<u32>,
 }
 
 /// One operation of a workload.
@@ -284,7 +287,9 @@ impl Model {
     }
 
     fn file(kind: Kind, data: Vec<u8>) -> Object {
-        Object::File { kind, data, nlink: 1, xattrs: BTreeMap::new(), permissions: 0o644 }
+        // A symlink's bits are 0777, as on Linux; the others are made 0644.
+        let permissions = if kind == Kind::Symlink { 0o777 } else { 0o644 };
+        Object::File { kind, data, nlink: 1, xattrs: BTreeMap::new(), permissions }
     }
 
     /// Drops one link of `id`; removes it when none is left.
@@ -567,11 +572,16 @@ impl Model {
                         data: Vec::new(),
                         nlink: 2 + subdirectories as u32,
                         xattrs: xattrs.clone(),
+                        permissions: None,
                     }
                 }
-                Object::File { kind, data, nlink, xattrs, .. } => {
-                    SnapshotEntry { kind: *kind, data: data.clone(), nlink: *nlink, xattrs: xattrs.clone() }
-                }
+                Object::File { kind, data, nlink, xattrs, permissions } => SnapshotEntry {
+                    kind: *kind,
+                    data: data.clone(),
+                    nlink: *nlink,
+                    xattrs: xattrs.clone(),
+                    permissions: Some(*permissions),
+                },
             };
             out.insert(path, entry);
         }

@@ -326,7 +326,8 @@ impl Subject {
                     stack.push((child_path, child.ino));
                 }
             }
-            out.insert(path, SnapshotEntry { kind, data, nlink: attributes.nlink, xattrs });
+            let permissions = (kind != Kind::Directory).then_some(attributes.permissions & 0o7777);
+            out.insert(path, SnapshotEntry { kind, data, nlink: attributes.nlink, xattrs, permissions });
         }
         for ino in held {
             self.fs().forget(ino, 1).map_err(|error| error.to_string())?;
