@@ -701,16 +701,16 @@ fn recover_after_cut_with(
         let operation = generator.next(&model);
         // On a device that may be full, the tree before each operation: a
         // refusal must leave it as it was, byte for byte.
-        let before = match space_may_run_out {
-            true => Some((model.clone(), recovered.snapshot()?)),
-            false => None,
+        let tree = |recovered: &mut Subject| {
+            recovered.snapshot().map_err(|error| format!("after recovery, operation {step} {operation:?}: {error}"))
         };
+        let before = if space_may_run_out { Some((model.clone(), tree(&mut recovered)?)) } else { None };
         let expected = model.apply(&operation);
         let actual = recovered.apply(&operation);
         if let Some((model_before, tree_before)) = before {
             if refused_for_space(&operation, &expected, &actual) {
                 model = model_before;
-                if recovered.snapshot()? != tree_before {
+                if tree(&mut recovered)? != tree_before {
                     return Err(format!(
                         "after recovery, operation {step} {operation:?} was refused for space but changed the tree"
                     ));
