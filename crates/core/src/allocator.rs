@@ -428,7 +428,7 @@ impl<D: FlashDevice> Volume<D> {
             .allocatable_zones(&self.checkpoint)
             .into_iter()
             .filter(|zone| !taken.contains(zone))
-            .map(|zone| u64::from(reports[zone as usize].capacity_pages))
+            .map(|zone| u64::from(self.device.capacity_after_reset(&reports[zone as usize])))
             .collect();
         capacities.sort_unstable();
         capacities
@@ -489,7 +489,7 @@ impl<D: FlashDevice> Volume<D> {
         self.allocatable_zones(&self.checkpoint)
             .into_iter()
             .filter(|zone| !taken.contains(zone))
-            .map(|zone| u64::from(reports[zone as usize].capacity_pages))
+            .map(|zone| u64::from(self.device.capacity_after_reset(&reports[zone as usize])))
             .sum()
     }
 

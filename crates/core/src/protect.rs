@@ -1029,6 +1029,23 @@ impl<D: FlashDevice> Protected<D> {
         self.parity_on() && !SUPERBLOCK_ZONES.contains(&zone)
     }
 
+    /// The pages a zone will hold once it is reset and taken, as
+    /// [`FlashDevice::report_zone`] reports them here: a reset leaves its
+    /// bad blocks out, so a zone whose block went bad since its last reset
+    /// (a failed program, which left it read-only) holds a block less than
+    /// its report says. What the space checks count a free zone at.
+    pub fn capacity_after_reset(&self, report: &ZoneReport) -> u32 {
+        let geometry = self.inner.geometry();
+        let physical = geometry.zone_blocks.saturating_sub(report.bad_blocks) * geometry.block_pages;
+        let logical = if self.parity_zone(report.zone) {
+            let shape = self.shape(physical);
+            shape.data_blocks * shape.slots
+        } else {
+            physical
+        };
+        logical.min(report.capacity_pages)
+    }
+
     fn shape(&self, capacity_pages: u32) -> ZoneShape {
         let geometry = self.inner.geometry();
         let block_pages = geometry.block_pages;
