@@ -1991,7 +1991,24 @@ impl<D: FlashDevice> FlashDevice for Protected<D> {
         for block in 0..geometry.zone_blocks {
             self.note_die_idle(PageAddress::new(zone, block * geometry.block_pages));
         }
-        self.inner.reset_zone(zone)
+        match self.inner.reset_zone(zone) {
+            // The reset is done and durable, a block the smaller: the zone
+            // reports its new capacity (none, and it is offline, which no
+            // head takes). An operation that met it did nothing wrong, and
+            // an fsync that did once answered EIO for it (the mount test
+            // on failing flash, fio).
+            Err(DeviceError::EraseFailed { zone, block, erase_count, capacity_pages }) => {
+                tracing::warn!(
+                    zone,
+                    block,
+                    erase_count,
+                    capacity_pages,
+                    "a block went bad while its zone was erased; the zone is reset without it"
+                );
+                Ok(())
+            }
+            result => result,
+        }
     }
 
     fn finish_zone(&mut self, zone: u32) -> Result<()> {
