@@ -19,6 +19,18 @@ const _: () = assert!(PAGE_HEADER_BYTES as u32 <= OOB_SIZE_BYTES_MIN, "the page 
 pub const LOG_HEAD_ROLES: [ZoneRole; 4] = [ZoneRole::HotData, ZoneRole::ColdData, ZoneRole::Node, ZoneRole::Log];
 /// Zones kept free so the cleaner always has somewhere to move live data.
 pub const RESERVE_ZONES: u32 = 2;
+/// Zones every space check keeps free on top of what the buffered work,
+/// the operation and their checkpoint need (`Fs::checkpoint_fits`), for
+/// failed programs. A failed program ends its zone's use (read-only until
+/// the cleaner empties it) and its head goes on in a fresh zone, so each
+/// failure between an operation's admission and the checkpoint that makes
+/// it durable takes up to a zone that admission did not count. Without the
+/// margin, a failure on a device filled to its last zone left no zone for
+/// any checkpoint, and every change, unlink and fsync included, answered
+/// ENOSPC until a remount (the full-device cut sweep on failing flash, seed
+/// 405). One zone bounds one such failure; more than one in that window is
+/// beyond the bound (docs/SEMANTICS.md).
+pub const PROGRAM_FAILURE_MARGIN_ZONES: u32 = 1;
 /// Open zones the layout needs at once: every log head, the checkpoint zone
 /// being appended to, and the other one while a checkpoint switches zones.
 pub const OPEN_ZONES_NEEDED: u32 = LOG_HEAD_ROLES.len() as u32 + 2;

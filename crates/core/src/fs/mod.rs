@@ -47,7 +47,7 @@ use flintfs_format::Pointer;
 
 use crate::cache::{KeyHasher, PageCache};
 use crate::error::{errno, Error, Result};
-use crate::volume::{MkfsOptions, MountReport, Volume, RESERVE_ZONES};
+use crate::volume::{MkfsOptions, MountReport, Volume, PROGRAM_FAILURE_MARGIN_ZONES, RESERVE_ZONES};
 
 pub use cleaner::{
     CleanerCounters, CLEAN_GAIN_PER_STEP_PAGES, CLEAN_IDLE_WATER_ZONES, CLEAN_LOW_WATER_ZONES,
@@ -328,6 +328,10 @@ pub struct FsCounters {
     /// Unmounts whose nodes kept in NVM stayed there: the flash left could
     /// not take them home.
     pub nvm_write_homes_declined: u64,
+    /// Checkpoints an operation's start took ahead of its need (the
+    /// timer's, or for space) that found no room: the operation's own
+    /// space check answered instead (`Fs::optional_checkpoint`).
+    pub checkpoints_refused_for_space: u64,
     pub node_pages_read: u64,
     pub data_pages_written: u64,
     /// Runs of whole data blocks a failed program sent back to be placed
@@ -826,12 +830,17 @@ impl<D: FlashDevice> Fs<D> {
             // would start a new log before the old one was replayed.
             return Ok(());
         }
-        if self.checkpoint_due() || self.log_wants_checkpoint(1) {
+        if self.log_wants_checkpoint(1) {
+            // The operation's record needs the log room only a checkpoint
+            // makes: without it, the operation cannot start.
             return self.checkpoint();
+        }
+        if self.checkpoint_due() {
+            return self.optional_checkpoint();
         }
         if self.release_wanted() {
             self.count_release();
-            return self.checkpoint();
+            return self.optional_checkpoint();
         }
         // The operation after a checkpoint resets no zone ahead, and takes
         // no cleaning step unless free zones are short (`clean_if_low`;
@@ -849,9 +858,29 @@ impl<D: FlashDevice> Fs<D> {
         // rmdir) left buffered goes out, and the checkpoint gives back the
         // space they freed.
         if self.unindexed_short(data_pages) || !self.checkpoint_fits(data_pages.min(1), 0, 0, 0, true) {
-            self.checkpoint()?;
+            self.optional_checkpoint()?;
         }
         Ok(())
+    }
+
+    /// A checkpoint `begin` takes ahead of what the operation needs (the
+    /// timer's, or one for space): one refused for space is left to the
+    /// operation's own check, made after its lookups, so that a change to
+    /// a name that is not there says ENOENT, and a write to a directory
+    /// EISDIR, on a full device too (docs/SEMANTICS.md), and an operation
+    /// that frees space without a check of its own (a file let go at its
+    /// last close) still runs. A checkpoint that stops part way has
+    /// written some blocks and nodes back, as evictions do, and left the
+    /// rest buffered: a state the write-backs leave every day.
+    fn optional_checkpoint(&mut self) -> Result<()> {
+        match self.checkpoint() {
+            Err(error) if error.errno == errno::ENOSPC => {
+                tracing::debug!("a checkpoint ahead of an operation found no room: {}", error.message);
+                self.counters.checkpoints_refused_for_space += 1;
+                Ok(())
+            }
+            result => result,
+        }
     }
 
     /// Something changed and the timer's interval has passed.
@@ -948,14 +977,9 @@ impl<D: FlashDevice> Fs<D> {
         };
         let (data_need, node_need) = need(self, loose);
         let cold_need = cold_pages.saturating_sub(self.volume.head_free_pages(flintfs_format::ZoneRole::ColdData));
-        if data_need == 0 && node_need == 0 && cold_need == 0 {
-            // The heads hold it all: no zone list to read (the common
-            // case, before every write).
-            return true;
-        }
         // Every zone, the reserve's too, and the ones kept left out below.
         // The list is kept while nothing that changes it happens (the zone
-        // scan's key): a buffer larger than a zone asks before every write.
+        // scan's key), so the common case, before every write, reads none.
         let allowed = std::mem::replace(&mut self.volume.reserve_allowed, true);
         let key = self.zone_scan_key();
         let capacities = match self.capacities_hint.take() {
@@ -963,6 +987,16 @@ impl<D: FlashDevice> Fs<D> {
             _ => self.volume.allocatable_capacities(),
         };
         self.volume.reserve_allowed = allowed;
+        if data_need == 0 && node_need == 0 && cold_need == 0 {
+            // The heads hold it all, and no zone is needed but the margin
+            // for a failed program: the last free zone is kept for it even
+            // when the heads have room (a head that fills takes it, and a
+            // failure after that found no zone for any checkpoint).
+            let fits = capacities.len() >= PROGRAM_FAILURE_MARGIN_ZONES as usize;
+            self.capacities_hint = Some((key, capacities));
+            return fits;
+        }
+        let kept_zones = kept_zones + PROGRAM_FAILURE_MARGIN_ZONES as usize;
         let usable = &capacities[..capacities.len().saturating_sub(kept_zones)];
         let mut fits = zones_cover(usable, &[data_need, node_need, cold_need]);
         if !fits {

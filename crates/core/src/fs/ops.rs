@@ -1690,14 +1690,16 @@ impl<D: FlashDevice> Fs<D> {
 
     /// The file system's size in blocks, as statfs says, and the blocks in
     /// use (referenced, or buffered to be written). The size leaves out
-    /// what the cleaner and the log heads keep back, the way F2FS leaves
+    /// what the cleaner, the log heads and the margin for failed programs
+    /// keep back, the way F2FS leaves
     /// out its overprovisioning: space the cleaner needs to work in is
     /// never promised to files.
     pub(crate) fn space_blocks(&self) -> (u64, u64) {
         let geometry = self.volume.device.geometry();
         let dynamic = self.dynamic_capacity_pages();
-        let kept_back_zones =
-            u64::from(RESERVE_ZONES) + crate::volume::LOG_HEAD_ROLES.len() as u64 + super::CLEAN_LOW_WATER_ZONES as u64;
+        let kept_back_zones = u64::from(RESERVE_ZONES + crate::volume::PROGRAM_FAILURE_MARGIN_ZONES)
+            + crate::volume::LOG_HEAD_ROLES.len() as u64
+            + super::CLEAN_LOW_WATER_ZONES as u64;
         let blocks = dynamic.saturating_sub(kept_back_zones * geometry.zone_pages());
         let used = self.volume.valid_bytes_total().div_ceil(self.block_bytes()) + self.dirty_blocks.len() as u64;
         (blocks, used)
