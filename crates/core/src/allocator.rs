@@ -214,13 +214,22 @@ impl<D: FlashDevice> Volume<D> {
             let empty = vec![0u8; geometry.page_size_bytes as usize];
             let pages: Vec<(PageMeta, &[u8])> =
                 (0..needed).map(|_| (PageMeta::new(PageKind::Filler, 0), empty.as_slice())).collect();
-            let addresses = self.append_run(head.role, &pages)?;
-            if addresses.first().is_some_and(|address| address.zone != head.zone) {
-                // The run went to another zone after all (a program failed):
-                // what it filled there is as good as anywhere.
-                tracing::debug!(zone = head.zone, "padding moved to another zone");
+            // One attempt: a program that fails leaves the zone read-only,
+            // its block retired, and the head moves on at its next write,
+            // as after any failed program. Padding a fresh zone instead
+            // bought nothing and took a zone outside any checkpoint, where
+            // the reserve is not allowed: on a full device the unmount
+            // then failed for space (the full-device cut sweep on failing
+            // flash, seed 425).
+            match self.append_run_once(head.role, &pages) {
+                Ok(_) => written += u64::from(needed),
+                Err(error)
+                    if self.device.report_zone(head.zone).is_ok_and(|report| report.state == ZoneState::ReadOnly) =>
+                {
+                    tracing::debug!(zone = head.zone, "padding stopped by a failed program: {error}");
+                }
+                Err(error) => return Err(error),
             }
-            written += u64::from(needed);
         }
         Ok(written)
     }
