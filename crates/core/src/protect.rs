@@ -1399,6 +1399,16 @@ impl<D: FlashDevice> Protected<D> {
             self.catch_up(address.zone, physical.page)?;
         }
         let shape = self.shape(report.capacity_pages);
+        // Past the logical capacity the physical page is a parity page (or
+        // past the zone): a program there would succeed and be lost, as the
+        // zone reports no page of it. A checkpoint zone whose blocks all
+        // went bad but the parity's took records that way, and the mount
+        // found none.
+        let capacity_pages = shape.data_blocks * shape.slots;
+        if address.page >= capacity_pages {
+            let write_pointer = self.logical_report(report).write_pointer;
+            return Err(DeviceError::ZoneFull { address, write_pointer, capacity_pages });
+        }
         let in_data = physical.page / shape.block_pages < shape.data_blocks;
         if in_data {
             self.stripe_at(address.zone, physical.page, shape);

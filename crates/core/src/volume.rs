@@ -41,7 +41,9 @@ pub const ROOT_INO: u64 = 1;
 
 /// Zones a file system with `unindexed_segments` needs at least.
 pub fn zones_min(unindexed_segments: u32) -> u32 {
-    FIRST_DYNAMIC_ZONE + LOG_HEAD_ROLES.len() as u32 + unindexed_segments + RESERVE_ZONES
+    // The margin too: without it, the smallest device admitted no change
+    // past what the heads' zones hold.
+    FIRST_DYNAMIC_ZONE + LOG_HEAD_ROLES.len() as u32 + unindexed_segments + RESERVE_ZONES + PROGRAM_FAILURE_MARGIN_ZONES
 }
 
 /// Choices made once, at mkfs. Time and randomness come from the caller.
@@ -846,6 +848,17 @@ impl<D: FlashDevice> Volume<D> {
         // follows it at once: fillers before it take up the difference.
         let slots = geometry.block_pages;
         let capacity = self.device.report_zone(zone)?.capacity_pages;
+        if write_pointer + page_count > capacity {
+            // Both fixed zones worn past holding one record: no checkpoint
+            // can be committed. The newest record stays where it was.
+            return Err(Error::new(
+                errno::EROFS,
+                format!(
+                    "no checkpoint zone can take a record of {page_count} pages: zone {zone} holds {capacity} good \
+                     pages after its reset (its blocks went bad), and the other is full"
+                ),
+            ));
+        }
         let fillers = if self.align_checkpoint { (slots - (write_pointer + page_count) % slots) % slots } else { 0 };
         let fillers = if write_pointer + fillers + page_count <= capacity { fillers } else { 0 };
         let generation = next.zones[zone as usize].generation;
