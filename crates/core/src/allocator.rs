@@ -197,7 +197,8 @@ impl<D: FlashDevice> Volume<D> {
     /// that its parity goes to flash (unmount does this: a block's pages
     /// have the ECC alone until its parity is written). Returns the pages
     /// it wrote. A head whose zone cannot take them in place is left as it
-    /// is.
+    /// is, and so is one whose padding a failed program stopped (its zone
+    /// read-only, the block's pages with their ECC alone).
     pub fn pad_heads_to_block_ends(&mut self) -> Result<u64> {
         let geometry = self.device.geometry();
         let slots = geometry.block_pages;
@@ -226,6 +227,13 @@ impl<D: FlashDevice> Volume<D> {
                 Err(error)
                     if self.device.report_zone(head.zone).is_ok_and(|report| report.state == ZoneState::ReadOnly) =>
                 {
+                    // The head stays where the zone's write pointer
+                    // stopped, at the failed page: the checkpoint then
+                    // records it where mount finds it (one past, mount
+                    // counted a page lost from the medium).
+                    let stopped = self.device.report_zone(head.zone)?.write_pointer;
+                    written += u64::from(stopped.saturating_sub(head.write_pointer));
+                    self.set_head_write_pointer(head.role, stopped);
                     tracing::debug!(zone = head.zone, "padding stopped by a failed program: {error}");
                 }
                 Err(error) => return Err(error),
@@ -308,8 +316,12 @@ impl<D: FlashDevice> Volume<D> {
             if report.zone >= FIRST_DYNAMIC_ZONE
                 && usage.role == ZoneRole::Free
                 && !in_head
-                && report.capacity_pages > 0
                 && report.state != ZoneState::Offline
+                // A zone its reset would leave with no page (every block
+                // retired, or too few left for its parity) is no zone: it
+                // was counted free, and could stand for the margin kept
+                // for a failed program.
+                && self.device.capacity_after_reset(&report) > 0
             {
                 candidates.push((report.erase_count_max, report.zone));
             }

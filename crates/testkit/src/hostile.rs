@@ -111,9 +111,10 @@ pub fn base_fs_image() -> MemoryFlash {
     // this small a device, with its zones of 9 pages mostly holding node
     // pages until a checkpoint, cannot promise on top of its reserve and
     // the margin for a failed program (`PROGRAM_FAILURE_MARGIN_ZONES`).
+    const PIECE_BYTES: usize = 8192;
     let contents: Vec<u8> = (0..40_000u32).map(|i| i as u8).collect();
-    for (index, piece) in contents.chunks(8192).enumerate() {
-        fs.write(large, (index * 8192) as u64, piece).unwrap();
+    for (index, piece) in contents.chunks(PIECE_BYTES).enumerate() {
+        fs.write(large, (index * PIECE_BYTES) as u64, piece).unwrap();
     }
     fs.link(large, directory, b"second-name").unwrap();
     fs.setxattr(large, b"user.x", b"value", flintfs_core::XattrFlags::default()).unwrap();

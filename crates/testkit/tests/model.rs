@@ -184,8 +184,8 @@ fn power_cuts_on_a_full_device_recover_as_promised() {
     // counted at their size before the reset that drops the bad block:
     // `Protected::capacity_after_reset`), and six since seed 405's last
     // free zone went to a checkpoint and a failed program then left no
-    // zone for any other (`PROGRAM_FAILURE_MARGIN_ZONES`). The variables pick one
-    // shape; `FLINTFS_FULL_CUT_FIRST_SEED` moves its seeds.
+    // zone for any other (`PROGRAM_FAILURE_MARGIN_ZONES`). The variables
+    // pick one shape; `FLINTFS_FULL_CUT_FIRST_SEED` moves its seeds.
     let asked = |name: &str| std::env::var(name).is_ok();
     let shapes: Vec<(bool, u64, u64)> = if asked("FLINTFS_FULL_CUT_SEEDS")
         || asked("FLINTFS_FULL_CUT_NVM_BYTES")

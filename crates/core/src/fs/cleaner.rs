@@ -499,8 +499,9 @@ impl<D: FlashDevice> Fs<D> {
         // The log's checkpoint starts here, in the background, at half its
         // threshold: an operation meets it at the whole only when the
         // mount was never idle.
-        if self.checkpoint_due() || self.log_wants_checkpoint(2) {
-            self.checkpoint()?;
+        // One refused for space goes on to the cleaning below, which is
+        // what may make room.
+        if (self.checkpoint_due() || self.log_wants_checkpoint(2)) && self.optional_checkpoint()? {
             return Ok(true);
         }
         let (free, wear) = self.zone_scan();

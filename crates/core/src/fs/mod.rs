@@ -328,9 +328,10 @@ pub struct FsCounters {
     /// Unmounts whose nodes kept in NVM stayed there: the flash left could
     /// not take them home.
     pub nvm_write_homes_declined: u64,
-    /// Checkpoints an operation's start took ahead of its need (the
-    /// timer's, or for space) that found no room: the operation's own
-    /// space check answered instead (`Fs::optional_checkpoint`).
+    /// Checkpoints taken ahead of need (the timer's, for space, or the
+    /// idle work's) that found no room: the operation's own space check
+    /// answered instead, or the idle work went on to cleaning
+    /// (`Fs::optional_checkpoint`).
     pub checkpoints_refused_for_space: u64,
     pub node_pages_read: u64,
     pub data_pages_written: u64,
@@ -428,9 +429,10 @@ pub struct Fs<D: FlashDevice> {
     /// The allocatable zones' capacities, the reserve's included, smallest
     /// first, under the same key (`checkpoint_fits`).
     pub(crate) capacities_hint: Option<(cleaner::ZoneScanKey, Vec<u64>)>,
-    /// The allocatable zones' summed capacity, and the resets issued when
-    /// it was counted (`Fs::space_blocks`).
-    pub(crate) capacity_hint: std::cell::Cell<Option<(u64, u64)>>,
+    /// The dynamic zones' summed capacity, and the resets issued and the
+    /// failed programs and retired blocks when it was counted
+    /// (`Fs::space_blocks`).
+    pub(crate) capacity_hint: std::cell::Cell<Option<((u64, u64), u64)>>,
     pub(crate) log: log::LogState,
     /// The running operation reserved its room at its start: what it
     /// calls may not clean, checkpoint or refuse for space again.
@@ -735,7 +737,9 @@ impl<D: FlashDevice> Fs<D> {
         // Close the open stripes: every head's block filled to its end, so
         // its parity is on flash, then one more checkpoint (recording the
         // heads there) whose record ends at a block's end too. What unmount
-        // leaves is protected whole.
+        // leaves is protected whole (but a block whose padding a failed
+        // program stopped: its zone is read-only, its pages have their ECC,
+        // and the cleaner moves them).
         if self.volume.device.parity().block_parity_pages > 0 {
             let padded = self.volume.pad_heads_to_block_ends()?;
             self.counters.pages_padded_at_unmount += padded;
@@ -835,12 +839,17 @@ impl<D: FlashDevice> Fs<D> {
             // makes: without it, the operation cannot start.
             return self.checkpoint();
         }
-        if self.checkpoint_due() {
-            return self.optional_checkpoint();
+        // One refused for space lets the operation go on, the work below
+        // included: on a full device the cleaning step is what may make
+        // room.
+        if self.checkpoint_due() && self.optional_checkpoint()? {
+            return Ok(());
         }
         if self.release_wanted() {
             self.count_release();
-            return self.optional_checkpoint();
+            if self.optional_checkpoint()? {
+                return Ok(());
+            }
         }
         // The operation after a checkpoint resets no zone ahead, and takes
         // no cleaning step unless free zones are short (`clean_if_low`;
@@ -858,7 +867,8 @@ impl<D: FlashDevice> Fs<D> {
         // rmdir) left buffered goes out, and the checkpoint gives back the
         // space they freed.
         if self.unindexed_short(data_pages) || !self.checkpoint_fits(data_pages.min(1), 0, 0, 0, true) {
-            self.optional_checkpoint()?;
+            // Taken or refused, the operation's own checks answer next.
+            let _taken = self.optional_checkpoint()?;
         }
         Ok(())
     }
@@ -872,14 +882,16 @@ impl<D: FlashDevice> Fs<D> {
     /// last close) still runs. A checkpoint that stops part way has
     /// written some blocks and nodes back, as evictions do, and left the
     /// rest buffered: a state the write-backs leave every day.
-    fn optional_checkpoint(&mut self) -> Result<()> {
+    /// Returns whether it was taken.
+    pub(crate) fn optional_checkpoint(&mut self) -> Result<bool> {
         match self.checkpoint() {
+            Ok(()) => Ok(true),
             Err(error) if error.errno == errno::ENOSPC => {
                 tracing::debug!("a checkpoint ahead of an operation found no room: {}", error.message);
                 self.counters.checkpoints_refused_for_space += 1;
-                Ok(())
+                Ok(false)
             }
-            result => result,
+            Err(error) => Err(error),
         }
     }
 
@@ -955,9 +967,12 @@ impl<D: FlashDevice> Fs<D> {
     /// role's need is met zone by zone, smallest zones first: a zone
     /// shrunk by bad blocks counts for what it holds, and the estimate
     /// errs towards no. With `operation_margin`, room for one more
-    /// operation's node pages ([`OPERATION_NODE_PAGES_MAX`]) is kept too:
-    /// what an operation admitted now leaves for the next; the cleaner,
-    /// which leaves a zone of the reserve instead, keeps none.
+    /// operation's node pages ([`OPERATION_NODE_PAGES_MAX`]) is kept too,
+    /// what an operation admitted now leaves for the next, and
+    /// [`PROGRAM_FAILURE_MARGIN_ZONES`] free zones besides, even when the
+    /// heads hold everything; the cleaner, which leaves a zone of the
+    /// reserve instead, keeps neither. Where the heads hold everything,
+    /// `kept_zones` asks for nothing.
     pub(crate) fn checkpoint_fits(
         &mut self,
         data_pages: u64,
@@ -987,16 +1002,19 @@ impl<D: FlashDevice> Fs<D> {
             _ => self.volume.allocatable_capacities(),
         };
         self.volume.reserve_allowed = allowed;
+        // New work keeps a zone for a failed program besides; the
+        // cleaner's moves, which give zones back, may use it.
+        let failure_margin = if operation_margin { PROGRAM_FAILURE_MARGIN_ZONES as usize } else { 0 };
         if data_need == 0 && node_need == 0 && cold_need == 0 {
-            // The heads hold it all, and no zone is needed but the margin
-            // for a failed program: the last free zone is kept for it even
-            // when the heads have room (a head that fills takes it, and a
+            // The heads hold it all, and no zone is needed but the margin:
+            // the last free zone is kept for a failed program even while
+            // the heads have room (a head that fills takes it, and a
             // failure after that found no zone for any checkpoint).
-            let fits = capacities.len() >= PROGRAM_FAILURE_MARGIN_ZONES as usize;
+            let fits = capacities.len() >= failure_margin;
             self.capacities_hint = Some((key, capacities));
             return fits;
         }
-        let kept_zones = kept_zones + PROGRAM_FAILURE_MARGIN_ZONES as usize;
+        let kept_zones = kept_zones + failure_margin;
         let usable = &capacities[..capacities.len().saturating_sub(kept_zones)];
         let mut fits = zones_cover(usable, &[data_need, node_need, cold_need]);
         if !fits {

@@ -1691,9 +1691,8 @@ impl<D: FlashDevice> Fs<D> {
     /// The file system's size in blocks, as statfs says, and the blocks in
     /// use (referenced, or buffered to be written). The size leaves out
     /// what the cleaner, the log heads and the margin for failed programs
-    /// keep back, the way F2FS leaves
-    /// out its overprovisioning: space the cleaner needs to work in is
-    /// never promised to files.
+    /// keep back, the way F2FS leaves out its overprovisioning: space the
+    /// cleaner needs to work in is never promised to files.
     pub(crate) fn space_blocks(&self) -> (u64, u64) {
         let geometry = self.volume.device.geometry();
         let dynamic = self.dynamic_capacity_pages();
@@ -1705,12 +1704,19 @@ impl<D: FlashDevice> Fs<D> {
         (blocks, used)
     }
 
-    /// The pages of every zone the allocator hands out, summed. A zone's
-    /// capacity changes only when it is reset (a retired block drops out
-    /// then), so the sum is kept until a zone is reset, instead of reading
-    /// every zone's report before each write.
+    /// The pages of every zone the allocator hands out, summed, each at
+    /// what it holds after its next reset: a block retired by a failed
+    /// program is gone from then on. That changes only when a zone is
+    /// reset, a program fails or a block is retired, so the sum is kept
+    /// until one of those happens, instead of reading every zone's report
+    /// before each write.
     fn dynamic_capacity_pages(&self) -> u64 {
-        let key = self.volume.device.resets_issued();
+        // Counts this layer keeps and never resets (the device's own
+        // counters restart with a benchmark's phase, and a disk has none).
+        let key = (
+            self.volume.device.resets_issued(),
+            self.volume.program_failures + self.volume.device.protection_counters().blocks_retired,
+        );
         if let Some((cached_key, pages)) = self.capacity_hint.get() {
             if cached_key == key {
                 return pages;
@@ -1722,7 +1728,7 @@ impl<D: FlashDevice> Fs<D> {
             .report_zones()
             .iter()
             .filter(|report| report.zone >= FIRST_DYNAMIC_ZONE)
-            .map(|report| u64::from(report.capacity_pages))
+            .map(|report| u64::from(self.volume.device.capacity_after_reset(report)))
             .sum();
         self.capacity_hint.set(Some((key, pages)));
         pages
