@@ -2193,6 +2193,55 @@ mod tests {
         assert_eq!(data, vec![0u8; 4096]);
     }
 
+    /// A zone whose retired blocks leave only its parity's holds no page,
+    /// and a program there is refused: it once landed on a parity page,
+    /// reported success, and the zone showed no page of it (a checkpoint
+    /// record lost that way, and the next mount found no checkpoint).
+    #[test]
+    fn a_program_past_a_zones_logical_capacity_is_refused() {
+        let geometry = Geometry {
+            page_size_bytes: 4096,
+            oob_size_bytes: 128,
+            block_pages: 16,
+            zone_blocks: 2,
+            zone_count: 16,
+            open_zones_max: 8,
+            nvm_size_bytes: 0,
+        };
+        let failing = flintfs_flash::FaultConfig {
+            program_failure_probability_at_endurance: 1.0,
+            failure_growth_exponent: 0.0,
+            ..flintfs_flash::FaultConfig::none(3)
+        };
+        let options = DeviceOptions { faults: failing, ..DeviceOptions::default() };
+        let mut device = Protected::new(MemoryFlash::memory(geometry, options).unwrap());
+        device.set_parity(ParityLayout { block_parity_pages: 1, zone_parity_blocks: 1 }).unwrap();
+        let capacity_pages = device.report_zone(ZONE).unwrap().capacity_pages;
+        assert_eq!(capacity_pages, 15, "one data block of 16 pages, one a parity page");
+        let header = |page: u32| PageHeader {
+            kind: PageKind::DataBlock,
+            end_of_record: false,
+            zone_generation: 1,
+            sequence: u64::from(page) + 1,
+            zone: ZONE,
+            page,
+            inverted: InvertedIndex::default(),
+            length: 4096,
+            count: 0,
+        };
+        let data = vec![5u8; 4096];
+        let failed = crate::volume::program(&mut device, PageAddress::new(ZONE, 0), &header(0), &data);
+        assert!(failed.is_err(), "every program fails: {failed:?}");
+        device.inner_mut().set_faults(flintfs_flash::FaultConfig::none(3)).unwrap();
+        device.reset_zone(ZONE).unwrap();
+        let report = device.report_zone(ZONE).unwrap();
+        assert_eq!((report.capacity_pages, report.write_pointer), (0, 0), "only the parity's block is left");
+        let refused = crate::volume::program(&mut device, PageAddress::new(ZONE, 0), &header(0), &data);
+        let error = refused.expect_err("a program past the zone's logical capacity");
+        assert_eq!(error.errno, crate::error::errno::ENOSPC, "{error}");
+        assert_eq!(device.report_zone(ZONE).unwrap().write_pointer, 0);
+    }
+
     /// A run long enough to be sealed on two threads comes out byte for
     /// byte as each page sealed alone: the halves are the same pure
     /// function of their pages, whichever thread (or, when the helper
