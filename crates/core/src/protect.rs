@@ -409,6 +409,10 @@ pub struct Protected<D: FlashDevice> {
     /// opened (never reset, unlike the device's counters): a zone's
     /// capacity changes only at a reset.
     resets_issued: u64,
+    /// Programs that failed through this layer since it was opened, parity
+    /// pages' included (never reset): each retires a block, which a zone's
+    /// capacity after its reset leaves out.
+    programs_failed: u64,
     /// A program, reset or finish was issued since the last flush.
     unflushed: bool,
     /// Pages programmed on each die since the last flush (empty until the
@@ -447,6 +451,7 @@ impl<D: FlashDevice> Protected<D> {
             retired_blocks: BTreeSet::new(),
             block_samples: BTreeMap::new(),
             resets_issued: 0,
+            programs_failed: 0,
             correction: Correction::ALL,
             unflushed: false,
             die_pages_programmed: Vec::new(),
@@ -982,6 +987,11 @@ impl<D: FlashDevice> Protected<D> {
         self.resets_issued
     }
 
+    /// Programs that failed through this layer since it was opened.
+    pub fn programs_failed(&self) -> u64 {
+        self.programs_failed
+    }
+
     pub fn inner(&self) -> &D {
         &self.inner
     }
@@ -1395,19 +1405,20 @@ impl<D: FlashDevice> Protected<D> {
     fn program_protected(&mut self, address: PageAddress, data: &[u8], sealed: &[u8]) -> Result<()> {
         let physical = self.to_physical(address);
         let report = self.inner.report_zone(address.zone)?;
-        if report.write_pointer < physical.page {
-            self.catch_up(address.zone, physical.page)?;
-        }
         let shape = self.shape(report.capacity_pages);
         // Past the logical capacity the physical page is a parity page (or
         // past the zone): a program there would succeed and be lost, as the
         // zone reports no page of it. A checkpoint zone whose blocks all
         // went bad but the parity's took records that way, and the mount
-        // found none.
+        // found none. Refused before any parity is caught up, so the zone
+        // is left as it was.
         let capacity_pages = shape.data_blocks * shape.slots;
         if address.page >= capacity_pages {
             let write_pointer = self.logical_report(report).write_pointer;
             return Err(DeviceError::ZoneFull { address, write_pointer, capacity_pages });
+        }
+        if report.write_pointer < physical.page {
+            self.catch_up(address.zone, physical.page)?;
         }
         let in_data = physical.page / shape.block_pages < shape.data_blocks;
         if in_data {
@@ -1444,7 +1455,12 @@ impl<D: FlashDevice> Protected<D> {
     /// every program of this layer goes through here, so the counts
     /// `zone_parity_pages_to_pay` reads miss none.
     fn program_inner(&mut self, address: PageAddress, data: &[u8], oob: &[u8]) -> Result<()> {
-        self.inner.program_page(address, data, oob)?;
+        if let Err(error) = self.inner.program_page(address, data, oob) {
+            if matches!(error, DeviceError::ProgramFailed { .. }) {
+                self.programs_failed += 1;
+            }
+            return Err(error);
+        }
         self.note_programmed(address);
         Ok(())
     }

@@ -854,8 +854,9 @@ impl<D: FlashDevice> Volume<D> {
             return Err(Error::new(
                 errno::EROFS,
                 format!(
-                    "no checkpoint zone can take a record of {page_count} pages: zone {zone} holds {capacity} good \
-                     pages after its reset (its blocks went bad), and the other is full"
+                    "no checkpoint zone can take a record of {page_count} pages: zone {zone} holds {capacity} pages \
+                     after its reset, and zone {} cannot take it either",
+                    self.checkpoint_zone
                 ),
             ));
         }

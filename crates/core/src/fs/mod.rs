@@ -328,9 +328,9 @@ pub struct FsCounters {
     /// Unmounts whose nodes kept in NVM stayed there: the flash left could
     /// not take them home.
     pub nvm_write_homes_declined: u64,
-    /// Checkpoints taken ahead of need (the timer's, for space, or the
-    /// idle work's) that found no room: the operation's own space check
-    /// answered instead, or the idle work went on to cleaning
+    /// Checkpoints taken ahead of need (the timer's, a release's, one for
+    /// space, or the idle work's) refused with ENOSPC and skipped: the
+    /// operation went on to its own checks, the idle work to cleaning
     /// (`Fs::optional_checkpoint`).
     pub checkpoints_refused_for_space: u64,
     pub node_pages_read: u64,
@@ -873,9 +873,9 @@ impl<D: FlashDevice> Fs<D> {
         Ok(())
     }
 
-    /// A checkpoint `begin` takes ahead of what the operation needs (the
-    /// timer's, or one for space): one refused for space is left to the
-    /// operation's own check, made after its lookups, so that a change to
+    /// A checkpoint `begin` or the idle work takes ahead of need (the
+    /// timer's, a release's, or one for space): one refused for space is
+    /// left to the operation's own checks, made after its lookups, so that a change to
     /// a name that is not there says ENOENT, and a write to a directory
     /// EISDIR, on a full device too (docs/SEMANTICS.md), and an operation
     /// that frees space without a check of its own (a file let go at its
@@ -1009,7 +1009,10 @@ impl<D: FlashDevice> Fs<D> {
             // The heads hold it all, and no zone is needed but the margin:
             // the last free zone is kept for a failed program even while
             // the heads have room (a head that fills takes it, and a
-            // failure after that found no zone for any checkpoint).
+            // failure after that found no zone for any checkpoint). The
+            // reserve is not asked for here: pages the heads already hold
+            // cost no zone, and keeping the reserve would refuse writes
+            // that take none.
             let fits = capacities.len() >= failure_margin;
             self.capacities_hint = Some((key, capacities));
             return fits;
@@ -1246,7 +1249,8 @@ impl<D: FlashDevice> Fs<D> {
     /// at most) and a data page if it has any (a truncate's edge block; a
     /// write's own pages are checked as it buffers them), on top of what
     /// is buffered, and the checkpoint that makes them durable, must fit
-    /// every zone left, the reserve's included. What fills space checks more
+    /// every zone left, the reserve's included, but the margin kept for a
+    /// failed program ([`PROGRAM_FAILURE_MARGIN_ZONES`]). What fills space checks more
     /// ([`Fs::reserve_space`], which leaves the reserve whole); what frees
     /// it (unlink and rmdir after their lookups, a truncate that shrinks)
     /// checks only this, since the reserve is kept for it, and a file let
@@ -1258,7 +1262,11 @@ impl<D: FlashDevice> Fs<D> {
         if self.log.replaying || self.space_reserved || self.checkpoint_fits(data_pages.min(1), 0, 0, 0, true) {
             return Ok(());
         }
-        Err(Error::new(errno::ENOSPC, "no space: not even the reserve can take one more change and its checkpoint"))
+        Err(Error::new(
+            errno::ENOSPC,
+            "no space: not even the reserve, less the zone kept for a failed program, can take one more change and \
+             its checkpoint",
+        ))
     }
 
     /// Whether a checkpoint would write anything besides its record:

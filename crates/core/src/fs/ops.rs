@@ -1704,7 +1704,7 @@ impl<D: FlashDevice> Fs<D> {
         (blocks, used)
     }
 
-    /// The pages of every zone the allocator hands out, summed, each at
+    /// The pages of every dynamic zone, summed, each at
     /// what it holds after its next reset: a block retired by a failed
     /// program is gone from then on. That changes only when a zone is
     /// reset, a program fails or a block is retired, so the sum is kept
@@ -1715,7 +1715,7 @@ impl<D: FlashDevice> Fs<D> {
         // counters restart with a benchmark's phase, and a disk has none).
         let key = (
             self.volume.device.resets_issued(),
-            self.volume.program_failures + self.volume.device.protection_counters().blocks_retired,
+            self.volume.device.programs_failed() + self.volume.device.protection_counters().blocks_retired,
         );
         if let Some((cached_key, pages)) = self.capacity_hint.get() {
             if cached_key == key {
