@@ -224,19 +224,19 @@ impl<D: FlashDevice> Volume<D> {
             // flash, seed 425).
             match self.append_run_once(head.role, &pages) {
                 Ok(_) => written += u64::from(needed),
-                Err(error)
-                    if self.device.report_zone(head.zone).is_ok_and(|report| report.state == ZoneState::ReadOnly) =>
-                {
+                Err(error) => {
+                    let report = match self.device.report_zone(head.zone) {
+                        Ok(report) if report.state == ZoneState::ReadOnly => report,
+                        _ => return Err(error),
+                    };
                     // The head stays where the zone's write pointer
                     // stopped, at the failed page: the checkpoint then
                     // records it where mount finds it (one past, mount
                     // counted a page lost from the medium).
-                    let stopped = self.device.report_zone(head.zone)?.write_pointer;
-                    written += u64::from(stopped.saturating_sub(head.write_pointer));
-                    self.set_head_write_pointer(head.role, stopped);
+                    written += u64::from(report.write_pointer.saturating_sub(head.write_pointer));
+                    self.set_head_write_pointer(head.role, report.write_pointer);
                     tracing::debug!(zone = head.zone, "padding stopped by a failed program: {error}");
                 }
-                Err(error) => return Err(error),
             }
         }
         Ok(written)

@@ -349,6 +349,14 @@ struct ZoneShape {
     parity_blocks: u32,
 }
 
+impl ZoneShape {
+    /// The zone's logical capacity: the data pages of its data blocks, what
+    /// its report says and what a program may reach.
+    fn data_pages(&self) -> u32 {
+        self.data_blocks * self.slots
+    }
+}
+
 /// The ECC layout of a geometry, built once per process for each shape
 /// (building a BCH code's tables costs a few milliseconds).
 pub fn ecc_layout(geometry: &Geometry) -> Option<Arc<EccLayout>> {
@@ -1047,12 +1055,7 @@ impl<D: FlashDevice> Protected<D> {
     pub fn capacity_after_reset(&self, report: &ZoneReport) -> u32 {
         let geometry = self.inner.geometry();
         let physical = geometry.zone_blocks.saturating_sub(report.bad_blocks) * geometry.block_pages;
-        let logical = if self.parity_zone(report.zone) {
-            let shape = self.shape(physical);
-            shape.data_blocks * shape.slots
-        } else {
-            physical
-        };
+        let logical = if self.parity_zone(report.zone) { self.shape(physical).data_pages() } else { physical };
         logical.min(report.capacity_pages)
     }
 
@@ -1087,7 +1090,7 @@ impl<D: FlashDevice> Protected<D> {
         let shape = self.shape(report.capacity_pages);
         let (block, offset) = (report.write_pointer / shape.block_pages, report.write_pointer % shape.block_pages);
         let write_pointer = if block >= shape.data_blocks {
-            shape.data_blocks * shape.slots
+            shape.data_pages()
         } else if report.state == ZoneState::Full && offset > 0 {
             // A zone finished with its last block part written: the last
             // k pages there are that block's parity.
@@ -1095,7 +1098,7 @@ impl<D: FlashDevice> Protected<D> {
         } else {
             block * shape.slots + offset.min(shape.slots)
         };
-        ZoneReport { write_pointer, capacity_pages: shape.data_blocks * shape.slots, ..report }
+        ZoneReport { write_pointer, capacity_pages: shape.data_pages(), ..report }
     }
 
     fn code(&mut self, data_count: usize, parity_count: usize) -> Option<Arc<ErasureCode>> {
@@ -1412,7 +1415,7 @@ impl<D: FlashDevice> Protected<D> {
         // went bad but the parity's took records that way, and the mount
         // found none. Refused before any parity is caught up, so the zone
         // is left as it was.
-        let capacity_pages = shape.data_blocks * shape.slots;
+        let capacity_pages = shape.data_pages();
         if address.page >= capacity_pages {
             let write_pointer = self.logical_report(report).write_pointer;
             return Err(DeviceError::ZoneFull { address, write_pointer, capacity_pages });
