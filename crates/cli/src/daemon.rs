@@ -57,7 +57,8 @@ pub struct MountArguments {
     /// fsync survives the daemon killed, not the host crashing),
     /// allow_other (the default for root), private or
     /// noallow_other (only the mounting user; mount(8) keeps `private` for
-    /// itself, so fstab says noallow_other), the kernel's ro, rw, nosuid, suid, nodev, dev,
+    /// itself, so fstab says noallow_other), ro (the engine writes nothing
+    /// either: an unclean stop's log is replayed in memory), the kernel's rw, nosuid, suid, nodev, dev,
     /// noexec, exec, noatime, atime, sync, async, dirsync; fstab's
     /// defaults, auto, noauto, nofail, user, users, nouser, _netdev, x-*
     /// and comment=* are accepted and left to mount(8) and systemd.
@@ -184,6 +185,15 @@ fn parse_options(options: &[String]) -> Outcome<MountOptions> {
             // `noallow_other`.
             "private" | "noallow_other" if value.is_none() => parsed.allow_other = false,
             flag if value.is_none() && flintfs_fuse::KERNEL_FLAGS.contains(&flag) => {
+                // `ro` at mount makes the engine read-only too: it writes
+                // nothing, not even recovery's checkpoint (a device that can
+                // no longer take one still mounts, to copy files off). A
+                // later `remount,ro` is the kernel's alone.
+                match flag {
+                    "ro" => parsed.fs.read_only = true,
+                    "rw" => parsed.fs.read_only = false,
+                    _ => {}
+                }
                 parsed.kernel_flags.push(flag.to_string())
             }
             program if is_mount_program_option(program) => {}

@@ -439,6 +439,13 @@ pub struct Protected<D: FlashDevice> {
     /// The unit of the page being programmed, kept between programs so
     /// that the parity's accumulation allocates nothing.
     unit_scratch: Vec<u8>,
+    /// A read-only mount: every program, reset, finish and NVM write is
+    /// refused here (EROFS), whichever path of the engine asks for it, so
+    /// the medium and the NVM are left exactly as the mount found them.
+    read_only: bool,
+    /// Writes refused for `read_only` since this layer was opened: a
+    /// read-only recovery that needed one did not replay all of the log.
+    read_only_refusals: u64,
 }
 
 impl<D: FlashDevice> Protected<D> {
@@ -467,7 +474,34 @@ impl<D: FlashDevice> Protected<D> {
             nvm_stripes: None,
             nvm_wear: NvmWear::new(geometry.nvm_size_bytes),
             unit_scratch: Vec::new(),
+            read_only: false,
+            read_only_refusals: 0,
         }
+    }
+
+    /// Refuses every write from now on (a read-only mount): programs,
+    /// resets, finishes and NVM writes answer EROFS, and a flush has
+    /// nothing to make durable.
+    pub fn set_read_only(&mut self) {
+        self.read_only = true;
+    }
+
+    pub fn read_only(&self) -> bool {
+        self.read_only
+    }
+
+    /// Writes refused because the layer is read-only.
+    pub fn read_only_refusals(&self) -> u64 {
+        self.read_only_refusals
+    }
+
+    /// The guard every write of this layer passes first.
+    fn refuse_if_read_only(&mut self, operation: &'static str) -> Result<()> {
+        if self.read_only {
+            self.read_only_refusals += 1;
+            return Err(DeviceError::ReadOnly { operation });
+        }
+        Ok(())
     }
 
     /// Puts parity in its places from now on (mkfs's choice, from the
@@ -690,6 +724,7 @@ impl<D: FlashDevice> Protected<D> {
     /// Writes and persists a record's `bytes` (a whole record, or a
     /// tombstone's header) in its slot, then puts it in force for `zone`.
     fn put_record(&mut self, area: &mut NvmStripes, zone: u32, record: StripeRecord, bytes: &[u8]) -> Result<()> {
+        self.refuse_if_read_only("an NVM stripe record")?;
         let at = area.at(record.slot);
         self.nvm_wear.write(&mut self.inner, at, bytes)?;
         self.nvm_wear.persist(&mut self.inner, at, bytes.len() as u64)?;
@@ -719,6 +754,7 @@ impl<D: FlashDevice> Protected<D> {
         if !area.recorded.contains(&zone) || area.current.get(&zone).is_some_and(|record| record.data_pages == 0) {
             return Ok(());
         }
+        self.refuse_if_read_only("an NVM stripe tombstone")?;
         let Some(slot) = area.free_slot() else {
             let mut header = [0u8; NVM_STRIPE_HEADER_BYTES];
             for slot in 0..area.records {
@@ -1458,6 +1494,7 @@ impl<D: FlashDevice> Protected<D> {
     /// every program of this layer goes through here, so the counts
     /// `zone_parity_pages_to_pay` reads miss none.
     fn program_inner(&mut self, address: PageAddress, data: &[u8], oob: &[u8]) -> Result<()> {
+        self.refuse_if_read_only("a program")?;
         if let Err(error) = self.inner.program_page(address, data, oob) {
             if matches!(error, DeviceError::ProgramFailed { .. }) {
                 self.programs_failed += 1;
@@ -1654,7 +1691,13 @@ impl<D: FlashDevice> Protected<D> {
             if block >= shape.data_blocks && self.zone_code(shape).is_some() {
                 // Its data all written, its zone parity owed when the
                 // power went: paid now, from the rows rebuilt by reading
-                // the zone, so no zone is left open part paid.
+                // the zone, so no zone is left open part paid. Read-only,
+                // it stays owed: its data pages are all below the write
+                // pointer and read as they are, and a read-write mount
+                // pays it.
+                if self.read_only {
+                    continue;
+                }
                 tracing::info!(zone = report.zone, "zone parity a power cut left owed is programmed");
                 self.catch_up(report.zone, shape.good_blocks * shape.block_pages)?;
                 self.stripes.remove(&report.zone);
@@ -1684,6 +1727,7 @@ impl<D: FlashDevice> Protected<D> {
                         == Some(&expected[index as usize])
                 });
                 if tail {
+                    self.refuse_if_read_only("completing a finish a power cut cut short (mount read-write once)")?;
                     tracing::info!(zone = report.zone, "a finish cut short by a power cut is completed");
                     self.inner.finish_zone(report.zone)?;
                     finished += 1;
@@ -2004,6 +2048,7 @@ impl<D: FlashDevice> FlashDevice for Protected<D> {
     }
 
     fn reset_zone(&mut self, zone: u32) -> Result<()> {
+        self.refuse_if_read_only("a zone reset")?;
         self.unflushed = true;
         self.owing.retain(|&owing| owing != zone);
         self.stripes.remove(&zone);
@@ -2041,6 +2086,7 @@ impl<D: FlashDevice> FlashDevice for Protected<D> {
     }
 
     fn finish_zone(&mut self, zone: u32) -> Result<()> {
+        self.refuse_if_read_only("a zone finish")?;
         self.unflushed = true;
         // A zone owing its zone parity is full to the engine already, and
         // fills up (and so finishes) as the parity is paid: finishing it
@@ -2068,6 +2114,10 @@ impl<D: FlashDevice> FlashDevice for Protected<D> {
     }
 
     fn flush(&mut self) -> Result<()> {
+        if self.read_only {
+            // Nothing was written: nothing to make durable.
+            return Ok(());
+        }
         let pages = self.zone_parity_pages_to_pay()?;
         self.pay_zone_parity(pages)?;
         self.flush_inner()?;
@@ -2093,10 +2143,12 @@ impl<D: FlashDevice> FlashDevice for Protected<D> {
     }
 
     fn nvm_write(&mut self, offset: u64, data: &[u8]) -> Result<()> {
+        self.refuse_if_read_only("an NVM write")?;
         self.nvm_wear.write(&mut self.inner, offset, data)
     }
 
     fn nvm_persist(&mut self, offset: u64, length: u64) -> Result<()> {
+        self.refuse_if_read_only("an NVM persist")?;
         self.nvm_wear.persist(&mut self.inner, offset, length)
     }
 

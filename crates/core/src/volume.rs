@@ -570,6 +570,18 @@ impl<D: FlashDevice> Volume<D> {
 
     /// [`Volume::mount`] with only some correction layers on reads.
     pub fn mount_correcting(device: D, correction: crate::protect::Correction) -> Result<(Volume<D>, MountReport)> {
+        Volume::mount_with(device, correction, false)
+    }
+
+    /// [`Volume::mount`] with `correction`'s layers, and with `read_only`
+    /// every write refused from the first read on (`Protected::set_read_only`):
+    /// a finish or a zone parity a power cut left owed is then an EROFS
+    /// error, not completed.
+    pub fn mount_with(
+        device: D,
+        correction: crate::protect::Correction,
+        read_only: bool,
+    ) -> Result<(Volume<D>, MountReport)> {
         let geometry = device.geometry();
         if !oob_fits(&geometry) {
             return Err(Error::corrupt(format!(
@@ -581,6 +593,9 @@ impl<D: FlashDevice> Volume<D> {
         }
         let mut device = Protected::new(device);
         device.set_correction(correction);
+        if read_only {
+            device.set_read_only();
+        }
         let mut report = MountReport::default();
         let mut superblock = None;
         let mut reasons = Vec::new();

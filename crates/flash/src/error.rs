@@ -50,6 +50,9 @@ pub enum DeviceError {
     #[error("power was cut during {operation}: the device is off until it is powered on")]
     PowerLost { operation: &'static str },
 
+    #[error("{operation} refused: the file system is mounted read-only")]
+    ReadOnly { operation: &'static str },
+
     #[error("image {path}: {reason}")]
     Image { path: String, reason: String },
 
@@ -66,7 +69,7 @@ impl DeviceError {
             | DeviceError::BufferLength { .. }
             | DeviceError::NotAtWritePointer { .. } => errno::EINVAL,
             DeviceError::ZoneFull { .. } => errno::ENOSPC,
-            DeviceError::ZoneState { .. } => errno::EROFS,
+            DeviceError::ZoneState { .. } | DeviceError::ReadOnly { .. } => errno::EROFS,
             DeviceError::TooManyOpenZones { .. } => errno::EBUSY,
             DeviceError::ReadFailed { .. }
             | DeviceError::ProgramFailed { .. }

@@ -526,11 +526,15 @@ impl Prepared {
             flash.power_cut(seed).map_err(|error| error.to_string())?;
         }
         flash.power_on();
+        let read_only = crate::runner::read_only_view(&self.setup, &flash, &clock)?;
         let (fs, report) = flintfs_core::Fs::mount(flash, self.setup.options.clone(), Box::new(clock.clone()))
             .map_err(|error| format!("recovery failed: {error}"))?;
         let mut recovered = Subject::from_fs(fs, clock, self.setup.options.clone());
         recovered.check()?;
         let snapshot = recovered.snapshot()?;
+        if read_only.is_some_and(|read_only| read_only != snapshot) {
+            return Err("a read-only mount showed another tree than recovery".into());
+        }
         if let Err(error) = oracle.judge(&snapshot, completed, returned) {
             // What recovery did says where to look.
             let recovery = report.recovery.map_or(String::new(), |recovery| {

@@ -628,6 +628,136 @@ fn run_power_cut_with(
     Ok(report)
 }
 
+/// What a read-only mount of the device as a cut left it shows: the tree
+/// a read-write recovery will (compared by the caller), with its log
+/// replayed in memory. The mount must pass the checker, answer EROFS to a
+/// create and to a write, take a sync, and unmount, all without one device
+/// operation that changes anything (a program, reset, finish, flush or
+/// NVM write). `None` where the cut left a zone finish or a zone parity
+/// that only a read-write mount completes, which the read-only mount
+/// refuses with EROFS.
+pub(crate) fn read_only_view(
+    setup: &Setup,
+    flash: &MemoryFlash,
+    clock: &ManualClock,
+) -> Result<Option<Snapshot>, String> {
+    let options = FsOptions { read_only: true, ..setup.options.clone() };
+    let before = flash.mutating_operations();
+    let fs = match Fs::mount(flash.clone(), options.clone(), Box::new(clock.clone())) {
+        Ok((fs, _)) => fs,
+        Err(error) if error.errno == errno::EROFS && error.message.contains("mount read-write once") => {
+            return Ok(None)
+        }
+        Err(error) => return Err(format!("a read-only mount after the cut: {error}")),
+    };
+    let mut subject = Subject::from_fs(fs, clock.clone(), options);
+    let fail = |what: String| format!("a read-only mount after the cut: {what}");
+    subject.check().map_err(fail)?;
+    let snapshot = subject.snapshot().map_err(fail)?;
+    let mut probes = vec![Operation::Create { directory: Vec::new(), name: b"read-only probe".to_vec() }];
+    if let Some((path, _)) = snapshot.0.iter().find(|(_, entry)| entry.kind == Kind::Regular) {
+        probes.push(Operation::Write { path: path.clone(), offset: 0, length: 1, fill: 0x5a });
+    }
+    probes.push(Operation::Sync);
+    for probe in probes {
+        let expected = if probe == Operation::Sync { Outcome::Done } else { Outcome::Error(errno::EROFS) };
+        let actual = subject.apply(&probe);
+        if actual != expected {
+            return Err(fail(format!("{probe:?} answered {actual:?}, not {expected:?}")));
+        }
+    }
+    if subject.snapshot().map_err(fail)? != snapshot {
+        return Err(fail("the refused changes changed the tree".into()));
+    }
+    let flash = subject.fs.take().expect("mounted").unmount().map_err(|error| fail(error.to_string()))?;
+    let changes = flash.mutating_operations() - before;
+    if changes != 0 {
+        return Err(fail(format!("{changes} device operations changed the device")));
+    }
+    Ok(Some(snapshot))
+}
+
+/// What [`run_to_read_only_failure`] found: the operation at which the
+/// device stopped taking checkpoints, and what a read-only mount showed.
+#[derive(Clone, Debug)]
+pub struct ReadOnlyRescue {
+    /// Operations that returned before the one refused with EROFS.
+    pub operations_before: usize,
+    /// The refused operation, and its message.
+    pub refused: String,
+    /// Whether a read-write mount of the device as it was left failed
+    /// (its recovery ends with a checkpoint, which a read-only mount does
+    /// not take).
+    pub read_write_mount_failed: bool,
+    /// Files, directories and links the read-only mount showed.
+    pub entries: usize,
+}
+
+/// A run on a device the workload fills (as [`run_power_cut_to_full`],
+/// without a cut) until an operation answers EROFS where the model did
+/// not: the fixed checkpoint zones of small failing flash wear out, and no
+/// checkpoint can be written from then on. The engine is then dropped as a
+/// killed daemon's would be, and a read-only mount of the device must show
+/// a tree `docs/SEMANTICS.md` allows after a power cut at that operation
+/// (nothing that an fsync or a sync made durable lost), pass the checker,
+/// and write nothing. `Ok(None)` when the run ended without an EROFS.
+pub fn run_to_read_only_failure(setup: &Setup, seed: u64, operations: u64) -> Result<Option<ReadOnlyRescue>, String> {
+    let fail = |what: String| format!("seed {seed}: {what}");
+    let (flash, clock) = setup.formatted(seed);
+    let mut subject = Subject::mount(flash, clock.clone(), setup.options.clone()).map_err(fail)?;
+    let mut model = Model::for_page_size(setup.geometry.page_size_bytes as usize);
+    let start_model = model.clone();
+    let mut applied: Vec<Operation> = Vec::new();
+    let mut generator = Generator::new(seed, u64::from(setup.geometry.page_size_bytes) * write_pages_max(true));
+    let mut refused = None;
+    for step in 0..operations {
+        let operation = generator.next(&model);
+        subject.clock.advance(setup.step_ns);
+        let before = model.clone();
+        let expected = model.apply(&operation);
+        let actual = subject.apply(&operation);
+        applied.push(operation.clone());
+        if refused_for_space(&operation, &expected, &actual) {
+            model = before;
+            applied.pop();
+            continue;
+        }
+        if actual == Outcome::Error(errno::EROFS) && expected != actual {
+            refused = Some(format!("operation {step} {operation:?}"));
+            break;
+        }
+        if actual != expected {
+            return Err(fail(format!("operation {step} {operation:?}: engine {actual:?}, model {expected:?}")));
+        }
+    }
+    let Some(refused) = refused else { return Ok(None) };
+    let flash = subject.fs.take().expect("mounted").into_device();
+    let read_write_mount_failed = Fs::mount(flash.clone(), setup.options.clone(), Box::new(clock.clone())).is_err();
+    let options = FsOptions { read_only: true, ..setup.options.clone() };
+    let before = flash.mutating_operations();
+    let (fs, _) = Fs::mount(flash, options.clone(), Box::new(clock.clone()))
+        .map_err(|error| fail(format!("after {refused}, a read-only mount: {error}")))?;
+    let mut rescued = Subject::from_fs(fs, clock, options);
+    rescued.check().map_err(|error| fail(format!("after {refused}, the read-only mount: {error}")))?;
+    let snapshot = rescued.snapshot().map_err(fail)?;
+    let completed = applied.len() - 1;
+    crate::crashtest::judge_recovery(&start_model, applied, completed, false, &snapshot)
+        .map_err(|error| fail(format!("after {refused}, the read-only mount: {error}")))?;
+    let flash = rescued.fs.take().expect("mounted").unmount().map_err(|error| fail(error.to_string()))?;
+    if flash.mutating_operations() != before {
+        return Err(fail(format!(
+            "the read-only mount changed the device: {} operations",
+            flash.mutating_operations() - before
+        )));
+    }
+    Ok(Some(ReadOnlyRescue {
+        operations_before: completed,
+        refused,
+        read_write_mount_failed,
+        entries: snapshot.0.len(),
+    }))
+}
+
 /// Pages a generated write takes at most: more on a run that must fill
 /// its device.
 fn write_pages_max(space_may_run_out: bool) -> u64 {
@@ -686,9 +816,18 @@ fn recover_after_cut_with(
     space_may_run_out: bool,
 ) -> Result<(), String> {
     flash.power_on();
+    let read_only = read_only_view(setup, &flash, &clock)?;
     let mut recovered = Subject::mount(flash, clock, setup.options.clone())?;
     recovered.check()?;
     let snapshot = recovered.snapshot()?;
+    if let Some(read_only) = read_only {
+        if read_only != snapshot {
+            return Err(format!(
+                "a read-only mount showed another tree than recovery: {}",
+                describe_difference(&snapshot, &read_only)
+            ));
+        }
+    }
     let completed = applied.len() - 1;
     let state = crate::crashtest::judge_recovery(start_model, applied.to_vec(), completed, returned, &snapshot)
         .map_err(|error| format!("after recovery, {error}"))?;

@@ -7,7 +7,9 @@
 //! `FLINTFS_MODEL_SEEDS=50 FLINTFS_MODEL_OPERATIONS=10000 cargo test --release -p flintfs-testkit --test model`.
 
 use flintfs_testkit::from_env;
-use flintfs_testkit::runner::{run_model, run_model_to_full, run_power_cut, run_power_cut_to_full, spread_cut, Setup};
+use flintfs_testkit::runner::{
+    run_model, run_model_to_full, run_power_cut, run_power_cut_to_full, run_to_read_only_failure, spread_cut, Setup,
+};
 
 #[test]
 fn random_workloads_match_the_model() {
@@ -232,6 +234,34 @@ fn power_cuts_on_a_full_device_recover_as_promised() {
                 total.device_operations, total.refused_for_space
             );
         }
+    }
+}
+
+/// Failing flash filled until its fixed checkpoint zones wear out (seeds
+/// 406 and 419 of the full-device sweep's failing shape: docs/BENCHMARKS.md's
+/// eleventh section): a checkpoint record finds no zone to take it, and
+/// the operation that needed it (in both seeds a remount's unmount)
+/// answers EROFS. The engine is dropped there. A read-only mount replays
+/// the log in memory and shows what was durable, writing nothing: it
+/// needs no checkpoint, where a read-write mount's recovery ends with one
+/// (on these two seeds that one still found room).
+#[test]
+fn a_device_whose_checkpoint_zones_wore_out_mounts_read_only() {
+    let mut setup = Setup::small_failing();
+    setup.geometry.zone_count = 24;
+    let operations = from_env("FLINTFS_FULL_CUT_OPERATIONS", 3000);
+    for seed in [406, 419] {
+        let rescue = run_to_read_only_failure(&setup, seed, operations)
+            .unwrap_or_else(|failure| panic!("{failure}"))
+            .unwrap_or_else(|| panic!("seed {seed}: no operation was refused with EROFS in {operations}"));
+        eprintln!(
+            "seed {seed}: EROFS at {} after {} operations; a read-write mount {}; read-only: {} entries",
+            rescue.refused,
+            rescue.operations_before,
+            if rescue.read_write_mount_failed { "failed" } else { "worked" },
+            rescue.entries
+        );
+        assert!(rescue.entries > 1, "seed {seed}: the read-only mount showed an empty tree");
     }
 }
 

@@ -496,6 +496,9 @@ impl<D: FlashDevice> Fs<D> {
     /// spare, a zone of cold data when the wear spread is past its bound.
     /// Returns whether it did anything.
     pub fn idle(&mut self) -> Result<bool> {
+        if self.options.read_only {
+            return Ok(false);
+        }
         // The log's checkpoint starts here, in the background, at half its
         // threshold: an operation meets it at the whole only when the
         // mount was never idle.

@@ -670,6 +670,10 @@ impl<D: FlashDevice> Fs<D> {
     /// would be chunks) go into it instead, up to its room, and stay
     /// buffered: the fsync that asked carries them in its log record.
     pub(crate) fn flush_data_with(&mut self, only: Option<u64>, mut embedding: Option<&mut Embedding>) -> Result<()> {
+        if self.options.read_only {
+            // What a read-only recovery replayed stays buffered in memory.
+            return Ok(());
+        }
         let keys: Vec<(u64, u64)> = match only {
             Some(ino) => self.dirty_blocks.range((ino, 0)..=(ino, u64::MAX)).map(|(key, _)| *key).collect(),
             None => self.dirty_blocks.keys().copied().collect(),

@@ -319,6 +319,11 @@ impl<D: FlashDevice> Fs<D> {
     /// it programs every buffered record as one batch.
     pub fn fsync_prepare(&mut self, ino: u64) -> Result<bool> {
         let inode = self.inode(ino)?;
+        if self.options.read_only {
+            // Read-only: nothing changed, and what recovery replayed is in
+            // the log already.
+            return Ok(false);
+        }
         self.begin(0)?;
         let regular = inode.file_type() == Some(FileType::Regular);
         // The file's small blocks ride in the record itself, as the chunks

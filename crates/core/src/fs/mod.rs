@@ -217,6 +217,13 @@ pub struct FsOptions {
     /// ([`FORGOTTEN_BATCH_FILES`] by default; the model tests take a few,
     /// so that every run checks each batch against the per-file rule).
     pub forgotten_batch_files: usize,
+    /// A read-only mount (`-o ro`): the engine writes nothing to the
+    /// device, not even at mount. An unclean stop's log is replayed in
+    /// memory, not checkpointed; every change answers EROFS; fsync, sync
+    /// and unmount have nothing to make durable. For copying the files off
+    /// a device that can no longer take a checkpoint, or looking at an
+    /// image without touching it.
+    pub read_only: bool,
 }
 
 impl Default for FsOptions {
@@ -234,6 +241,7 @@ impl Default for FsOptions {
             nvm_barrier: true,
             nvm_keep: false,
             forgotten_batch_files: FORGOTTEN_BATCH_FILES,
+            read_only: false,
         }
     }
 }
@@ -480,7 +488,7 @@ impl<D: FlashDevice> Fs<D> {
     /// leaves it at its last checkpoint.
     pub fn mount(device: D, options: FsOptions, clock: Box<dyn Clock>) -> Result<(Fs<D>, MountReport)> {
         options.validate(device.geometry().page_size_bytes)?;
-        let (volume, report) = Volume::mount_correcting(device, options.correction)?;
+        let (volume, report) = Volume::mount_with(device, options.correction, options.read_only)?;
         if volume.checkpoint.tree.slot_count == 0 {
             return Err(Error::corrupt("the checkpoint has no root directory: the format did not finish"));
         }
@@ -492,9 +500,20 @@ impl<D: FlashDevice> Fs<D> {
         // took the pointer), so it is cached as that node; the map pages
         // are read when first needed.
         let root_home = fs.volume.checkpoint.tree.root;
+        // Read-only, the nodes kept in NVM are held in memory from here on,
+        // the root too if it is one of them.
+        if fs.options.read_only {
+            fs.hold_kept_in_memory()?;
+        }
+        let held_root = fs.pending.remove(&nodes::NodeKey::Slot(ROOT_SLOT));
+        let root_dirty = if held_root.is_some() { crate::cache::Dirty::BOTH } else { crate::cache::Dirty::CLEAN };
         // A root kept in NVM is newer than its page on flash (if it has
         // one): that one is read instead.
-        let cached = match fs.load_kept(nodes::NodeKey::Slot(ROOT_SLOT))? {
+        let kept_root = match held_root {
+            Some(cached) => Some(cached),
+            None => fs.load_kept(nodes::NodeKey::Slot(ROOT_SLOT))?,
+        };
+        let cached = match kept_root {
             Some(cached) => cached,
             None if root_home.is_null() => return Err(Error::corrupt("the checkpoint names no root directory")),
             None => nodes::Cached { node: fs.read_node(nodes::NodeKey::Slot(ROOT_SLOT), root_home)?, home: root_home },
@@ -503,7 +522,7 @@ impl<D: FlashDevice> Fs<D> {
             flintfs_format::Node::Directory { inode, .. } if inode.ino == crate::volume::ROOT_INO => {}
             _ => return Err(Error::corrupt(format!("the root at {root_home} is not the root directory"))),
         }
-        fs.cache_insert(nodes::NodeKey::Slot(ROOT_SLOT), cached, crate::cache::Dirty::CLEAN);
+        fs.cache_insert(nodes::NodeKey::Slot(ROOT_SLOT), cached, root_dirty);
         // Files unlinked while open and directories removed while held, when
         // the last checkpoint was taken: nobody holds them now.
         let orphans = fs.volume.checkpoint.tree.orphans.clone();
@@ -516,7 +535,13 @@ impl<D: FlashDevice> Fs<D> {
         let mut report = report;
         let epoch = fs.volume.checkpoint.number;
         let nvm_frames = fs.log.nvm.as_ref().is_some_and(|nvm| nvm.has_frames(&mut fs.volume.device, epoch));
-        if !fs.volume.orphans.is_empty() || nvm_frames {
+        if fs.options.read_only {
+            // Orphans stay as they are: nothing names them, and freeing
+            // them is a write. An unclean stop's log is replayed in memory.
+            if !fs.volume.orphans.is_empty() || nvm_frames {
+                report.recovery = Some(fs.recover_in_memory()?);
+            }
+        } else if !fs.volume.orphans.is_empty() || nvm_frames {
             // Pages were written after the checkpoint, or the NVM log
             // holds records of its epoch: an unclean stop.
             report.recovery = Some(fs.recover()?);
@@ -533,6 +558,40 @@ impl<D: FlashDevice> Fs<D> {
         Ok((fs, report))
     }
 
+    /// Recovery on a read-only mount: the log replayed into memory as
+    /// [`Fs::recover`] replays it, and nothing written. The replayed
+    /// changes stay in the caches (dirty nodes held pending, small blocks
+    /// in the data buffer, beyond their bounds if need be: the log that
+    /// holds them bounds them). A replay that needed a write (a record
+    /// whose work must program a page) fails the mount, rather than show
+    /// a tree missing what an fsync promised.
+    fn recover_in_memory(&mut self) -> Result<RecoveryReport> {
+        let (written, _) = self.zones_written_since();
+        let refused_before = self.volume.device.read_only_refusals();
+        let report = self.replay_log(&written);
+        let refused = self.volume.device.read_only_refusals() - refused_before;
+        if refused > 0 {
+            return Err(Error::new(
+                errno::EROFS,
+                format!(
+                    "the log since the last checkpoint cannot be replayed without writing ({refused} writes refused; \
+                     {}): mount read-write to recover it",
+                    report.records_failed.join("; ")
+                ),
+            ));
+        }
+        for failure in &report.records_failed {
+            tracing::warn!("a log record did not replay: {failure}");
+        }
+        tracing::info!(
+            replayed = report.records_replayed,
+            discarded = report.records_discarded,
+            "an unclean stop's log replayed in memory, read-only; {}",
+            report.end
+        );
+        Ok(report)
+    }
+
     /// Recovery after an unclean stop: the zones the crashed run took from
     /// the declared list get back their role and generation (from their
     /// first page), every head moves to a fresh zone (so no zone a record
@@ -540,6 +599,44 @@ impl<D: FlashDevice> Fs<D> {
     /// pointer stays what the cut left, for a second recovery too), the log
     /// is replayed, orphans are freed, and a checkpoint ends it.
     fn recover(&mut self) -> Result<RecoveryReport> {
+        let (written, old_heads) = self.zones_written_since();
+        let report = self.replay_log(&written);
+        let orphans = self.orphans();
+        for ino in orphans {
+            self.delete_orphan(ino)?;
+        }
+        self.changed = true;
+        self.checkpoint()?;
+        // Zones left part written (the old heads, what the crashed run
+        // took) are done now that nothing needs their write pointers.
+        for zone in old_heads.into_iter().chain(written.keys().copied()) {
+            let in_head = self.volume.checkpoint.heads.iter().any(|head| head.zone == zone);
+            let state = self.volume.device.report_zone(zone)?.state;
+            if !in_head && matches!(state, flintfs_flash::ZoneState::Open | flintfs_flash::ZoneState::Closed) {
+                self.volume.device.finish_zone(zone)?;
+            }
+        }
+        tracing::info!(
+            batches = report.batches,
+            replayed = report.records_replayed,
+            discarded = report.records_discarded,
+            skipped = report.records_skipped,
+            log_pages_read = report.log_pages_read,
+            "recovered after an unclean stop; {}",
+            report.end
+        );
+        for failure in &report.records_failed {
+            tracing::warn!("a log record did not replay: {failure}");
+        }
+        Ok(report)
+    }
+
+    /// Recovery's first step, in memory alone: the zones written since the
+    /// checkpoint (first and end page of each), the declared zones among
+    /// them given back their role and generation, and the heads let go
+    /// (returned, to be finished once the log is replayed).
+    #[allow(clippy::type_complexity)]
+    fn zones_written_since(&mut self) -> (std::collections::BTreeMap<u32, (u32, u32)>, Vec<u32>) {
         let mut written: std::collections::BTreeMap<u32, (u32, u32)> = std::collections::BTreeMap::new();
         for &(zone, first, end) in &self.volume.orphans {
             written.insert(zone, (first, end));
@@ -578,35 +675,7 @@ impl<D: FlashDevice> Fs<D> {
         self.volume.unindexed_used = used;
         let old_heads: Vec<u32> = self.volume.checkpoint.heads.iter().map(|head| head.zone).collect();
         self.volume.checkpoint.heads.clear();
-        let report = self.replay_log(&written);
-        let orphans = self.orphans();
-        for ino in orphans {
-            self.delete_orphan(ino)?;
-        }
-        self.changed = true;
-        self.checkpoint()?;
-        // Zones left part written (the old heads, what the crashed run
-        // took) are done now that nothing needs their write pointers.
-        for zone in old_heads.into_iter().chain(written.keys().copied()) {
-            let in_head = self.volume.checkpoint.heads.iter().any(|head| head.zone == zone);
-            let state = self.volume.device.report_zone(zone)?.state;
-            if !in_head && matches!(state, flintfs_flash::ZoneState::Open | flintfs_flash::ZoneState::Closed) {
-                self.volume.device.finish_zone(zone)?;
-            }
-        }
-        tracing::info!(
-            batches = report.batches,
-            replayed = report.records_replayed,
-            discarded = report.records_discarded,
-            skipped = report.records_skipped,
-            log_pages_read = report.log_pages_read,
-            "recovered after an unclean stop; {}",
-            report.end
-        );
-        for failure in &report.records_failed {
-            tracing::warn!("a log record did not replay: {failure}");
-        }
-        Ok(report)
+        (written, old_heads)
     }
 
     fn assemble(volume: Volume<D>, options: FsOptions, clock: Box<dyn Clock>) -> Result<Fs<D>> {
@@ -700,6 +769,10 @@ impl<D: FlashDevice> Fs<D> {
     /// references kept, and takes a checkpoint. On an error the file
     /// system is still there (and so is the device).
     pub fn shut_down(&mut self) -> Result<()> {
+        if self.options.read_only {
+            // Nothing was written, and nothing may be.
+            return Ok(());
+        }
         let orphans = self.orphans();
         for ino in orphans {
             self.delete_orphan(ino)?;
@@ -833,6 +906,9 @@ impl<D: FlashDevice> Fs<D> {
             // Recovery takes one checkpoint, at its end: one in between
             // would start a new log before the old one was replayed.
             return Ok(());
+        }
+        if self.options.read_only {
+            return Err(Error::new(errno::EROFS, "the file system is mounted read-only"));
         }
         if self.log_wants_checkpoint(1) {
             // The operation's record needs the log room only a checkpoint

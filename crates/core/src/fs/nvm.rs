@@ -64,7 +64,7 @@ impl NvmLog {
     /// A fresh header makes stripe records of `stripe_record_bytes`
     /// (`Protected::nvm_stripe_record_bytes`).
     pub fn open<D: FlashDevice>(
-        device: &mut D,
+        device: &mut crate::protect::Protected<D>,
         uuid: [u8; 16],
         barrier: bool,
         needed: u32,
@@ -101,6 +101,11 @@ impl NvmLog {
             state => {
                 if needed > 0 {
                     return Err(lost(&format!("the NVM region holds no header of this volume ({state:?})")));
+                }
+                if device.read_only() {
+                    // A read-only mount writes no fresh header: it runs
+                    // without the NVM log, which holds nothing of its own.
+                    return Ok(None);
                 }
                 if !matches!(state, NvmHeaderState::Blank) {
                     tracing::warn!("the NVM header is not this volume's ({state:?}): starting the NVM log afresh");
@@ -673,6 +678,11 @@ impl NvmStore {
 
     pub fn len(&self) -> usize {
         self.by_key.len()
+    }
+
+    /// The nodes kept here.
+    pub(crate) fn keys(&self) -> impl Iterator<Item = NodeKey> + '_ {
+        self.by_key.keys().copied()
     }
 
     pub fn is_empty(&self) -> bool {

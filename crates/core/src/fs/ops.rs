@@ -245,6 +245,11 @@ impl<D: FlashDevice> Fs<D> {
         if result.is_ok() {
             self.changed = true;
         }
+        if self.options.read_only {
+            // A read-only recovery's replay: what it changed stays in
+            // memory (see `Fs::recover_in_memory`).
+            return result;
+        }
         // Whatever fails here stays pending or buffered for the next
         // checkpoint, which reports it.
         let left = self.drain().and_then(|()| {
@@ -1498,6 +1503,9 @@ impl<D: FlashDevice> Fs<D> {
 
     /// Makes everything durable.
     pub fn sync(&mut self) -> Result<()> {
+        if self.options.read_only {
+            return Ok(());
+        }
         self.checkpoint()
     }
 

@@ -15,7 +15,7 @@ use flintfs_flash::{FlashDevice, PageAddress, PageState};
 use flintfs_format::{PageHeader, ZoneRole};
 
 use super::Fs;
-use crate::error::Result;
+use crate::error::{errno, Error, Result};
 
 /// Unrepairable pages a report names one by one; past this it counts.
 pub const SCRUB_NAMED_PAGES_MAX: usize = 64;
@@ -73,7 +73,7 @@ impl<D: FlashDevice> Fs<D> {
     /// read. Returns the pages it read.
     pub fn scrub_in_background(&mut self) -> Result<u64> {
         let rate = u64::from(self.options.scrub_pages_per_second);
-        if rate == 0 {
+        if rate == 0 || self.options.read_only {
             return Ok(0);
         }
         let now = self.clock.now_ns();
@@ -130,6 +130,9 @@ impl<D: FlashDevice> Fs<D> {
 
     /// Scrubs every zone that holds pages (see the module's account).
     pub fn scrub(&mut self, quick: bool) -> Result<ScrubReport> {
+        if self.options.read_only {
+            return Err(Error::new(errno::EROFS, "scrub repairs what it finds: the file system is mounted read-only"));
+        }
         // What is buffered goes to flash first, so the scrub sees it.
         self.sync()?;
         let before = self.volume.protection_counters();
