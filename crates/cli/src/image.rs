@@ -315,11 +315,26 @@ pub struct Checked {
 
 /// Mounts an image, repairs it if asked, and checks every invariant.
 pub fn check_image(path: &Path, repair: bool, wait: Duration) -> Outcome<Checked> {
-    // Without a repair the image is only looked at: the mount's recovery
-    // (its replay and checkpoint) and the device's own open run on a
+    // Without a repair the image is only looked at: the device's own open
+    // (and a recovery's replay and checkpoint, where one runs) go to a
     // scratch view, and the file stays as it was found.
-    let device = if repair { open_device(path, wait)? } else { open_device_to_look(path, wait)? };
-    let (mut fs, mount) = mount_fs(device, FsOptions::default())?;
+    let (mut fs, mount) = if repair {
+        mount_fs(open_device(path, wait)?, FsOptions::default())?
+    } else {
+        // Read-only first: it needs no checkpoint, so a device that can
+        // no longer take one (worn checkpoint zones) is checked too. What
+        // only a read-write mount completes (a finish a power cut cut
+        // short) falls back to one, on the scratch view.
+        let read_only = FsOptions { read_only: true, ..FsOptions::default() };
+        match Fs::mount(open_device_to_look(path, wait)?, read_only, Box::new(flintfs_fuse::SystemClock)) {
+            Ok(mounted) => mounted,
+            Err(error) if error.errno == flintfs_core::errno::EROFS => {
+                tracing::info!("a read-only mount was refused ({}): checking after a recovery", error.message);
+                mount_fs(open_device_to_look(path, wait)?, FsOptions::default())?
+            }
+            Err(error) => fail!("mount: {}", error.message),
+        }
+    };
     if repair {
         // The checkpoint is what repairs: it records the tree as the mount
         // found it, with the orphans freed and unreferenced zones released.
