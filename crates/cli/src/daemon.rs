@@ -188,7 +188,9 @@ fn parse_options(options: &[String]) -> Outcome<MountOptions> {
                 // `ro` at mount makes the engine read-only too: it writes
                 // nothing, not even recovery's checkpoint (a device that can
                 // no longer take one still mounts, to copy files off). A
-                // later `remount,ro` is the kernel's alone.
+                // later `remount,ro` or `remount,rw` is the kernel's alone:
+                // an engine mounted read-only answers EROFS to every
+                // change whatever the kernel's flag says.
                 match flag {
                     "ro" => parsed.fs.read_only = true,
                     "rw" => parsed.fs.read_only = false,
@@ -450,7 +452,13 @@ fn run_daemon(arguments: MountArguments) -> Outcome<ExitCode> {
         Some(spec) => Some(crate::faults::parse_faults(spec, options.fault_seed)?),
         None => None,
     };
-    let device = open_device_with(&arguments.image, IMAGE_WAIT, faults, options.host_sync)?;
+    // Read-only, nothing reaches the image or the block device, the
+    // device's own records included: a write-protected one mounts too.
+    let device = if options.fs.read_only {
+        crate::device::open_device_to_look_with(&arguments.image, IMAGE_WAIT, faults)?
+    } else {
+        open_device_with(&arguments.image, IMAGE_WAIT, faults, options.host_sync)?
+    };
     let baseline = device.counters();
     let (fs, report) = mount_fs(device, options.fs)?;
     let shared = Shared::new(fs);

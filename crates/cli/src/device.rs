@@ -82,6 +82,18 @@ pub fn open_device_to_look(path: &Path, wait: Duration) -> Outcome<Device> {
     open_device_for(path, wait, None, true, Access::Look)
 }
 
+/// [`open_device_to_look`] with faults injected (the emulator only): a
+/// read-only mount's device (`-o ro`), so the file, or the block device,
+/// is opened for reading alone and the device's own records (its open's
+/// epoch, its counters, each block's reads) go to the scratch view.
+pub fn open_device_to_look_with(
+    path: &Path,
+    wait: Duration,
+    faults: Option<flintfs_flash::FaultConfig>,
+) -> Outcome<Device> {
+    open_device_for(path, wait, faults, true, Access::Look)
+}
+
 /// [`open_device`], with faults injected (the emulator only) and, for an
 /// image, whether each flush reaches the host's disk (`host_sync`: on
 /// everywhere but a mount with `-o nohost_sync`). Without it a flush stays

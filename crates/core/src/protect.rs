@@ -892,7 +892,10 @@ impl<D: FlashDevice> Protected<D> {
     /// places, and their records must keep fitting (their pages are kept
     /// twice over instead).
     fn retire(&mut self, zone: u32, page: u32) {
-        if zone < FIRST_DYNAMIC_ZONE {
+        // Read-only, the device's bad block table is left as it is: a
+        // retirement is recorded on the device, and a read-write mount
+        // retires the block when it reads it.
+        if zone < FIRST_DYNAMIC_ZONE || self.read_only {
             return;
         }
         let block = page / self.inner.geometry().block_pages;
@@ -1727,6 +1730,12 @@ impl<D: FlashDevice> Protected<D> {
                         == Some(&expected[index as usize])
                 });
                 if tail {
+                    if self.read_only {
+                        tracing::warn!(
+                            zone = report.zone,
+                            "a finish a power cut cut short: a read-only mount cannot complete it"
+                        );
+                    }
                     self.refuse_if_read_only("completing a finish a power cut cut short (mount read-write once)")?;
                     tracing::info!(zone = report.zone, "a finish cut short by a power cut is completed");
                     self.inner.finish_zone(report.zone)?;
@@ -2177,6 +2186,7 @@ impl<D: FlashDevice> FlashDevice for Protected<D> {
     }
 
     fn retire_block(&mut self, address: PageAddress) -> Result<bool> {
+        self.refuse_if_read_only("a block retirement")?;
         let physical = self.to_physical(address);
         self.inner.retire_block(physical)
     }

@@ -575,8 +575,8 @@ impl<D: FlashDevice> Volume<D> {
 
     /// [`Volume::mount`] with `correction`'s layers, and with `read_only`
     /// every write refused from the first read on (`Protected::set_read_only`):
-    /// a finish or a zone parity a power cut left owed is then an EROFS
-    /// error, not completed.
+    /// a zone parity a power cut left owed then stays owed, and a finish a
+    /// cut cut short is an EROFS error, not completed.
     pub fn mount_with(
         device: D,
         correction: crate::protect::Correction,

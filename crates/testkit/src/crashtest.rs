@@ -529,11 +529,19 @@ impl Prepared {
         let read_only = crate::runner::read_only_view(&self.setup, &flash, &clock)?;
         let (fs, report) = flintfs_core::Fs::mount(flash, self.setup.options.clone(), Box::new(clock.clone()))
             .map_err(|error| format!("recovery failed: {error}"))?;
+        if read_only.is_none() && report.zones_finished_after_cut == 0 {
+            return Err("the read-only mount was refused for a finish cut short, and recovery finished none".into());
+        }
         let mut recovered = Subject::from_fs(fs, clock, self.setup.options.clone());
         recovered.check()?;
         let snapshot = recovered.snapshot()?;
-        if read_only.is_some_and(|read_only| read_only != snapshot) {
-            return Err("a read-only mount showed another tree than recovery".into());
+        if let Some(read_only) = read_only {
+            if read_only != snapshot {
+                return Err(format!(
+                    "a read-only mount showed another tree than recovery: {}",
+                    crate::runner::describe_difference(&snapshot, &read_only)
+                ));
+            }
         }
         if let Err(error) = oracle.judge(&snapshot, completed, returned) {
             // What recovery did says where to look.

@@ -643,6 +643,9 @@ pub(crate) fn read_only_view(
 ) -> Result<Option<Snapshot>, String> {
     let options = FsOptions { read_only: true, ..setup.options.clone() };
     let before = flash.mutating_operations();
+    // A clock of its own, at the same time: the recovery that follows
+    // runs at the times it ran at before this look was taken.
+    let clock = ManualClock::new(flintfs_core::Clock::now_ns(clock));
     let fs = match Fs::mount(flash.clone(), options.clone(), Box::new(clock.clone())) {
         Ok((fs, _)) => fs,
         Err(error) if error.errno == errno::EROFS && error.message.contains("mount read-write once") => {
@@ -732,7 +735,21 @@ pub fn run_to_read_only_failure(setup: &Setup, seed: u64, operations: u64) -> Re
     }
     let Some(refused) = refused else { return Ok(None) };
     let flash = subject.fs.take().expect("mounted").into_device();
-    let read_write_mount_failed = Fs::mount(flash.clone(), setup.options.clone(), Box::new(clock.clone())).is_err();
+    // A read-write mount, on a copy: its recovery's checkpoint may find no
+    // zone. Where it works, its tree is the one the read-only mount must
+    // show.
+    let read_write = match Fs::mount(
+        flash.clone(),
+        setup.options.clone(),
+        Box::new(ManualClock::new(flintfs_core::Clock::now_ns(&clock))),
+    ) {
+        Ok((fs, _)) => {
+            let mut recovered = Subject::from_fs(fs, clock.clone(), setup.options.clone());
+            Some(recovered.snapshot().map_err(fail)?)
+        }
+        Err(_) => None,
+    };
+    let read_write_mount_failed = read_write.is_none();
     let options = FsOptions { read_only: true, ..setup.options.clone() };
     let before = flash.mutating_operations();
     let (fs, _) = Fs::mount(flash, options.clone(), Box::new(clock.clone()))
@@ -743,6 +760,14 @@ pub fn run_to_read_only_failure(setup: &Setup, seed: u64, operations: u64) -> Re
     let completed = applied.len() - 1;
     crate::crashtest::judge_recovery(&start_model, applied, completed, false, &snapshot)
         .map_err(|error| fail(format!("after {refused}, the read-only mount: {error}")))?;
+    if let Some(read_write) = read_write {
+        if read_write != snapshot {
+            return Err(fail(format!(
+                "after {refused}, the read-only mount showed another tree than a read-write recovery: {}",
+                describe_difference(&read_write, &snapshot)
+            )));
+        }
+    }
     let flash = rescued.fs.take().expect("mounted").unmount().map_err(|error| fail(error.to_string()))?;
     if flash.mutating_operations() != before {
         return Err(fail(format!(
@@ -817,7 +842,12 @@ fn recover_after_cut_with(
 ) -> Result<(), String> {
     flash.power_on();
     let read_only = read_only_view(setup, &flash, &clock)?;
-    let mut recovered = Subject::mount(flash, clock, setup.options.clone())?;
+    let (fs, report) =
+        Fs::mount(flash, setup.options.clone(), Box::new(clock.clone())).map_err(|error| error.to_string())?;
+    if read_only.is_none() && report.zones_finished_after_cut == 0 {
+        return Err("the read-only mount was refused for a finish cut short, and recovery finished none".into());
+    }
+    let mut recovered = Subject::from_fs(fs, clock, setup.options.clone());
     recovered.check()?;
     let snapshot = recovered.snapshot()?;
     if let Some(read_only) = read_only {

@@ -249,7 +249,7 @@ fn power_cuts_on_a_full_device_recover_as_promised() {
 fn a_device_whose_checkpoint_zones_wore_out_mounts_read_only() {
     let mut setup = Setup::small_failing();
     setup.geometry.zone_count = 24;
-    let operations = from_env("FLINTFS_FULL_CUT_OPERATIONS", 3000);
+    let operations = 3000;
     for seed in [406, 419] {
         let rescue = run_to_read_only_failure(&setup, seed, operations)
             .unwrap_or_else(|failure| panic!("{failure}"))

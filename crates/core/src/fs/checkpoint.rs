@@ -23,6 +23,9 @@ impl<D: FlashDevice> Fs<D> {
     /// Makes everything durable with a checkpoint. Skipped when nothing
     /// changed since the last one.
     pub fn checkpoint(&mut self) -> Result<()> {
+        // Read-only, nothing is written back (`drain` holds it all), so a
+        // checkpoint could never finish: `Fs::sync` is what succeeds.
+        self.refuse_if_read_only("a checkpoint")?;
         let kept_waiting =
             self.kept.as_ref().is_some_and(|kept| kept.has_uncommitted() || (self.write_home_all && !kept.is_empty()));
         if !self.changed

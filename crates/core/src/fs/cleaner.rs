@@ -353,6 +353,7 @@ impl<D: FlashDevice> Fs<D> {
     /// background cleaner's choice); returns how many it cleaned. Ends with
     /// a checkpoint, after which the cleaned zones are free.
     pub fn clean(&mut self, zones: usize) -> Result<usize> {
+        self.refuse_if_read_only("cleaning")?;
         self.clean_with(zones, false, VictimChoice::CostBenefit)
     }
 
@@ -446,6 +447,7 @@ impl<D: FlashDevice> Fs<D> {
     /// to (read reclaim) that the cleaner can take, and returns how many
     /// moved. Their resets leave out the blocks retired.
     pub fn refresh_zones(&mut self) -> Result<u64> {
+        self.refuse_if_read_only("moving damaged zones' data")?;
         let mut refreshed = 0;
         // A head's zone is never cleaned while the head is in it: one that
         // holds damage has its head moved on first, as when it fills.

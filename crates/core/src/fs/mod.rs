@@ -222,7 +222,8 @@ pub struct FsOptions {
     /// memory, not checkpointed; every change answers EROFS; fsync, sync
     /// and unmount have nothing to make durable. For copying the files off
     /// a device that can no longer take a checkpoint, or looking at an
-    /// image without touching it.
+    /// image without changing it (the CLI also opens the device to look,
+    /// so that the emulator's own records are not written either).
     pub read_only: bool,
 }
 
@@ -380,7 +381,8 @@ pub struct Fs<D: FlashDevice> {
     /// `nodes::node_charge_bytes`).
     pub(crate) nodes: PageCache<nodes::NodeKey, nodes::Cached>,
     /// Dirty nodes pushed out of the cache during an operation, written
-    /// back before it returns. Loads look here before reading flash.
+    /// back before it returns (on a read-only mount, held here for the
+    /// whole mount). Loads look here before reading flash.
     pub(crate) pending: BTreeMap<nodes::NodeKey, nodes::Cached>,
     /// Node pages kept in NVM, updated in place (only with NVM), and
     /// whether write-backs bypass it (a write-home of every node is under
@@ -500,20 +502,9 @@ impl<D: FlashDevice> Fs<D> {
         // took the pointer), so it is cached as that node; the map pages
         // are read when first needed.
         let root_home = fs.volume.checkpoint.tree.root;
-        // Read-only, the nodes kept in NVM are held in memory from here on,
-        // the root too if it is one of them.
-        if fs.options.read_only {
-            fs.hold_kept_in_memory()?;
-        }
-        let held_root = fs.pending.remove(&nodes::NodeKey::Slot(ROOT_SLOT));
-        let root_dirty = if held_root.is_some() { crate::cache::Dirty::BOTH } else { crate::cache::Dirty::CLEAN };
         // A root kept in NVM is newer than its page on flash (if it has
         // one): that one is read instead.
-        let kept_root = match held_root {
-            Some(cached) => Some(cached),
-            None => fs.load_kept(nodes::NodeKey::Slot(ROOT_SLOT))?,
-        };
-        let cached = match kept_root {
+        let cached = match fs.load_kept(nodes::NodeKey::Slot(ROOT_SLOT))? {
             Some(cached) => cached,
             None if root_home.is_null() => return Err(Error::corrupt("the checkpoint names no root directory")),
             None => nodes::Cached { node: fs.read_node(nodes::NodeKey::Slot(ROOT_SLOT), root_home)?, home: root_home },
@@ -522,7 +513,7 @@ impl<D: FlashDevice> Fs<D> {
             flintfs_format::Node::Directory { inode, .. } if inode.ino == crate::volume::ROOT_INO => {}
             _ => return Err(Error::corrupt(format!("the root at {root_home} is not the root directory"))),
         }
-        fs.cache_insert(nodes::NodeKey::Slot(ROOT_SLOT), cached, root_dirty);
+        fs.cache_insert(nodes::NodeKey::Slot(ROOT_SLOT), cached, crate::cache::Dirty::CLEAN);
         // Files unlinked while open and directories removed while held, when
         // the last checkpoint was taken: nobody holds them now.
         let orphans = fs.volume.checkpoint.tree.orphans.clone();
@@ -560,11 +551,13 @@ impl<D: FlashDevice> Fs<D> {
 
     /// Recovery on a read-only mount: the log replayed into memory as
     /// [`Fs::recover`] replays it, and nothing written. The replayed
-    /// changes stay in the caches (dirty nodes held pending, small blocks
-    /// in the data buffer, beyond their bounds if need be: the log that
-    /// holds them bounds them). A replay that needed a write (a record
-    /// whose work must program a page) fails the mount, rather than show
-    /// a tree missing what an fsync promised.
+    /// changes stay in memory, beyond the caches' bounds if need be:
+    /// dirty nodes pending (as many as the crashed run's records dirtied
+    /// since its checkpoint, which the log's size bounds only loosely, a
+    /// record dirtying a few nodes), and the small blocks records carry
+    /// in the data buffer (half a page a record at most). A replay that
+    /// needed a write fails the mount, rather than show a tree missing
+    /// what an fsync promised.
     fn recover_in_memory(&mut self) -> Result<RecoveryReport> {
         let (written, _) = self.zones_written_since();
         let refused_before = self.volume.device.read_only_refusals();
@@ -574,8 +567,9 @@ impl<D: FlashDevice> Fs<D> {
             return Err(Error::new(
                 errno::EROFS,
                 format!(
-                    "the log since the last checkpoint cannot be replayed without writing ({refused} writes refused; \
-                     {}): mount read-write to recover it",
+                    "the log since the last checkpoint cannot be replayed without writing ({refused} writes \
+                     refused{}{}): only a read-write mount can recover it",
+                    if report.records_failed.is_empty() { "" } else { ": " },
                     report.records_failed.join("; ")
                 ),
             ));
@@ -586,6 +580,8 @@ impl<D: FlashDevice> Fs<D> {
         tracing::info!(
             replayed = report.records_replayed,
             discarded = report.records_discarded,
+            nodes_held = self.pending.len(),
+            blocks_held = self.dirty_blocks.len(),
             "an unclean stop's log replayed in memory, read-only; {}",
             report.end
         );
@@ -898,6 +894,15 @@ impl<D: FlashDevice> Fs<D> {
         self.log.operation_now.unwrap_or_else(|| self.clock.now_ns())
     }
 
+    /// EROFS on a read-only mount, for `what`: the guard of every public
+    /// call that writes (a change, a checkpoint, cleaning, a scrub).
+    pub(crate) fn refuse_if_read_only(&self, what: &str) -> Result<()> {
+        if self.options.read_only {
+            return Err(Error::new(errno::EROFS, format!("{what}: the file system is mounted read-only")));
+        }
+        Ok(())
+    }
+
     /// Work done at the start of every operation that changes something:
     /// a timed checkpoint, or one because the declared unindexed zones
     /// could not take what is buffered plus what this operation may write.
@@ -907,9 +912,7 @@ impl<D: FlashDevice> Fs<D> {
             // would start a new log before the old one was replayed.
             return Ok(());
         }
-        if self.options.read_only {
-            return Err(Error::new(errno::EROFS, "the file system is mounted read-only"));
-        }
+        self.refuse_if_read_only("a change")?;
         if self.log_wants_checkpoint(1) {
             // The operation's record needs the log room only a checkpoint
             // makes: without it, the operation cannot start.

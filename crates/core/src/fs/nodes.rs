@@ -287,25 +287,16 @@ impl<D: FlashDevice> Fs<D> {
         Ok(found)
     }
 
-    /// A read-only mount: every node kept in NVM is read into memory, as a
-    /// pending write-back that never runs, and the store is let go, so
-    /// nothing the mount does (a replayed rmdir vacating a node's slot)
-    /// writes to NVM. The nodes are few: NVM's slots bound them.
-    pub(crate) fn hold_kept_in_memory(&mut self) -> Result<()> {
-        let Some(kept) = self.kept.as_ref() else { return Ok(()) };
-        let keys: Vec<NodeKey> = kept.keys().collect();
-        for key in keys {
-            let cached = self
-                .load_kept(key)?
-                .ok_or_else(|| Error::corrupt(format!("NVM lists {key:?} as kept, and it does not read back")))?;
-            self.pending.insert(key, cached);
-        }
-        self.kept = None;
-        Ok(())
-    }
-
     /// Stops keeping a node in NVM: it is going to flash, or gone.
     pub(crate) fn unkeep(&mut self, key: NodeKey) -> Result<()> {
+        if self.options.read_only {
+            // The node is in memory now (dirty, so never dropped), or gone:
+            // the store stops naming it, and its slot stays as it was.
+            if let Some(kept) = self.kept.as_mut() {
+                kept.forget(key);
+            }
+            return Ok(());
+        }
         let generation = self.kept_generation();
         match self.kept.as_mut() {
             Some(kept) => kept.remove(&mut self.volume.device, key, generation),

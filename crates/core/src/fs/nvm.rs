@@ -105,6 +105,11 @@ impl NvmLog {
                 if device.read_only() {
                     // A read-only mount writes no fresh header: it runs
                     // without the NVM log, which holds nothing of its own.
+                    if !matches!(state, NvmHeaderState::Blank) {
+                        tracing::warn!(
+                            "the NVM header is not this volume's ({state:?}): read-only, the NVM log is not used"
+                        );
+                    }
                     return Ok(None);
                 }
                 if !matches!(state, NvmHeaderState::Blank) {
@@ -680,9 +685,11 @@ impl NvmStore {
         self.by_key.len()
     }
 
-    /// The nodes kept here.
-    pub(crate) fn keys(&self) -> impl Iterator<Item = NodeKey> + '_ {
-        self.by_key.keys().copied()
+    /// A read-only mount's [`NvmStore::remove`]: the store stops naming
+    /// `key`, and writes nothing (the slot keeps its bytes; no slot is
+    /// made on a read-only mount, so none is taken again).
+    pub(crate) fn forget(&mut self, key: NodeKey) {
+        self.by_key.remove(&key);
     }
 
     pub fn is_empty(&self) -> bool {

@@ -15,7 +15,7 @@ use flintfs_flash::{FlashDevice, PageAddress, PageState};
 use flintfs_format::{PageHeader, ZoneRole};
 
 use super::Fs;
-use crate::error::{errno, Error, Result};
+use crate::error::Result;
 
 /// Unrepairable pages a report names one by one; past this it counts.
 pub const SCRUB_NAMED_PAGES_MAX: usize = 64;
@@ -130,9 +130,7 @@ impl<D: FlashDevice> Fs<D> {
 
     /// Scrubs every zone that holds pages (see the module's account).
     pub fn scrub(&mut self, quick: bool) -> Result<ScrubReport> {
-        if self.options.read_only {
-            return Err(Error::new(errno::EROFS, "scrub repairs what it finds: the file system is mounted read-only"));
-        }
+        self.refuse_if_read_only("a scrub, which repairs what it finds")?;
         // What is buffered goes to flash first, so the scrub sees it.
         self.sync()?;
         let before = self.volume.protection_counters();
