@@ -79,7 +79,7 @@ pub fn open_device(path: &Path, wait: Duration) -> Outcome<Device> {
 /// they write reaches the file; the block backend likewise
 /// (`BlockFlash::open_to_look`).
 pub fn open_device_to_look(path: &Path, wait: Duration) -> Outcome<Device> {
-    open_device_for(path, wait, None, true, Access::Look)
+    open_device_to_look_with(path, wait, None)
 }
 
 /// [`open_device_to_look`] with faults injected (the emulator only): a

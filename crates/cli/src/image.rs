@@ -315,22 +315,29 @@ pub struct Checked {
 
 /// Mounts an image, repairs it if asked, and checks every invariant.
 pub fn check_image(path: &Path, repair: bool, wait: Duration) -> Outcome<Checked> {
-    // Without a repair the image is only looked at: the device's own open
-    // (and a recovery's replay and checkpoint, where one runs) go to a
+    // Without a repair the image is only looked at: the mount's recovery
+    // (its replay and checkpoint) and the device's own open run on a
     // scratch view, and the file stays as it was found.
+    let mut refused = None;
     let (mut fs, mount) = if repair {
         mount_fs(open_device(path, wait)?, FsOptions::default())?
     } else {
-        // Read-only first: it needs no checkpoint, so a device that can
-        // no longer take one (worn checkpoint zones) is checked too. What
-        // only a read-write mount completes (a finish a power cut cut
-        // short) falls back to one, on the scratch view.
-        let read_only = FsOptions { read_only: true, ..FsOptions::default() };
-        match Fs::mount(open_device_to_look(path, wait)?, read_only, Box::new(flintfs_fuse::SystemClock)) {
+        match Fs::mount(open_device_to_look(path, wait)?, FsOptions::default(), Box::new(flintfs_fuse::SystemClock)) {
             Ok(mounted) => mounted,
+            // A mount that cannot write what it must (a recovery's
+            // checkpoint on worn checkpoint zones) is itself a finding:
+            // the image is then checked through a read-only mount, which
+            // needs none, so the check says whether the files are there.
             Err(error) if error.errno == flintfs_core::errno::EROFS => {
-                tracing::info!("a read-only mount was refused ({}): checking after a recovery", error.message);
-                mount_fs(open_device_to_look(path, wait)?, FsOptions::default())?
+                refused = Some(format!(
+                    "a read-write mount fails ({}); checked read-only (flintfs mount -o ro reads the files)",
+                    error.message
+                ));
+                let read_only_options = FsOptions { read_only: true, ..FsOptions::default() };
+                Fs::mount(open_device_to_look(path, wait)?, read_only_options, Box::new(flintfs_fuse::SystemClock))
+                    .map_err(|read_only| {
+                        crate::Failure(format!("mount: {}; read-only: {}", error.message, read_only.message))
+                    })?
             }
             Err(error) => fail!("mount: {}", error.message),
         }
@@ -340,7 +347,8 @@ pub fn check_image(path: &Path, repair: bool, wait: Duration) -> Outcome<Checked
         // found it, with the orphans freed and unreferenced zones released.
         fs.sync().map_err(|error| format!("repair: {}", error.message))?;
     }
-    let report = fs.check().map_err(|error| format!("check: {}", error.message))?;
+    let mut report = fs.check().map_err(|error| format!("check: {}", error.message))?;
+    report.findings.extend(refused);
     // Without a repair, what the mount wrote went to the scratch view,
     // which goes with the device.
     drop(fs.into_device());

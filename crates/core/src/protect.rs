@@ -373,6 +373,12 @@ pub fn ecc_layout(geometry: &Geometry) -> Option<Arc<EccLayout>> {
     layout
 }
 
+/// What a read-only mount refuses to do when a power cut interrupted a
+/// zone finish (`Protected::complete_interrupted_finishes`): the words its
+/// EROFS error carries, which callers may look for.
+pub const FINISH_CUT_SHORT_REFUSAL: &str =
+    "completing a zone finish a power cut interrupted, which only a read-write mount does,";
+
 /// Whether a geometry's spare area holds what every page needs: the
 /// header and the signature.
 pub fn oob_fits(geometry: &Geometry) -> bool {
@@ -486,6 +492,7 @@ impl<D: FlashDevice> Protected<D> {
         self.read_only = true;
     }
 
+    /// Whether every write is refused ([`Protected::set_read_only`]).
     pub fn read_only(&self) -> bool {
         self.read_only
     }
@@ -495,7 +502,8 @@ impl<D: FlashDevice> Protected<D> {
         self.read_only_refusals
     }
 
-    /// The guard every write of this layer passes first.
+    /// The guard every write of this layer passes first; it counts what it
+    /// refuses, which a read-only recovery checks.
     fn refuse_if_read_only(&mut self, operation: &'static str) -> Result<()> {
         if self.read_only {
             self.read_only_refusals += 1;
@@ -1736,7 +1744,7 @@ impl<D: FlashDevice> Protected<D> {
                             "a finish a power cut cut short: a read-only mount cannot complete it"
                         );
                     }
-                    self.refuse_if_read_only("completing a finish a power cut cut short (mount read-write once)")?;
+                    self.refuse_if_read_only(FINISH_CUT_SHORT_REFUSAL)?;
                     tracing::info!(zone = report.zone, "a finish cut short by a power cut is completed");
                     self.inner.finish_zone(report.zone)?;
                     finished += 1;

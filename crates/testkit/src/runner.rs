@@ -633,9 +633,10 @@ fn run_power_cut_with(
 /// replayed in memory. The mount must pass the checker, answer EROFS to a
 /// create and to a write, take a sync, and unmount, all without one device
 /// operation that changes anything (a program, reset, finish, flush or
-/// NVM write). `None` where the cut left a zone finish or a zone parity
-/// that only a read-write mount completes, which the read-only mount
-/// refuses with EROFS.
+/// NVM write) and without retiring a block. `None` where the cut left a
+/// zone finish that only a read-write mount completes, which the
+/// read-only mount refuses with EROFS (the caller then requires the
+/// read-write recovery to finish a zone).
 pub(crate) fn read_only_view(
     setup: &Setup,
     flash: &MemoryFlash,
@@ -648,7 +649,10 @@ pub(crate) fn read_only_view(
     let clock = ManualClock::new(flintfs_core::Clock::now_ns(clock));
     let fs = match Fs::mount(flash.clone(), options.clone(), Box::new(clock.clone())) {
         Ok((fs, _)) => fs,
-        Err(error) if error.errno == errno::EROFS && error.message.contains("mount read-write once") => {
+        Err(error)
+            if error.errno == errno::EROFS
+                && error.message.contains(flintfs_core::protect::FINISH_CUT_SHORT_REFUSAL) =>
+        {
             return Ok(None)
         }
         Err(error) => return Err(format!("a read-only mount after the cut: {error}")),
@@ -672,6 +676,10 @@ pub(crate) fn read_only_view(
     if subject.snapshot().map_err(fail)? != snapshot {
         return Err(fail("the refused changes changed the tree".into()));
     }
+    let retired = subject.fs().protection_counters().blocks_retired;
+    if retired != 0 {
+        return Err(fail(format!("{retired} blocks retired")));
+    }
     let flash = subject.fs.take().expect("mounted").unmount().map_err(|error| fail(error.to_string()))?;
     let changes = flash.mutating_operations() - before;
     if changes != 0 {
@@ -686,8 +694,10 @@ pub(crate) fn read_only_view(
 pub struct ReadOnlyRescue {
     /// Operations that returned before the one refused with EROFS.
     pub operations_before: usize,
-    /// The refused operation, and its message.
+    /// The refused operation.
     pub refused: String,
+    /// Whether the read-only mount replayed a log (the stop was unclean).
+    pub replayed: bool,
     /// Whether a read-write mount of the device as it was left failed
     /// (its recovery ends with a checkpoint, which a read-only mount does
     /// not take).
@@ -698,8 +708,8 @@ pub struct ReadOnlyRescue {
 
 /// A run on a device the workload fills (as [`run_power_cut_to_full`],
 /// without a cut) until an operation answers EROFS where the model did
-/// not: the fixed checkpoint zones of small failing flash wear out, and no
-/// checkpoint can be written from then on. The engine is then dropped as a
+/// not: the fixed checkpoint zones of small failing flash wear out, and a
+/// checkpoint record finds no zone. The engine is then dropped as a
 /// killed daemon's would be, and a read-only mount of the device must show
 /// a tree `docs/SEMANTICS.md` allows after a power cut at that operation
 /// (nothing that an fsync or a sync made durable lost), pass the checker,
@@ -734,7 +744,11 @@ pub fn run_to_read_only_failure(setup: &Setup, seed: u64, operations: u64) -> Re
         }
     }
     let Some(refused) = refused else { return Ok(None) };
-    let flash = subject.fs.take().expect("mounted").into_device();
+    // A remount's mount half may have been the refusal: the engine is gone.
+    let Some(fs) = subject.fs.take() else {
+        return Err(fail(format!("{refused} lost the engine with the device")));
+    };
+    let flash = fs.into_device();
     // A read-write mount, on a copy: its recovery's checkpoint may find no
     // zone. Where it works, its tree is the one the read-only mount must
     // show.
@@ -752,7 +766,7 @@ pub fn run_to_read_only_failure(setup: &Setup, seed: u64, operations: u64) -> Re
     let read_write_mount_failed = read_write.is_none();
     let options = FsOptions { read_only: true, ..setup.options.clone() };
     let before = flash.mutating_operations();
-    let (fs, _) = Fs::mount(flash, options.clone(), Box::new(clock.clone()))
+    let (fs, mount_report) = Fs::mount(flash, options.clone(), Box::new(clock.clone()))
         .map_err(|error| fail(format!("after {refused}, a read-only mount: {error}")))?;
     let mut rescued = Subject::from_fs(fs, clock, options);
     rescued.check().map_err(|error| fail(format!("after {refused}, the read-only mount: {error}")))?;
@@ -768,6 +782,10 @@ pub fn run_to_read_only_failure(setup: &Setup, seed: u64, operations: u64) -> Re
             )));
         }
     }
+    let retired = rescued.fs().protection_counters().blocks_retired;
+    if retired != 0 {
+        return Err(fail(format!("the read-only mount retired {retired} blocks")));
+    }
     let flash = rescued.fs.take().expect("mounted").unmount().map_err(|error| fail(error.to_string()))?;
     if flash.mutating_operations() != before {
         return Err(fail(format!(
@@ -778,6 +796,7 @@ pub fn run_to_read_only_failure(setup: &Setup, seed: u64, operations: u64) -> Re
     Ok(Some(ReadOnlyRescue {
         operations_before: completed,
         refused,
+        replayed: mount_report.recovery.is_some(),
         read_write_mount_failed,
         entries: snapshot.0.len(),
     }))

@@ -499,6 +499,7 @@ impl<D: FlashDevice> Fs<D> {
     /// Returns whether it did anything.
     pub fn idle(&mut self) -> Result<bool> {
         if self.options.read_only {
+            // Checkpoints, cleaning and scrub repairs all write.
             return Ok(false);
         }
         // The log's checkpoint starts here, in the background, at half its

@@ -526,15 +526,16 @@ impl<D: FlashDevice> Fs<D> {
         let mut report = report;
         let epoch = fs.volume.checkpoint.number;
         let nvm_frames = fs.log.nvm.as_ref().is_some_and(|nvm| nvm.has_frames(&mut fs.volume.device, epoch));
+        // Pages were written after the checkpoint, or the NVM log holds
+        // records of its epoch: an unclean stop.
+        let unclean = !fs.volume.orphans.is_empty() || nvm_frames;
         if fs.options.read_only {
-            // Orphans stay as they are: nothing names them, and freeing
-            // them is a write. An unclean stop's log is replayed in memory.
-            if !fs.volume.orphans.is_empty() || nvm_frames {
+            // The log is replayed in memory. Orphans stay as they are:
+            // nothing names them, and freeing them is a write.
+            if unclean {
                 report.recovery = Some(fs.recover_in_memory()?);
             }
-        } else if !fs.volume.orphans.is_empty() || nvm_frames {
-            // Pages were written after the checkpoint, or the NVM log
-            // holds records of its epoch: an unclean stop.
+        } else if unclean {
             report.recovery = Some(fs.recover()?);
         } else if !adopted.is_empty() {
             for ino in adopted {
@@ -697,7 +698,14 @@ impl<D: FlashDevice> Fs<D> {
         let mut volume = volume;
         let needed = tree.nvm_nodes;
         let stripe_record_bytes = volume.device.nvm_stripe_record_bytes();
-        let nvm = nvm::NvmLog::open(&mut volume.device, uuid, options.nvm_barrier, needed, stripe_record_bytes)?;
+        let nvm = nvm::NvmLog::open(
+            &mut volume.device,
+            options.read_only,
+            uuid,
+            options.nvm_barrier,
+            needed,
+            stripe_record_bytes,
+        )?;
         // The open stripes' records, from the header now there (the
         // volume found them at mount if it was there already).
         volume.device.open_nvm_stripes(uuid)?;

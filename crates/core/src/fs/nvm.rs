@@ -62,9 +62,11 @@ impl NvmLog {
     /// version is refused, and so is a region that is not this volume's
     /// when the checkpoint keeps `needed` nodes in it.
     /// A fresh header makes stripe records of `stripe_record_bytes`
-    /// (`Protected::nvm_stripe_record_bytes`).
+    /// (`Protected::nvm_stripe_record_bytes`). `read_only` writes none:
+    /// the mount then runs without the log.
     pub fn open<D: FlashDevice>(
-        device: &mut crate::protect::Protected<D>,
+        device: &mut D,
+        read_only: bool,
         uuid: [u8; 16],
         barrier: bool,
         needed: u32,
@@ -102,7 +104,7 @@ impl NvmLog {
                 if needed > 0 {
                     return Err(lost(&format!("the NVM region holds no header of this volume ({state:?})")));
                 }
-                if device.read_only() {
+                if read_only {
                     // A read-only mount writes no fresh header: it runs
                     // without the NVM log, which holds nothing of its own.
                     if !matches!(state, NvmHeaderState::Blank) {
@@ -687,7 +689,8 @@ impl NvmStore {
 
     /// A read-only mount's [`NvmStore::remove`]: the store stops naming
     /// `key`, and writes nothing (the slot keeps its bytes; no slot is
-    /// made on a read-only mount, so none is taken again).
+    /// made on a read-only mount, so none is taken again, and the space
+    /// counts, which only the choice of slots reads, stay as they were).
     pub(crate) fn forget(&mut self, key: NodeKey) {
         self.by_key.remove(&key);
     }

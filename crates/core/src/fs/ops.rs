@@ -1504,6 +1504,7 @@ impl<D: FlashDevice> Fs<D> {
     /// Makes everything durable.
     pub fn sync(&mut self) -> Result<()> {
         if self.options.read_only {
+            // Nothing changed, and what recovery replayed is in the log.
             return Ok(());
         }
         self.checkpoint()
