@@ -160,7 +160,8 @@ impl<D: FlashDevice> Volume<D> {
                 match self.device.program_sealed(address, data, oob) {
                     Ok(()) => {}
                     Err(error @ flintfs_flash::DeviceError::ProgramFailed { .. }) => {
-                        self.program_failures += 1;
+                        // Counted where every program is, the protection
+                        // layer (`Protected::programs_failed`).
                         if attempt < attempts {
                             continue 'run;
                         }

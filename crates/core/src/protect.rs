@@ -504,7 +504,7 @@ impl<D: FlashDevice> Protected<D> {
 
     /// The guard every write of this layer passes first; it counts what it
     /// refuses, which a read-only recovery checks.
-    fn refuse_if_read_only(&mut self, operation: &'static str) -> Result<()> {
+    fn refuse_write_if_read_only(&mut self, operation: &'static str) -> Result<()> {
         if self.read_only {
             self.read_only_refusals += 1;
             return Err(DeviceError::ReadOnly { operation });
@@ -732,7 +732,7 @@ impl<D: FlashDevice> Protected<D> {
     /// Writes and persists a record's `bytes` (a whole record, or a
     /// tombstone's header) in its slot, then puts it in force for `zone`.
     fn put_record(&mut self, area: &mut NvmStripes, zone: u32, record: StripeRecord, bytes: &[u8]) -> Result<()> {
-        self.refuse_if_read_only("an NVM stripe record")?;
+        self.refuse_write_if_read_only("an NVM stripe record")?;
         let at = area.at(record.slot);
         self.nvm_wear.write(&mut self.inner, at, bytes)?;
         self.nvm_wear.persist(&mut self.inner, at, bytes.len() as u64)?;
@@ -762,7 +762,7 @@ impl<D: FlashDevice> Protected<D> {
         if !area.recorded.contains(&zone) || area.current.get(&zone).is_some_and(|record| record.data_pages == 0) {
             return Ok(());
         }
-        self.refuse_if_read_only("an NVM stripe tombstone")?;
+        self.refuse_write_if_read_only("an NVM stripe tombstone")?;
         let Some(slot) = area.free_slot() else {
             let mut header = [0u8; NVM_STRIPE_HEADER_BYTES];
             for slot in 0..area.records {
@@ -1505,7 +1505,7 @@ impl<D: FlashDevice> Protected<D> {
     /// every program of this layer goes through here, so the counts
     /// `zone_parity_pages_to_pay` reads miss none.
     fn program_inner(&mut self, address: PageAddress, data: &[u8], oob: &[u8]) -> Result<()> {
-        self.refuse_if_read_only("a program")?;
+        self.refuse_write_if_read_only("a program")?;
         if let Err(error) = self.inner.program_page(address, data, oob) {
             if matches!(error, DeviceError::ProgramFailed { .. }) {
                 self.programs_failed += 1;
@@ -1744,7 +1744,7 @@ impl<D: FlashDevice> Protected<D> {
                             "a finish a power cut cut short: a read-only mount cannot complete it"
                         );
                     }
-                    self.refuse_if_read_only(FINISH_CUT_SHORT_REFUSAL)?;
+                    self.refuse_write_if_read_only(FINISH_CUT_SHORT_REFUSAL)?;
                     tracing::info!(zone = report.zone, "a finish cut short by a power cut is completed");
                     self.inner.finish_zone(report.zone)?;
                     finished += 1;
@@ -2065,7 +2065,7 @@ impl<D: FlashDevice> FlashDevice for Protected<D> {
     }
 
     fn reset_zone(&mut self, zone: u32) -> Result<()> {
-        self.refuse_if_read_only("a zone reset")?;
+        self.refuse_write_if_read_only("a zone reset")?;
         self.unflushed = true;
         self.owing.retain(|&owing| owing != zone);
         self.stripes.remove(&zone);
@@ -2103,7 +2103,7 @@ impl<D: FlashDevice> FlashDevice for Protected<D> {
     }
 
     fn finish_zone(&mut self, zone: u32) -> Result<()> {
-        self.refuse_if_read_only("a zone finish")?;
+        self.refuse_write_if_read_only("a zone finish")?;
         self.unflushed = true;
         // A zone owing its zone parity is full to the engine already, and
         // fills up (and so finishes) as the parity is paid: finishing it
@@ -2160,12 +2160,12 @@ impl<D: FlashDevice> FlashDevice for Protected<D> {
     }
 
     fn nvm_write(&mut self, offset: u64, data: &[u8]) -> Result<()> {
-        self.refuse_if_read_only("an NVM write")?;
+        self.refuse_write_if_read_only("an NVM write")?;
         self.nvm_wear.write(&mut self.inner, offset, data)
     }
 
     fn nvm_persist(&mut self, offset: u64, length: u64) -> Result<()> {
-        self.refuse_if_read_only("an NVM persist")?;
+        self.refuse_write_if_read_only("an NVM persist")?;
         self.nvm_wear.persist(&mut self.inner, offset, length)
     }
 
@@ -2194,7 +2194,7 @@ impl<D: FlashDevice> FlashDevice for Protected<D> {
     }
 
     fn retire_block(&mut self, address: PageAddress) -> Result<bool> {
-        self.refuse_if_read_only("a block retirement")?;
+        self.refuse_write_if_read_only("a block retirement")?;
         let physical = self.to_physical(address);
         self.inner.retire_block(physical)
     }

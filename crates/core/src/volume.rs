@@ -166,8 +166,6 @@ pub struct Volume<D: FlashDevice> {
     pub(crate) orphans: Vec<(u32, u32, u32)>,
     /// Zones taken outside the declared list since the last checkpoint.
     pub(crate) undeclared_zones_taken: u64,
-    /// Pages that failed to program (their blocks retired) since mount.
-    pub(crate) program_failures: u64,
     /// Whether allocation may dip into the cleaner's reserve: set for work
     /// that frees space (unlink, rmdir, checkpoints), so a full device can
     /// still be emptied.
@@ -708,7 +706,6 @@ impl<D: FlashDevice> Volume<D> {
             unindexed_used: 0,
             orphans,
             undeclared_zones_taken: 0,
-            program_failures: 0,
             reserve_allowed: false,
             align_checkpoint: false,
             declare_empty_first: false,
