@@ -8,6 +8,10 @@
 //! - `flintfs-fuse`: a FUSE mount of an image file;
 //! - `flintfs-block`: a FUSE mount of the block backend on a loop device,
 //!   measured exactly as the kernel peers on theirs (root only);
+//! - `fuse-floor`: a FUSE mount of a file system that keeps everything in
+//!   memory and does no work, met by the kernel as flintfs-fuse is: what
+//!   the FUSE path alone allows (`bench_floor`; root only, on the ordinary
+//!   workloads of issue 19);
 //! - `ext2`, `ext4`, `btrfs`, `xfs`: kernel file systems on loop devices
 //!   (root only; skipped with a note otherwise or when mkfs is missing);
 //! - `littlefs`: the `littlefs2` crate in-process on the same emulated
@@ -54,7 +58,7 @@ pub const WORKLOADS: [&str; 15] = [
     "space_usr_share",
 ];
 /// Targets, in the order rows are printed.
-pub const TARGETS: [&str; 15] = [
+pub const TARGETS: [&str; 16] = [
     "flintfs",
     "flintfs-ordered",
     "flintfs-fuse",
@@ -64,6 +68,7 @@ pub const TARGETS: [&str; 15] = [
     "flintfs-block",
     "flintfs-zstd",
     "flintfs-none",
+    "fuse-floor",
     "ext2",
     "ext4",
     "btrfs",
@@ -71,9 +76,9 @@ pub const TARGETS: [&str; 15] = [
     "xfs",
     "littlefs",
 ];
-/// How many of [`TARGETS`] are flintfs (run without being asked for); the
-/// rest are peers.
-const FLINTFS_TARGETS: usize = 9;
+/// How many of [`TARGETS`] run without being asked for (flintfs's, and the
+/// FUSE floor beside them); the rest are peers.
+const FLINTFS_TARGETS: usize = 10;
 /// NVM beside the flash for the `flintfs-nvm` targets (FSMAC's metadata
 /// accelerator): a small NVDIMM's worth, whose ring holds the log of tens of
 /// thousands of metadata fsyncs between write-homes.
@@ -98,6 +103,8 @@ fn runs_by_default(workload: &str, target: &str) -> bool {
     match target {
         "flintfs-zstd" | "flintfs-none" => workload.starts_with("space_") || workload.starts_with("large_"),
         "btrfs-zstd" => workload.starts_with("space_"),
+        // The floor is judged beside flintfs-fuse on issue 19's ordinary work.
+        "fuse-floor" => crate::bench_report::ISSUE_19_ORDINARY.contains(&workload),
         // NVM holds metadata: measured where fsync and metadata dominate.
         "flintfs-nvm" | "flintfs-nvm-fuse" => !["space_", "large_", "near_full_", "mount_", "ram_", "recover_"]
             .iter()
@@ -1608,6 +1615,51 @@ fn run_fuse_mounted(workload: &str, target: &str, size: Size, seed: u64, directo
     Ok(value)
 }
 
+/// A workload on [`crate::bench_floor`]'s file system, which does no work:
+/// what the FUSE path costs alone. A remount is a new session over the
+/// same files, with the kernel's caches of the old one gone.
+fn run_floor(workload: &str, target: &str, size: Size, seed: u64, directory: &Path) -> Outcome<Value> {
+    use crate::bench_floor::{FloorMount, Tree};
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let mountpoint = directory.join("mnt");
+    std::fs::create_dir_all(&mountpoint)?;
+    let requests = std::sync::Arc::new(AtomicU64::new(0));
+    let mounted = FloorMount::mount(&mountpoint, Tree::new(), requests.clone())
+        .map_err(|error| Failure(format!("mounting the FUSE floor: {error}")))?;
+    let mounted = std::rc::Rc::new(std::cell::RefCell::new(Some(mounted)));
+    let remount = {
+        let (mounted, mountpoint) = (mounted.clone(), mountpoint.clone());
+        move || -> Outcome<u64> {
+            let Some(old) = mounted.borrow_mut().take() else { fail!("the FUSE floor is not mounted") };
+            let (tree, requests) = (old.tree.clone(), old.requests.clone());
+            old.unmount().map_err(|error| Failure(format!("unmounting the FUSE floor: {error}")))?;
+            let new = FloorMount::mount(&mountpoint, tree, requests)
+                .map_err(|error| Failure(format!("mounting the FUSE floor again: {error}")))?;
+            *mounted.borrow_mut() = Some(new);
+            Ok(0)
+        }
+    };
+    // Nothing is programmed: the files are memory.
+    let snapshot = Box::new(|| -> Outcome<Counters> { Ok(Counters::default()) });
+    let mut files = DirectoryFiles::new(&mountpoint, Box::new(remount), snapshot);
+    files.requests = Some(Box::new({
+        let requests = requests.clone();
+        move || Some(requests.load(Ordering::Relaxed))
+    }));
+    let (ops, phase) = timed_workload(workload, &mut files, size, seed);
+    let requests_at_end = phase.fuse_requests_at_end.or_else(|| files.fuse_requests());
+    drop(files);
+    let unmounted = mounted.borrow_mut().take().map_or(Ok(()), FloorMount::unmount);
+    let ops = ops?;
+    unmounted.map_err(|error| Failure(format!("unmounting the FUSE floor: {error}")))?;
+    let mut value = row(workload, target, ops, phase.seconds, None);
+    if let (Some(end), Some(start)) = (requests_at_end, phase.fuse_requests_at_start) {
+        value["fuse_requests_per_op"] = json!(end.saturating_sub(start) as f64 / ops.max(1) as f64);
+    }
+    add_fields(&mut value, &phase);
+    Ok(value)
+}
+
 /// Lookups a FUSE floor measurement times.
 const FUSE_FLOOR_LOOKUPS: u64 = 20_000;
 
@@ -1844,6 +1896,7 @@ fn run_one(arguments: &BenchArguments, target: &str) -> Outcome<ExitCode> {
             run_fuse(&arguments.workload, target, size, arguments.seed, &directory)
         }
         "flintfs-block" => run_kernel(&arguments.workload, target, size, arguments.seed, &directory),
+        "fuse-floor" => run_floor(&arguments.workload, target, size, arguments.seed, &directory),
         "littlefs" => {
             // The quick device is also the near-full workloads' (see device_bytes).
             if arguments.quick || arguments.workload.starts_with("near_full_") {
@@ -1906,6 +1959,10 @@ fn unavailable(target: &str) -> Option<String> {
             flintfs_binary().is_none().then(|| NO_FLINTFS_BINARY.to_string())
         }
         "flintfs-block" if !root => Some("the block backend on a loop device needs root".to_string()),
+        "fuse-floor" if !Path::new("/dev/fuse").exists() => Some("no /dev/fuse".to_string()),
+        // Mounted as flintfs is when root mounts: open to every user.
+        "fuse-floor" if !root => Some("the FUSE floor mounts as root mounts flintfs (allow_other)".to_string()),
+        "fuse-floor" => None,
         "flintfs-block" if !Path::new("/dev/fuse").exists() => Some("no /dev/fuse".to_string()),
         "flintfs-block" => flintfs_binary().is_none().then(|| NO_FLINTFS_BINARY.to_string()),
         _ if !root => Some("kernel file systems on loop devices need root".to_string()),

@@ -9,6 +9,7 @@
 //! PATH's.
 
 mod bench;
+mod bench_floor;
 mod bench_littlefs;
 mod bench_protection;
 mod bench_report;

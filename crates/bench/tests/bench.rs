@@ -126,3 +126,25 @@ fn bad_input_gets_one_clear_line() {
     refused(&["delete", "--quick", "--peers", "ntfs"], "unknown peer");
     refused(&["delete", "--seed", "many"], "invalid value");
 }
+
+#[test]
+fn the_fuse_floor_is_sent_the_requests_flintfs_fuse_is() {
+    if !fuse_available() {
+        return;
+    }
+    // The floor is a daemon that does no work; it measures what flintfs
+    // over FUSE could make of a workload only if the kernel sends it the
+    // same requests, which meeting the kernel as flintfs does is for.
+    let row = |target: &str| -> serde_json::Value {
+        serde_json::from_str(ok(&["delete", "--quick", "--target", target, "--json"]).trim()).expect("a JSON row")
+    };
+    let floor = row("fuse-floor");
+    let fuse = row("flintfs-fuse");
+    assert_eq!(floor["ops"], fuse["ops"], "{floor} {fuse}");
+    assert!(floor["ops_per_s"].as_f64().is_some_and(|ops| ops > 0.0), "{floor}");
+    let requests = |row: &serde_json::Value| row["fuse_requests_per_op"].as_f64().expect("requests per operation");
+    // An unlink of a name not cached is a LOOKUP, the UNLINK and the
+    // SETATTR of the ctime the kernel keeps (docs/BENCHMARKS.md).
+    assert!((requests(&floor) - requests(&fuse)).abs() < 0.01, "{floor} {fuse}");
+    assert!(requests(&floor) >= 2.0, "{floor}");
+}

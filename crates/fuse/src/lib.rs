@@ -711,18 +711,6 @@ impl<D: FlashDevice + Send + 'static> Filesystem for FlintFuse<D> {
     /// Asks for readdirplus (names with their attributes in one request,
     /// as `ls -l` wants; the kernel chooses when) where the kernel has it.
     fn init(&mut self, _request: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
-        let wanted = InitFlags::FUSE_DO_READDIRPLUS | InitFlags::FUSE_READDIRPLUS_AUTO;
-        if let Err(unsupported) = config.add_capabilities(wanted) {
-            tracing::info!("the kernel lacks {unsupported:?}; plain readdir only");
-        }
-        // The engine clears the set-ID bits when the kernel says (on write,
-        // truncate and chown), so the kernel no longer asks for
-        // security.capability before every write to find out: with it, each
-        // write(2) cost a GETXATTR request even when the bytes stayed in
-        // the kernel's cache.
-        if let Err(unsupported) = config.add_capabilities(InitFlags::FUSE_HANDLE_KILLPRIV_V2) {
-            tracing::info!("the kernel lacks {unsupported:?}; it clears set-ID bits itself");
-        }
         // Offered only if the ring can be brought up: once offered, the
         // kernel holds every request until the ring is ready or refused.
         let ring_possible = self.io_uring
@@ -737,16 +725,9 @@ impl<D: FlashDevice + Send + 'static> Filesystem for FlintFuse<D> {
                 }
             }
         }
-        if self.writeback_cache {
-            if let Err(unsupported) = config.add_capabilities(InitFlags::FUSE_WRITEBACK_CACHE) {
-                tracing::info!("the kernel lacks {unsupported:?}; writes go through to the engine");
-            }
-        }
-        // 1 MiB writes (the kernel's default page limit for a request):
-        // written-back appends then cost a request a megabyte.
-        let _ = config.set_max_write(MAX_WRITE_BYTES);
-        self.no_open = config.capabilities().contains(InitFlags::FUSE_NO_OPEN_SUPPORT);
-        self.no_opendir = config.capabilities().contains(InitFlags::FUSE_NO_OPENDIR_SUPPORT);
+        let answer = ask_kernel(config, self.writeback_cache);
+        self.no_open = answer.no_open;
+        self.no_opendir = answer.no_opendir;
         Ok(())
     }
 
@@ -1077,6 +1058,50 @@ impl<D: FlashDevice + Send + 'static> Filesystem for FlintFuse<D> {
 /// mount(8)'s names: the kernel enforces them, the engine never sees them.
 pub const KERNEL_FLAGS: [&str; 13] =
     ["ro", "rw", "nosuid", "suid", "nodev", "dev", "noexec", "exec", "noatime", "atime", "sync", "async", "dirsync"];
+
+/// What the kernel took of [`ask_kernel`]'s asks that changes how a
+/// daemon answers.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct KernelAnswer {
+    /// ENOSYS from open (and from opendir) means "open it yourself from
+    /// now on" (FUSE 7.23 and 7.29, Linux 4.14 and 5.1). An older kernel
+    /// would hand the ENOSYS to the program, so then open answers with a
+    /// handle.
+    pub no_open: bool,
+    pub no_opendir: bool,
+}
+
+/// The kernel features a flintfs mount asks for at INIT (the module's
+/// notes say why each one is safe), apart from the transport: the same for
+/// every daemon that should meet the kernel as flintfs does (the bench's
+/// `fuse-floor` file system, which does no work of its own, asks the same
+/// so that it measures the FUSE path flintfs has).
+pub fn ask_kernel(config: &mut KernelConfig, writeback_cache: bool) -> KernelAnswer {
+    let wanted = InitFlags::FUSE_DO_READDIRPLUS | InitFlags::FUSE_READDIRPLUS_AUTO;
+    if let Err(unsupported) = config.add_capabilities(wanted) {
+        tracing::info!("the kernel lacks {unsupported:?}; plain readdir only");
+    }
+    // The engine clears the set-ID bits when the kernel says (on write,
+    // truncate and chown), so the kernel no longer asks for
+    // security.capability before every write to find out: with it, each
+    // write(2) cost a GETXATTR request even when the bytes stayed in
+    // the kernel's cache.
+    if let Err(unsupported) = config.add_capabilities(InitFlags::FUSE_HANDLE_KILLPRIV_V2) {
+        tracing::info!("the kernel lacks {unsupported:?}; it clears set-ID bits itself");
+    }
+    if writeback_cache {
+        if let Err(unsupported) = config.add_capabilities(InitFlags::FUSE_WRITEBACK_CACHE) {
+            tracing::info!("the kernel lacks {unsupported:?}; writes go through to the engine");
+        }
+    }
+    // 1 MiB writes (the kernel's default page limit for a request):
+    // written-back appends then cost a request a megabyte.
+    let _ = config.set_max_write(MAX_WRITE_BYTES);
+    KernelAnswer {
+        no_open: config.capabilities().contains(InitFlags::FUSE_NO_OPEN_SUPPORT),
+        no_opendir: config.capabilities().contains(InitFlags::FUSE_NO_OPENDIR_SUPPORT),
+    }
+}
 
 fn kernel_flag(name: &str) -> Option<fuser::MountOption> {
     use fuser::MountOption::*;
