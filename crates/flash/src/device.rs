@@ -22,6 +22,11 @@ use crate::{FlashDevice, PageState, ZoneReport, ZoneState};
 /// Pages the device's volatile write buffer holds by default (4 MiB of 4 KiB
 /// pages, the order of an SSD controller's DRAM buffer share per namespace).
 pub const WRITE_BUFFER_PAGES_DEFAULT: u32 = 1024;
+/// Pages the write buffer drains on its own before their records are
+/// written, together (`FlashEmulator::record_drained`): as many as the
+/// image backend gathers into one write of slots.
+pub const DRAINED_RECORDS_LAG_PAGES: usize = 64;
+const _: () = assert!(DRAINED_RECORDS_LAG_PAGES <= WRITE_BUFFER_PAGES_DEFAULT as usize);
 /// Largest write buffer accepted.
 pub const WRITE_BUFFER_PAGES_MAX: u32 = 1 << 16;
 const _: () = assert!(WRITE_BUFFER_PAGES_DEFAULT <= WRITE_BUFFER_PAGES_MAX);
@@ -279,6 +284,10 @@ pub struct FlashEmulator<B: Backend> {
     baseline: Counters,
     dirty_zones: BTreeSet<u32>,
     dirty_blocks: BTreeSet<u64>,
+    /// Pages the write buffer drained on its own whose records are not
+    /// written yet: (zone, block), at most [`DRAINED_RECORDS_LAG_PAGES`].
+    drained_unrecorded: Vec<(u32, u64)>,
+    drained_unrecorded_pages: usize,
     overlay_dirty: bool,
     power: Power,
     mutating_operations: u64,
@@ -448,6 +457,8 @@ impl<B: Backend> FlashEmulator<B> {
             baseline: state.counters,
             dirty_zones: BTreeSet::new(),
             dirty_blocks: BTreeSet::new(),
+            drained_unrecorded: Vec::new(),
+            drained_unrecorded_pages: 0,
             overlay_dirty: false,
             power: Power::On,
             mutating_operations: 0,
@@ -875,10 +886,12 @@ impl<B: Backend> FlashEmulator<B> {
     }
 
     /// Makes the oldest buffered page durable. A drain the device does on its
-    /// own (`record_now`) also records what it changed at once (overlay,
-    /// block, then the zone record that makes the page durable), so a killed
-    /// process keeps what an in-process power cut would keep; with
-    /// `host_sync` the records wait for the next flush (below).
+    /// own (`record_now`) also records what it changed (overlay, block,
+    /// then the zone record that makes the page durable) once
+    /// [`DRAINED_RECORDS_LAG_PAGES`] pages have drained so, so a killed
+    /// process keeps a prefix of what an in-process power cut would keep;
+    /// with `host_sync` on a backend that cannot find lost pages the
+    /// records wait for the next flush (below).
     fn drain_one(&mut self, record_now: bool) -> Result<()> {
         let entry = self.buffer.pop_front().expect("drain of an empty write buffer");
         self.clock.wait_until(entry.programmed_ns);
@@ -888,29 +901,60 @@ impl<B: Backend> FlashEmulator<B> {
             self.buffer.push_front(entry);
             return Err(error);
         }
-        // Recorded now, so a killed process keeps the page as a power cut
-        // would. Not with `host_sync` on a backend that cannot find lost
-        // pages: the host may write the record back before the page it
-        // names, and a host crash would then leave a durable record ahead
-        // of its page. The record waits for the next flush, which syncs
-        // the pages first. Until then a killed process
-        // or a crash loses the page: the zone falls back to its last
-        // flushed write pointer, below `durable_write_pointer`, which the
-        // engine never relies on (it trusts flushed pages only).
+        // Recorded soon, so a killed process keeps the page as a power
+        // cut would, or a prefix of the pages drained since the last
+        // records: the records of [`DRAINED_RECORDS_LAG_PAGES`] drained
+        // pages are written together. One page's records each (a block
+        // record and a zone record behind every slot) split the image's
+        // runs of slots into a write a page, each of which the host file
+        // system met with a partly written block to zero: half of a FUSE
+        // mount daemon's time in a large sequential write. A prefix is what the
+        // device may hold: a drained page was never flushed, and the
+        // engine trusts flushed pages only. Not with `host_sync` on a
+        // backend that cannot find lost pages: the host may write the
+        // record back before the page it names, and a host crash would
+        // then leave a durable record ahead of its page. The record waits
+        // for the next flush, which syncs the pages first. Until then a
+        // killed process or a crash loses the page: the zone falls back to
+        // its last flushed write pointer, below `durable_write_pointer`,
+        // which the engine never relies on.
         if record_now && (!self.options.host_sync || self.backend.finds_lost_pages_at_open()) {
-            if self.overlay_dirty {
-                self.persist_overlay()?;
-            }
             let block = entry.physical / u64::from(self.geometry.block_pages);
+            if self.drained_unrecorded.last() != Some(&(entry.zone, block)) {
+                self.drained_unrecorded.push((entry.zone, block));
+            }
+            self.drained_unrecorded_pages += 1;
+            if self.drained_unrecorded_pages >= DRAINED_RECORDS_LAG_PAGES {
+                self.record_drained()?;
+            }
+        }
+        self.buffer.recycle(entry.bytes);
+        Ok(())
+    }
+
+    /// Writes the records of the pages drained on their own since the last
+    /// ones: the overlay (if changed), then each one's block record (if
+    /// changed) and zone record, after the pages (the backend writes the
+    /// slots it gathered before any record).
+    fn record_drained(&mut self) -> Result<()> {
+        if self.overlay_dirty {
+            self.persist_overlay()?;
+        }
+        for index in 0..self.drained_unrecorded.len() {
+            let (zone, block) = self.drained_unrecorded[index];
             if self.dirty_blocks.contains(&block) {
                 self.backend.write_block_records(block, std::slice::from_ref(&self.blocks[block as usize]))?;
                 self.dirty_blocks.remove(&block);
             }
-            let record = self.zones[entry.zone as usize].durable;
-            self.backend.write_zone_record(entry.zone, &record)?;
-            self.dirty_zones.remove(&entry.zone);
+            // A zone no longer dirty had its record written since.
+            if self.dirty_zones.contains(&zone) {
+                let record = self.zones[zone as usize].durable;
+                self.backend.write_zone_record(zone, &record)?;
+                self.dirty_zones.remove(&zone);
+            }
         }
-        self.buffer.recycle(entry.bytes);
+        self.drained_unrecorded.clear();
+        self.drained_unrecorded_pages = 0;
         Ok(())
     }
 
@@ -999,6 +1043,10 @@ impl<B: Backend> FlashEmulator<B> {
             self.backend.write_block_records(block, std::slice::from_ref(&self.blocks[block as usize]))?;
             self.dirty_blocks.remove(&block);
         }
+        // Every dirty record is written: those of pages drained on their
+        // own among them.
+        self.drained_unrecorded.clear();
+        self.drained_unrecorded_pages = 0;
         let counters = self.lifetime_counters();
         self.backend.write_summary(&counters, self.clock.now_ns())?;
         self.sync_host()

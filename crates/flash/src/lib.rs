@@ -140,8 +140,8 @@ pub use block::{
 };
 pub use counters::Counters;
 pub use device::{
-    DeviceOptions, FlashEmulator, MemoryFlash, PowerCutReport, ZoneCut, WRITE_BUFFER_PAGES_DEFAULT,
-    WRITE_BUFFER_PAGES_MAX,
+    DeviceOptions, FlashEmulator, MemoryFlash, PowerCutReport, ZoneCut, DRAINED_RECORDS_LAG_PAGES,
+    WRITE_BUFFER_PAGES_DEFAULT, WRITE_BUFFER_PAGES_MAX,
 };
 pub use error::{errno, DeviceError, Result};
 pub use faults::{BitErrorModel, CellType, FaultConfig, FAULT_PRESETS, RAW_BIT_ERROR_RATE_MAX};

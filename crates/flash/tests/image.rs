@@ -11,7 +11,7 @@ use common::*;
 use flintfs_flash::{
     decode_block_record, decode_overlay, decode_zone_record, BlockRecord, Counters, DeviceError, DeviceOptions,
     FaultConfig, FlashDevice, Geometry, ImageBackend, ImageFlash, ImageHeader, ImageLayout, Overlay, PageAddress,
-    ZoneReport, HEADER_SLOT_BYTES, IMAGE_ALLOCATE_AHEAD_BYTES,
+    ZoneReport, DRAINED_RECORDS_LAG_PAGES, HEADER_SLOT_BYTES, IMAGE_ALLOCATE_AHEAD_BYTES,
 };
 use proptest::prelude::*;
 
@@ -129,12 +129,16 @@ fn an_image_reopens_identical() {
     assert_eq!(ImageBackend::read_geometry(&path).unwrap(), geometry);
 }
 
-/// A page the write buffer drains on its own is recorded at once and
-/// survives the process, as a power cut keeps it, with `host_sync` too:
-/// the record may reach the host's disk before the page, but open checks
-/// the slots past the synced write pointer (`host_crash.rs`).
+/// A page the write buffer drains on its own survives the process once
+/// its records are written: with the next [`DRAINED_RECORDS_LAG_PAGES`]
+/// drained pages' or at the next flush. Until then a killed process keeps
+/// the flushed prefix and what was recorded, a shorter prefix than an
+/// in-process power cut keeps, and never less than a flush promised. With
+/// `host_sync` too: a record may reach the host's disk before its page,
+/// but open checks the slots past the synced write pointer
+/// (`host_crash.rs`).
 #[test]
-fn unflushed_writes_are_gone_after_drop_and_drained_ones_stay() {
+fn unflushed_writes_are_gone_after_drop_and_drained_ones_stay_once_recorded() {
     for host_sync in [false, true] {
         let directory = tempfile::tempdir().unwrap();
         let path = directory.path().join("device.img");
@@ -150,13 +154,12 @@ fn unflushed_writes_are_gone_after_drop_and_drained_ones_stay() {
         }
         assert_eq!(device.durable_write_pointer(0).unwrap(), 5);
         drop(device);
-        let mut device = ImageFlash::open_image(&path, options).unwrap();
+        let mut device = ImageFlash::open_image(&path, options.clone()).unwrap();
         let report = device.report_zone(0).unwrap();
-        let kept = 5;
-        assert_eq!(report.write_pointer, kept, "host_sync {host_sync}: the flushed prefix and the drained page");
+        let kept = 4;
+        assert_eq!(report.write_pointer, kept, "host_sync {host_sync}: the flushed prefix; page 4 not recorded yet");
         assert_eq!(report.state, flintfs_flash::ZoneState::Closed);
         assert_eq!(read(&mut device, 0, kept).0, flintfs_flash::PageState::Erased);
-        assert_eq!(read(&mut device, 0, 4).1, page_bytes(&geometry, PageAddress::new(0, 4), 2).0);
         assert_eq!(read(&mut device, 0, 3).1, page_bytes(&geometry, PageAddress::new(0, 3), 1).0);
         // The slot of a dropped page is programmed over cleanly.
         program(&mut device, 0, kept, 3);
@@ -166,6 +169,23 @@ fn unflushed_writes_are_gone_after_drop_and_drained_ones_stay() {
         let mut device = ImageFlash::open_image(&path, image_options(FaultConfig::none(0))).unwrap();
         assert_eq!(device.report_zone(0).unwrap().write_pointer, kept + 1, "host_sync {host_sync}: flushed");
         assert_eq!(read(&mut device, 0, kept).1, page_bytes(&geometry, PageAddress::new(0, kept), 3).0);
+
+        // Enough drained pages for their records: they survive the process.
+        let directory = tempfile::tempdir().unwrap();
+        let path = directory.path().join("device.img");
+        let geometry = Geometry { block_pages: 64, zone_blocks: 4, zone_count: 4, ..small_geometry() };
+        let mut device = ImageFlash::create_image(&path, geometry, options.clone()).unwrap();
+        let drained = DRAINED_RECORDS_LAG_PAGES as u32;
+        for page in 0..drained + 3 {
+            program(&mut device, 1, page, 4);
+        }
+        assert_eq!(device.durable_write_pointer(1).unwrap(), drained);
+        drop(device);
+        let mut device = ImageFlash::open_image(&path, options).unwrap();
+        assert_eq!(device.report_zone(1).unwrap().write_pointer, drained, "host_sync {host_sync}: recorded");
+        for page in 0..drained {
+            assert_eq!(read(&mut device, 1, page).1, page_bytes(&geometry, PageAddress::new(1, page), 4).0);
+        }
     }
 }
 
