@@ -1449,6 +1449,17 @@ fn extra_mount_options() -> Option<String> {
     std::env::var("FLINTFS_BENCH_MOUNT_OPTIONS").ok().filter(|options| !options.is_empty())
 }
 
+/// A switch `name` (or `noname`) in the extra mount options: the last of
+/// them wins, as the daemon reads them.
+fn extra_mount_switch(name: &str) -> Option<bool> {
+    let off = format!("no{name}");
+    extra_mount_options()?
+        .split(',')
+        .map(str::trim)
+        .rfind(|option| *option == name || *option == off)
+        .map(|option| option == name)
+}
+
 /// A FUSE run; `flintfs-uring` mounts with `-o io_uring` (which turns the
 /// kernel's switch on), and the switch is put back as it was after.
 fn run_fuse(workload: &str, target: &str, size: Size, seed: u64, directory: &Path) -> Outcome<Value> {
@@ -1624,7 +1635,10 @@ fn run_floor(workload: &str, target: &str, size: Size, seed: u64, directory: &Pa
     let mountpoint = directory.join("mnt");
     std::fs::create_dir_all(&mountpoint)?;
     let requests = std::sync::Arc::new(AtomicU64::new(0));
-    let mounted = FloorMount::mount(&mountpoint, Tree::new(), requests.clone())
+    // As the FUSE targets beside it are mounted: the last of
+    // writeback_cache and nowriteback_cache in the bench's extra options.
+    let writeback_cache = extra_mount_switch("writeback_cache").unwrap_or(true);
+    let mounted = FloorMount::mount(&mountpoint, Tree::new(), requests.clone(), writeback_cache)
         .map_err(|error| Failure(format!("mounting the FUSE floor: {error}")))?;
     let mounted = std::rc::Rc::new(std::cell::RefCell::new(Some(mounted)));
     let remount = {
@@ -1633,7 +1647,7 @@ fn run_floor(workload: &str, target: &str, size: Size, seed: u64, directory: &Pa
             let Some(old) = mounted.borrow_mut().take() else { fail!("the FUSE floor is not mounted") };
             let (tree, requests) = (old.tree.clone(), old.requests.clone());
             old.unmount().map_err(|error| Failure(format!("unmounting the FUSE floor: {error}")))?;
-            let new = FloorMount::mount(&mountpoint, tree, requests)
+            let new = FloorMount::mount(&mountpoint, tree, requests, writeback_cache)
                 .map_err(|error| Failure(format!("mounting the FUSE floor again: {error}")))?;
             *mounted.borrow_mut() = Some(new);
             Ok(0)
@@ -1653,6 +1667,9 @@ fn run_floor(workload: &str, target: &str, size: Size, seed: u64, directory: &Pa
     let ops = ops?;
     unmounted.map_err(|error| Failure(format!("unmounting the FUSE floor: {error}")))?;
     let mut value = row(workload, target, ops, phase.seconds, None);
+    // Nothing is programmed: no bytes a operation to chart beside the rest.
+    value["bytes_per_op"] = Value::Null;
+    value["fuse_writeback_cache"] = json!(writeback_cache);
     if let (Some(end), Some(start)) = (requests_at_end, phase.fuse_requests_at_start) {
         value["fuse_requests_per_op"] = json!(end.saturating_sub(start) as f64 / ops.max(1) as f64);
     }
@@ -2107,15 +2124,7 @@ pub fn bench(arguments: BenchArguments) -> Outcome<ExitCode> {
             .into(),
     );
     // The last of host_sync and nohost_sync wins, as the daemon reads them.
-    let host_sync = extra_mount_options()
-        .and_then(|options| {
-            options
-                .split(',')
-                .map(str::trim)
-                .rfind(|option| matches!(*option, "host_sync" | "nohost_sync"))
-                .map(|option| option == "host_sync")
-        })
-        .unwrap_or(true);
+    let host_sync = extra_mount_switch("host_sync").unwrap_or(true);
     notes.push(if host_sync {
         "The FUSE targets' images sync each flush to the host (host_sync, the mount's default), as a kernel \
          peer's fsync reaches its loop device's backing file, both under the configuration line's directory; the \

@@ -48,14 +48,58 @@ const BLOCK_BYTES: u32 = 4096;
 const NAME_BYTES_MAX: usize = 255;
 /// A file's largest size: what the bench writes is far below it, and a
 /// bound keeps a stray offset from asking for all of memory.
-const FILE_BYTES_MAX: u64 = 16 << 30;
+const FILE_BYTES_MAX: u64 = 4 << 30;
 const _: () = assert!(FILE_BYTES_MAX >= MAX_WRITE_BYTES as u64);
 /// Entries taken for one readdir reply: more than a reply's buffer holds
 /// of short names, as flintfs's adapter asks of its engine.
 const LISTING_ENTRIES_MAX: usize = flintfs_fuse::READDIR_BATCH_ENTRIES;
 
+/// A directory's names, each with the cookie a listing resumes after: a
+/// listing goes on from where the last reply stopped however the
+/// directory changed in between (as flintfs's hash cookies do), never
+/// skipping a name that stayed or repeating one.
+#[derive(Default)]
+struct Entries {
+    by_name: HashMap<Vec<u8>, (u64, u64)>,
+    by_cookie: BTreeMap<u64, (Vec<u8>, u64)>,
+    cookie_next: u64,
+}
+
+/// The cookies of `.` and `..`; names take the ones after.
+const DOT_COOKIES: u64 = 2;
+
+impl Entries {
+    fn get(&self, name: &[u8]) -> Option<u64> {
+        self.by_name.get(name).map(|(_, ino)| *ino)
+    }
+
+    fn is_empty(&self) -> bool {
+        self.by_name.is_empty()
+    }
+
+    fn insert(&mut self, name: &[u8], ino: u64) {
+        let cookie = DOT_COOKIES + 1 + self.cookie_next;
+        self.cookie_next += 1;
+        let replaced = self.by_name.insert(name.to_vec(), (cookie, ino));
+        assert!(replaced.is_none(), "a name is inserted once");
+        self.by_cookie.insert(cookie, (name.to_vec(), ino));
+    }
+
+    fn remove(&mut self, name: &[u8]) -> Option<u64> {
+        let (cookie, ino) = self.by_name.remove(name)?;
+        self.by_cookie.remove(&cookie);
+        Some(ino)
+    }
+
+    /// Names past `offset` (a cookie), with their cookies.
+    fn after(&self, offset: u64) -> impl Iterator<Item = (u64, &[u8], u64)> {
+        let first = offset.max(DOT_COOKIES) + 1;
+        self.by_cookie.range(first..).map(|(cookie, (name, ino))| (*cookie, name.as_slice(), *ino))
+    }
+}
+
 enum Content {
-    Directory(BTreeMap<Vec<u8>, u64>),
+    Directory(Entries),
     File(Vec<u8>),
     Symlink(Vec<u8>),
 }
@@ -82,7 +126,7 @@ impl Tree {
         let root = Node {
             attr: attributes(ROOT_INO, FileType::Directory, 0o755, 0, 0),
             parent: ROOT_INO,
-            content: Content::Directory(BTreeMap::new()),
+            content: Content::Directory(Entries::default()),
             lookups: 0,
         };
         nodes.insert(ROOT_INO, root);
@@ -93,7 +137,7 @@ impl Tree {
         self.nodes.get_mut(&ino).ok_or(Errno::ENOENT)
     }
 
-    fn children(&mut self, ino: u64) -> Result<&mut BTreeMap<Vec<u8>, u64>, Errno> {
+    fn children(&mut self, ino: u64) -> Result<&mut Entries, Errno> {
         match &mut self.node(ino)?.content {
             Content::Directory(children) => Ok(children),
             _ => Err(Errno::ENOTDIR),
@@ -101,7 +145,7 @@ impl Tree {
     }
 
     fn child(&mut self, parent: u64, name: &[u8]) -> Result<u64, Errno> {
-        self.children(parent)?.get(name).copied().ok_or(Errno::ENOENT)
+        self.children(parent)?.get(name).ok_or(Errno::ENOENT)
     }
 
     /// The entry for a name the kernel is given: one reference more.
@@ -123,7 +167,7 @@ impl Tree {
         if name.len() > NAME_BYTES_MAX {
             return Err(Errno::from_i32(libc::ENAMETOOLONG));
         }
-        if self.children(parent)?.contains_key(name) {
+        if self.children(parent)?.get(name).is_some() {
             return Err(Errno::EEXIST);
         }
         let ino = self.ino_next;
@@ -133,7 +177,7 @@ impl Tree {
             attr.size = target.len() as u64;
         }
         self.nodes.insert(ino, Node { attr, parent, content, lookups: 0 });
-        self.children(parent)?.insert(name.to_vec(), ino);
+        self.children(parent)?.insert(name, ino);
         let now = SystemTime::now();
         let directory = self.node(parent)?;
         directory.attr.mtime = now;
@@ -175,19 +219,19 @@ impl Tree {
     }
 
     fn rename(&mut self, parent: u64, name: &[u8], new_parent: u64, new_name: &[u8]) -> Result<(), Errno> {
+        // Every check before the first change, so a refusal changes nothing.
         let ino = self.child(parent, name)?;
         if new_name.len() > NAME_BYTES_MAX {
             return Err(Errno::from_i32(libc::ENAMETOOLONG));
         }
         let moving_directory = matches!(self.node(ino)?.content, Content::Directory(_));
-        if let Ok(replaced) = self.child(new_parent, new_name) {
-            if replaced == ino {
-                return Ok(());
-            }
-            self.remove(new_parent, new_name, moving_directory)?;
+        match self.children(new_parent)?.get(new_name) {
+            Some(replaced) if replaced == ino => return Ok(()),
+            Some(_) => self.remove(new_parent, new_name, moving_directory)?,
+            None => {}
         }
         self.children(parent)?.remove(name);
-        self.children(new_parent)?.insert(new_name.to_vec(), ino);
+        self.children(new_parent)?.insert(new_name, ino);
         if moving_directory && parent != new_parent {
             self.node(parent)?.attr.nlink -= 1;
             self.node(new_parent)?.attr.nlink += 1;
@@ -203,6 +247,15 @@ impl Tree {
         node.attr.ctime = now;
         Ok(())
     }
+
+    /// A new session: the kernel holds no reference to anything, and what
+    /// was unlinked while it held one goes.
+    fn forget_all(&mut self) {
+        self.nodes.retain(|ino, node| *ino == ROOT_INO || node.attr.nlink > 0);
+        for node in self.nodes.values_mut() {
+            node.lookups = 0;
+        }
+    }
 }
 
 impl Tree {
@@ -211,16 +264,14 @@ impl Tree {
     /// directories they name).
     fn listing(&self, ino: u64, offset: u64) -> Result<Vec<(u64, Vec<u8>, FileAttr)>, Errno> {
         let node = self.nodes.get(&ino).ok_or(Errno::ENOENT)?;
-        let Content::Directory(children) = &node.content else { return Err(Errno::ENOTDIR) };
-        let dots = [(&b"."[..], ino), (&b".."[..], node.parent)];
-        let entries = dots.into_iter().chain(children.iter().map(|(name, child)| (name.as_slice(), *child)));
+        let Content::Directory(entries) = &node.content else { return Err(Errno::ENOTDIR) };
+        let dots = [(1, &b"."[..], ino), (DOT_COOKIES, &b".."[..], node.parent)];
+        let listed = dots.into_iter().filter(|(cookie, _, _)| *cookie > offset).chain(entries.after(offset));
         // At most what one reply can carry: a directory of many entries
         // is listed in many replies, each from where the last stopped.
-        Ok(entries
-            .enumerate()
-            .skip(offset as usize)
+        Ok(listed
             .take(LISTING_ENTRIES_MAX)
-            .filter_map(|(index, (name, child))| Some((index as u64, name.to_vec(), self.nodes.get(&child)?.attr)))
+            .filter_map(|(cookie, name, child)| Some((cookie, name.to_vec(), self.nodes.get(&child)?.attr)))
             .collect())
     }
 }
@@ -263,13 +314,16 @@ pub struct FloorFs {
     /// Requests answered (FORGETs, which take none, left out), over every
     /// session of the run.
     requests: Arc<AtomicU64>,
+    /// Whether to ask for the kernel's writeback cache, as the flintfs
+    /// mounts beside it do (`-o nowriteback_cache` turns both off).
+    writeback_cache: bool,
     no_open: bool,
     no_opendir: bool,
 }
 
 impl FloorFs {
-    pub fn new(tree: Arc<Mutex<Tree>>, requests: Arc<AtomicU64>) -> FloorFs {
-        FloorFs { tree, requests, no_open: false, no_opendir: false }
+    pub fn new(tree: Arc<Mutex<Tree>>, requests: Arc<AtomicU64>, writeback_cache: bool) -> FloorFs {
+        FloorFs { tree, requests, writeback_cache, no_open: false, no_opendir: false }
     }
 
     /// The tree, for one request: counted, as flintfs's daemon counts its.
@@ -302,7 +356,7 @@ fn now_or(value: TimeOrNow) -> SystemTime {
 
 impl Filesystem for FloorFs {
     fn init(&mut self, _request: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
-        let answer = flintfs_fuse::ask_kernel(config, true);
+        let answer = flintfs_fuse::ask_kernel(config, self.writeback_cache);
         self.no_open = answer.no_open;
         self.no_opendir = answer.no_opendir;
         Ok(())
@@ -358,6 +412,11 @@ impl Filesystem for FloorFs {
             if let Some(mode) = mode {
                 node.attr.perm = (mode & 0o7777) as u16;
             }
+            if uid.is_some() || gid.is_some() {
+                // A chown clears the set-ID bits, as the engine does when
+                // the kernel leaves that to it (FUSE_HANDLE_KILLPRIV_V2).
+                node.attr.perm &= !0o6000;
+            }
             node.attr.uid = uid.unwrap_or(node.attr.uid);
             node.attr.gid = gid.unwrap_or(node.attr.gid);
             if let Some(atime) = atime {
@@ -391,7 +450,7 @@ impl Filesystem for FloorFs {
             FileType::Directory,
             permissions,
             request,
-            Content::Directory(BTreeMap::new()),
+            Content::Directory(Entries::default()),
         );
         reply_entry(reply, made);
     }
@@ -426,8 +485,9 @@ impl Filesystem for FloorFs {
         reply_empty(reply, self.tree().rename(parent.0, name.as_bytes(), new_parent.0, new_name.as_bytes()));
     }
 
+    /// Not counted, as flintfs's daemon does not count its (it answers
+    /// without the engine, and the kernel sends no more after ENOSYS).
     fn open(&self, _request: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        self.requests.fetch_add(1, Ordering::Relaxed);
         if self.no_open {
             reply.error(Errno::ENOSYS);
         } else {
@@ -436,7 +496,6 @@ impl Filesystem for FloorFs {
     }
 
     fn opendir(&self, _request: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        self.requests.fetch_add(1, Ordering::Relaxed);
         if self.no_opendir {
             reply.error(Errno::ENOSYS);
         } else {
@@ -498,7 +557,6 @@ impl Filesystem for FloorFs {
     }
 
     fn flush(&self, _request: &Request, _ino: INodeNo, _handle: FileHandle, _owner: LockOwner, reply: ReplyEmpty) {
-        self.requests.fetch_add(1, Ordering::Relaxed);
         reply.error(Errno::ENOSYS);
     }
 
@@ -509,8 +567,8 @@ impl Filesystem for FloorFs {
     fn readdir(&self, _request: &Request, ino: INodeNo, _handle: FileHandle, offset: u64, mut reply: ReplyDirectory) {
         match self.tree().listing(ino.0, offset) {
             Ok(listing) => {
-                for (index, name, attr) in listing {
-                    if reply.add(attr.ino, index + 1, attr.kind, OsStr::from_bytes(&name)) {
+                for (cookie, name, attr) in listing {
+                    if reply.add(attr.ino, cookie, attr.kind, OsStr::from_bytes(&name)) {
                         break;
                     }
                 }
@@ -533,12 +591,12 @@ impl Filesystem for FloorFs {
             Ok(listing) => listing,
             Err(errno) => return reply.error(errno),
         };
-        for (index, name, attr) in listing {
-            if reply.add(attr.ino, index + 1, OsStr::from_bytes(&name), &ATTRIBUTE_TTL, &attr, Generation(0)) {
+        for (cookie, name, attr) in listing {
+            if reply.add(attr.ino, cookie, OsStr::from_bytes(&name), &ATTRIBUTE_TTL, &attr, Generation(0)) {
                 break;
             }
             // The kernel takes a reference for every entry but the dots.
-            if index >= 2 {
+            if cookie > DOT_COOKIES {
                 if let Some(node) = tree.nodes.get_mut(&attr.ino.0) {
                     node.lookups += 1;
                 }
@@ -623,8 +681,14 @@ pub struct FloorMount {
 impl FloorMount {
     /// Mounts `tree` at `mountpoint` as flintfs mounts (the same options
     /// and workers, open to every user, root mounting).
-    pub fn mount(mountpoint: &Path, tree: Arc<Mutex<Tree>>, requests: Arc<AtomicU64>) -> std::io::Result<FloorMount> {
-        let filesystem = FloorFs::new(tree.clone(), requests.clone());
+    pub fn mount(
+        mountpoint: &Path,
+        tree: Arc<Mutex<Tree>>,
+        requests: Arc<AtomicU64>,
+        writeback_cache: bool,
+    ) -> std::io::Result<FloorMount> {
+        tree.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).forget_all();
+        let filesystem = FloorFs::new(tree.clone(), requests.clone(), writeback_cache);
         let config = flintfs_fuse::config("fuse-floor", true, &[]);
         let session = fuser::Session::new(filesystem, mountpoint, &config)?.spawn()?;
         Ok(FloorMount { session: Some(session), tree, requests })
@@ -674,7 +738,7 @@ mod tests {
         let mountpoint = scratch.join("mnt");
         std::fs::create_dir_all(&mountpoint).unwrap();
         let requests = Arc::new(AtomicU64::new(0));
-        let mounted = FloorMount::mount(&mountpoint, Tree::new(), requests.clone()).unwrap();
+        let mounted = FloorMount::mount(&mountpoint, Tree::new(), requests.clone(), true).unwrap();
         let payload: Vec<u8> = (0..300_000u32).map(|index| (index * 7 % 251) as u8).collect();
         std::fs::create_dir(mountpoint.join("dir")).unwrap();
         let mut file = std::fs::File::create(mountpoint.join("dir/file")).unwrap();
@@ -686,11 +750,20 @@ mod tests {
         std::fs::remove_file(mountpoint.join("gone")).unwrap();
         assert!(std::fs::metadata(mountpoint.join("gone")).is_err());
         assert_eq!(std::fs::remove_dir(mountpoint.join("dir")).unwrap_err().raw_os_error(), Some(libc::ENOTEMPTY));
+        // A listing resumes where its last reply stopped while names go:
+        // removing a directory of many replies' worth as it is listed.
+        std::fs::create_dir(mountpoint.join("many")).unwrap();
+        for index in 0..600 {
+            std::fs::write(mountpoint.join(format!("many/a-long-name-for-file-{index:04}")), b"").unwrap();
+        }
+        assert_eq!(std::fs::read_dir(mountpoint.join("many")).unwrap().count(), 600);
+        std::fs::remove_dir_all(mountpoint.join("many")).unwrap();
+        assert!(std::fs::metadata(mountpoint.join("many")).is_err());
         let (tree, counted) = (mounted.tree.clone(), mounted.requests.clone());
         mounted.unmount().unwrap();
         let before_remount = counted.load(Ordering::Relaxed);
         assert!(before_remount > 0, "requests are counted");
-        let mounted = FloorMount::mount(&mountpoint, tree, counted.clone()).unwrap();
+        let mounted = FloorMount::mount(&mountpoint, tree, counted.clone(), true).unwrap();
         let mut names: Vec<String> = std::fs::read_dir(mountpoint.join("dir"))
             .unwrap()
             .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())

@@ -285,7 +285,9 @@ pub struct FlashEmulator<B: Backend> {
     dirty_zones: BTreeSet<u32>,
     dirty_blocks: BTreeSet<u64>,
     /// Pages the write buffer drained on its own whose records are not
-    /// written yet: (zone, block), at most [`DRAINED_RECORDS_LAG_PAGES`].
+    /// written yet: (zone, block), at most [`DRAINED_RECORDS_LAG_PAGES`]
+    /// while the backend takes its writes (a failing one leaves them here
+    /// for the next attempt).
     drained_unrecorded: Vec<(u32, u64)>,
     drained_unrecorded_pages: usize,
     overlay_dirty: bool,
@@ -937,15 +939,23 @@ impl<B: Backend> FlashEmulator<B> {
     /// changed) and zone record, after the pages (the backend writes the
     /// slots it gathered before any record).
     fn record_drained(&mut self) -> Result<()> {
+        if self.drained_unrecorded.is_empty() {
+            return Ok(());
+        }
         if self.overlay_dirty {
             self.persist_overlay()?;
         }
+        // Every block record before any zone record: a zone record makes
+        // its pages durable, and with them what their blocks' records say.
         for index in 0..self.drained_unrecorded.len() {
-            let (zone, block) = self.drained_unrecorded[index];
+            let (_, block) = self.drained_unrecorded[index];
             if self.dirty_blocks.contains(&block) {
                 self.backend.write_block_records(block, std::slice::from_ref(&self.blocks[block as usize]))?;
                 self.dirty_blocks.remove(&block);
             }
+        }
+        for index in 0..self.drained_unrecorded.len() {
+            let (zone, _) = self.drained_unrecorded[index];
             // A zone no longer dirty had its record written since.
             if self.dirty_zones.contains(&zone) {
                 let record = self.zones[zone as usize].durable;
@@ -1167,8 +1177,11 @@ impl<B: Backend> FlashEmulator<B> {
             self.dirty_zones.insert(address.zone);
             // Pages first: the record's write pointer may name drained
             // pages that no flush has synced to the host yet.
+            // The drained pages' own records before this zone record,
+            // which counts those pages too.
             let recorded = self
-                .sync_host()
+                .record_drained()
+                .and_then(|()| self.sync_host())
                 .and_then(|()| {
                     self.backend.write_block_records(block, std::slice::from_ref(&self.blocks[block as usize]))
                 })
@@ -1522,7 +1535,12 @@ impl<B: Backend> FlashDevice for FlashEmulator<B> {
         self.dirty_zones.insert(zone);
         // Pages first, as at a flush: the record's write pointer may name
         // drained pages the host does not have yet.
-        let written = self.sync_host().and_then(|()| self.backend.write_zone_record(zone, &record));
+        // The records of pages drained on their own first: the zone record
+        // counts them, and so must come after their blocks' records.
+        let written = self
+            .record_drained()
+            .and_then(|()| self.sync_host())
+            .and_then(|()| self.backend.write_zone_record(zone, &record));
         if written.is_ok() {
             self.dirty_zones.remove(&zone);
         }

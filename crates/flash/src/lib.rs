@@ -42,8 +42,11 @@
 //!   ([`FlashEmulator::schedule_power_cut`]), whether the device accepts or
 //!   refuses that operation; a cut during a reset can interrupt the erase.
 //! - For the image backend only durable state reaches the file, so killing
-//!   the process is a power cut that keeps exactly the durable prefix (the
-//!   same lower bound an in-process cut keeps), tearing nothing. Each zone
+//!   the process is a power cut that keeps a prefix of every zone, tearing
+//!   nothing: every flushed page, and of the pages the write buffer drained
+//!   on its own since, those whose records were written (their records go
+//!   [`DRAINED_RECORDS_LAG_PAGES`] pages at a time). An in-process cut
+//!   keeps every drained page. Each zone
 //!   reset carries a generation in the image, so a process killed between
 //!   a reset's writes reopens to a completed reset, and faults recorded
 //!   before the reset are dropped with the pages they belonged to.
