@@ -1667,7 +1667,7 @@ fn run_floor(workload: &str, target: &str, size: Size, seed: u64, directory: &Pa
     let ops = ops?;
     unmounted.map_err(|error| Failure(format!("unmounting the FUSE floor: {error}")))?;
     let mut value = row(workload, target, ops, phase.seconds, None);
-    // Nothing is programmed: no bytes a operation to chart beside the rest.
+    // Nothing is programmed: no bytes an operation to chart beside the rest.
     value["bytes_per_op"] = Value::Null;
     value["fuse_writeback_cache"] = json!(writeback_cache);
     if let (Some(end), Some(start)) = (requests_at_end, phase.fuse_requests_at_start) {

@@ -903,23 +903,19 @@ impl<B: Backend> FlashEmulator<B> {
             self.buffer.push_front(entry);
             return Err(error);
         }
-        // Recorded soon, so a killed process keeps the page as a power
-        // cut would, or a prefix of the pages drained since the last
-        // records: the records of [`DRAINED_RECORDS_LAG_PAGES`] drained
-        // pages are written together. One page's records each (a block
-        // record and a zone record behind every slot) split the image's
-        // runs of slots into a write a page, each of which the host file
-        // system met with a partly written block to zero: half of a FUSE
-        // mount daemon's time in a large sequential write. A prefix is what the
-        // device may hold: a drained page was never flushed, and the
-        // engine trusts flushed pages only. Not with `host_sync` on a
-        // backend that cannot find lost pages: the host may write the
-        // record back before the page it names, and a host crash would
-        // then leave a durable record ahead of its page. The record waits
-        // for the next flush, which syncs the pages first. Until then a
-        // killed process or a crash loses the page: the zone falls back to
-        // its last flushed write pointer, below `durable_write_pointer`,
-        // which the engine never relies on.
+        // Recorded with the next [`DRAINED_RECORDS_LAG_PAGES`] drained
+        // pages (`record_drained`), so a killed process keeps a prefix of
+        // what a power cut would: never less than a flush made durable,
+        // which is all the engine trusts. Records behind every page cut the
+        // image's runs of slots into a write a page, and the host file
+        // system zeroed a partly written block at each one (half of a FUSE
+        // daemon's time in a large sequential write). Not with `host_sync`
+        // on a backend that cannot find lost pages: the host may write a
+        // record back before the page it names, and a host crash would then
+        // leave a durable record ahead of its page. The records wait for
+        // the next flush, which syncs the pages first; until then a killed
+        // process or a crash loses the pages, down to the last flushed
+        // write pointer.
         if record_now && (!self.options.host_sync || self.backend.finds_lost_pages_at_open()) {
             let block = entry.physical / u64::from(self.geometry.block_pages);
             if self.drained_unrecorded.last() != Some(&(entry.zone, block)) {
