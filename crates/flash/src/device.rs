@@ -119,7 +119,8 @@ struct BufferedPage {
     physical: u64,
     zone: u32,
     page: u32,
-    /// Data then OOB.
+    /// Data then OOB; empty where the backend took them at the program
+    /// (`Backend::stage_page`) and its slot holds them.
     bytes: Box<[u8]>,
     programmed_ns: u64,
 }
@@ -717,11 +718,13 @@ impl<B: Backend> FlashEmulator<B> {
         let page = self.geometry.page_size_bytes as usize;
         let mut data = vec![0; page];
         let mut oob = vec![0; self.geometry.oob_size_bytes as usize];
-        if let Some(buffered) = self.buffer.get(physical) {
-            data.copy_from_slice(&buffered.bytes[..page]);
-            oob.copy_from_slice(&buffered.bytes[page..]);
-        } else {
-            self.backend.read_page(physical, &mut data, &mut oob)?;
+        match self.buffer.get(physical) {
+            Some(buffered) if !buffered.bytes.is_empty() => {
+                data.copy_from_slice(&buffered.bytes[..page]);
+                oob.copy_from_slice(&buffered.bytes[page..]);
+            }
+            // Durable, or buffered with its bytes in the backend's slot.
+            _ => self.backend.read_page(physical, &mut data, &mut oob)?,
         }
         Ok((data, oob))
     }
@@ -814,10 +817,18 @@ impl<B: Backend> FlashEmulator<B> {
         // A page still in the write buffer is served from the controller's
         // DRAM: no medium, so no medium faults, no read disturb.
         if let Some(entry) = self.buffer.get(physical) {
-            if let Some(data) = data {
-                data.copy_from_slice(&entry.bytes[..page]);
+            if entry.bytes.is_empty() {
+                // Staged in the backend's slot at its program.
+                match data {
+                    Some(data) => self.backend.read_page(physical, data, oob)?,
+                    None => self.backend.read_oob(physical, oob)?,
+                }
+            } else {
+                if let Some(data) = data {
+                    data.copy_from_slice(&entry.bytes[..page]);
+                }
+                oob.copy_from_slice(&entry.bytes[page..]);
             }
-            oob.copy_from_slice(&entry.bytes[page..]);
             self.clock.read_buffered(bytes);
             return Ok(PageState::Programmed);
         }
@@ -926,7 +937,9 @@ impl<B: Backend> FlashEmulator<B> {
                 self.record_drained()?;
             }
         }
-        self.buffer.recycle(entry.bytes);
+        if !entry.bytes.is_empty() {
+            self.buffer.recycle(entry.bytes);
+        }
         Ok(())
     }
 
@@ -969,6 +982,21 @@ impl<B: Backend> FlashEmulator<B> {
     /// an earlier misdirected write over-programmed into this slot. Every
     /// fallible step comes before the first change, so an error leaves the
     /// device as it was.
+    /// A buffered page's data then OOB: its own, or read back from the
+    /// backend's slot where it was staged (only the rare paths that need
+    /// the bytes at the drain, a misdirected write or a fault on the slot,
+    /// pay the copy).
+    fn entry_bytes<'a>(&mut self, entry: &'a BufferedPage) -> Result<std::borrow::Cow<'a, [u8]>> {
+        if !entry.bytes.is_empty() {
+            return Ok(std::borrow::Cow::Borrowed(&entry.bytes));
+        }
+        let page = self.geometry.page_size_bytes as usize;
+        let mut bytes = vec![0u8; page + self.geometry.oob_size_bytes as usize];
+        let (data, oob) = bytes.split_at_mut(page);
+        self.backend.read_page(entry.physical, data, oob)?;
+        Ok(std::borrow::Cow::Owned(bytes))
+    }
+
     fn make_durable(&mut self, entry: &BufferedPage) -> Result<()> {
         let page = self.geometry.page_size_bytes as usize;
         assert_eq!(
@@ -976,17 +1004,21 @@ impl<B: Backend> FlashEmulator<B> {
             "zone {}: durability must be a prefix",
             entry.zone
         );
+        let staged = entry.bytes.is_empty();
         let misdirected_probability = self.options.faults.misdirected_write_probability;
         let landing = if misdirected_probability > 0.0 && self.rng.random_bool(misdirected_probability) {
-            self.plan_misdirect(entry.physical, &entry.bytes)?
+            let bytes = self.entry_bytes(entry)?;
+            self.plan_misdirect(entry.physical, &bytes)?
         } else {
             None
         };
-        self.backend.write_page(entry.physical, &entry.bytes[..page], &entry.bytes[page..])?;
+        if !staged {
+            self.backend.write_page(entry.physical, &entry.bytes[..page], &entry.bytes[page..])?;
+        }
         match self.overlay.remove(&entry.physical) {
             Some(PageFault::Stored { media }) => {
-                let combined: Box<[u8]> =
-                    media.iter().zip(entry.bytes.iter()).map(|(medium, byte)| medium & byte).collect();
+                let bytes = self.entry_bytes(entry)?;
+                let combined: Box<[u8]> = media.iter().zip(bytes.iter()).map(|(medium, byte)| medium & byte).collect();
                 self.overlay.insert(entry.physical, PageFault::Stored { media: combined });
                 self.overlay_dirty = true;
             }
@@ -1188,14 +1220,19 @@ impl<B: Backend> FlashEmulator<B> {
             }
             return Err(DeviceError::ProgramFailed { address, block, erase_count });
         }
-        let bytes = self.buffer.page_bytes(data, oob);
+        let bytes = if self.backend.stage_page(physical, data, oob)? {
+            Box::default()
+        } else {
+            self.buffer.page_bytes(data, oob)
+        };
+        let page_bytes = (data.len() + oob.len()) as u64;
         // Programs reach a block in page order, so its first page starts the
         // retention clock.
         if address.page.is_multiple_of(self.geometry.block_pages) {
             self.blocks[block as usize].programmed_at_ns = self.clock.now_ns();
             self.dirty_blocks.insert(block);
         }
-        let programmed_ns = self.clock.program(block, bytes.len() as u64);
+        let programmed_ns = self.clock.program(block, page_bytes);
         self.buffer.push(BufferedPage { physical, zone: address.zone, page: address.page, bytes, programmed_ns });
         let zone = &mut self.zones[address.zone as usize];
         zone.write_pointer += 1;

@@ -166,6 +166,12 @@ fn programmed_pages_read_back_from_buffer_and_from_durable_store() {
     let (state, data, oob) = read(&mut device, 0, 0);
     assert_eq!((state, (data, oob)), (PageState::Programmed, expected.clone()));
     assert_eq!(device.buffered_pages(), 1);
+    // The memory backend holds a buffered page in its slot (one copy a
+    // program): an OOB read of it, and its pristine bytes, come from there.
+    let mut oob_only = vec![0; 64];
+    device.read_oob(PageAddress::new(0, 0), &mut oob_only).unwrap();
+    assert_eq!(oob_only, expected.1);
+    assert_eq!(device.pristine_page(PageAddress::new(0, 0)).unwrap(), Some(expected.clone()));
     device.flush().unwrap();
     assert_eq!(device.buffered_pages(), 0);
     let (_, data, oob) = read(&mut device, 0, 0);
@@ -174,7 +180,7 @@ fn programmed_pages_read_back_from_buffer_and_from_durable_store() {
     device.read_oob(PageAddress::new(0, 0), &mut oob_only).unwrap();
     assert_eq!(oob_only, expected.1);
     let counters = device.counters();
-    assert_eq!((counters.pages_read, counters.oob_reads, counters.pages_programmed), (2, 1, 1));
+    assert_eq!((counters.pages_read, counters.oob_reads, counters.pages_programmed), (2, 2, 1));
     assert_eq!((counters.data_bytes_programmed, counters.oob_bytes_programmed, counters.flushes), (512, 64, 1));
     device.reset_counters();
     assert_eq!(device.counters().pages_read, 0);
