@@ -178,7 +178,9 @@ pub trait Backend {
     /// is never read as durable: a power cut that drops the page lowers
     /// the pointer below it, and what the slot holds is then unspecified,
     /// as after any reset. A backend whose slots persist (an image) must
-    /// not: a killed process would leave bytes the records do not name.
+    /// not: a killed process would leave bytes the records do not name. A
+    /// wrapper that intercepts `write_page` (to fail it, say) must not
+    /// forward this either: a staged page never reaches `write_page`.
     fn stage_page(&mut self, _physical: u64, _data: &[u8], _oob: &[u8]) -> Result<bool> {
         Ok(false)
     }

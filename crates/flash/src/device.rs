@@ -977,11 +977,6 @@ impl<B: Backend> FlashEmulator<B> {
         Ok(())
     }
 
-    /// Programs a buffered page into the medium. Medium faults happen here,
-    /// when the cells are programmed: a misdirected landing, and bits that
-    /// an earlier misdirected write over-programmed into this slot. Every
-    /// fallible step comes before the first change, so an error leaves the
-    /// device as it was.
     /// A buffered page's data then OOB: its own, or read back from the
     /// backend's slot where it was staged (only the rare paths that need
     /// the bytes at the drain, a misdirected write or a fault on the slot,
@@ -997,6 +992,11 @@ impl<B: Backend> FlashEmulator<B> {
         Ok(std::borrow::Cow::Owned(bytes))
     }
 
+    /// Programs a buffered page into the medium. Medium faults happen here,
+    /// when the cells are programmed: a misdirected landing, and bits that
+    /// an earlier misdirected write over-programmed into this slot. Every
+    /// fallible step comes before the first change, so an error leaves the
+    /// device as it was.
     fn make_durable(&mut self, entry: &BufferedPage) -> Result<()> {
         let page = self.geometry.page_size_bytes as usize;
         assert_eq!(
@@ -1012,12 +1012,19 @@ impl<B: Backend> FlashEmulator<B> {
         } else {
             None
         };
+        // The bytes a fault stored in the slot combines with, read before
+        // the overlay changes.
+        let stored_over = if matches!(self.overlay.get(&entry.physical), Some(PageFault::Stored { .. })) {
+            Some(self.entry_bytes(entry)?)
+        } else {
+            None
+        };
         if !staged {
             self.backend.write_page(entry.physical, &entry.bytes[..page], &entry.bytes[page..])?;
         }
         match self.overlay.remove(&entry.physical) {
             Some(PageFault::Stored { media }) => {
-                let bytes = self.entry_bytes(entry)?;
+                let bytes = stored_over.expect("read above");
                 let combined: Box<[u8]> = media.iter().zip(bytes.iter()).map(|(medium, byte)| medium & byte).collect();
                 self.overlay.insert(entry.physical, PageFault::Stored { media: combined });
                 self.overlay_dirty = true;
