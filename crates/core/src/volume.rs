@@ -166,6 +166,11 @@ pub struct Volume<D: FlashDevice> {
     pub(crate) orphans: Vec<(u32, u32, u32)>,
     /// Zones taken outside the declared list since the last checkpoint.
     pub(crate) undeclared_zones_taken: u64,
+    /// The declared zones not yet taken, as `erase_ahead` last found them
+    /// all erased: until the list left changes, nothing writes them (only
+    /// a head writes a zone, and only after taking it), so the next
+    /// operations need not ask the device again. Empty when not known.
+    pub(crate) erased_ahead: Vec<u32>,
     /// Whether allocation may dip into the cleaner's reserve: set for work
     /// that frees space (unlink, rmdir, checkpoints), so a full device can
     /// still be emptied.
@@ -706,6 +711,7 @@ impl<D: FlashDevice> Volume<D> {
             unindexed_used: 0,
             orphans,
             undeclared_zones_taken: 0,
+            erased_ahead: Vec::new(),
             reserve_allowed: false,
             align_checkpoint: false,
             declare_empty_first: false,
