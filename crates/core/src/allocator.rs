@@ -340,6 +340,9 @@ impl<D: FlashDevice> Volume<D> {
     /// nothing durable refers to a free zone, so this costs only what a
     /// crash before the next checkpoint loses anyway.
     fn take_unindexed_zone(&mut self, role: ZoneRole) -> Result<u32> {
+        // The zone taken is written from now on: what `erase_ahead` found
+        // erased no longer holds, whatever the list is declared as next.
+        self.erased_ahead.clear();
         let zone = if self.unindexed_used < self.checkpoint.unindexed.len() {
             // Of the declared zones left, an erased one if there is one
             // (a reset here is 3 ms inside whatever operation filled the
@@ -402,12 +405,12 @@ impl<D: FlashDevice> Volume<D> {
     /// durable, so nothing references the zone, and recovery reads an
     /// empty declared zone as one no head took.
     pub fn erase_ahead(&mut self) -> Result<bool> {
-        let left = &self.checkpoint.unindexed[self.unindexed_used.min(self.checkpoint.unindexed.len())..];
+        let left = &self.checkpoint.unindexed[self.unindexed_used..];
         if !left.is_empty() && self.erased_ahead == left {
-            // Every one was erased when last asked, and none was taken
-            // since (taking one changes the list left). A report per zone
-            // per operation was 4% of delete's host time in process. Were
-            // one written anyway, the take resets it (`take_unindexed_zone`).
+            // Every one was erased when last asked, and no zone was taken
+            // since (a take forgets the answer). A report per zone per
+            // operation was 4% of delete's host time in process. Were one
+            // written anyway, the take resets it (`take_unindexed_zone`).
             return Ok(false);
         }
         self.erased_ahead.clear();
@@ -418,8 +421,7 @@ impl<D: FlashDevice> Volume<D> {
                 return Ok(true);
             }
         }
-        let left = &self.checkpoint.unindexed[self.unindexed_used.min(self.checkpoint.unindexed.len())..];
-        self.erased_ahead.extend_from_slice(left);
+        self.erased_ahead.extend_from_slice(&self.checkpoint.unindexed[self.unindexed_used..]);
         Ok(false)
     }
 

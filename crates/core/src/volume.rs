@@ -167,9 +167,10 @@ pub struct Volume<D: FlashDevice> {
     /// Zones taken outside the declared list since the last checkpoint.
     pub(crate) undeclared_zones_taken: u64,
     /// The declared zones not yet taken, as `erase_ahead` last found them
-    /// all erased: until the list left changes, nothing writes them (only
-    /// a head writes a zone, and only after taking it), so the next
-    /// operations need not ask the device again. Empty when not known.
+    /// all erased: until a zone is taken (which clears this) nothing
+    /// writes them, since only a head writes a zone and only after taking
+    /// it, so the next operations need not ask the device again while the
+    /// list left is this one. Empty when not known.
     pub(crate) erased_ahead: Vec<u32>,
     /// Whether allocation may dip into the cleaner's reserve: set for work
     /// that frees space (unlink, rmdir, checkpoints), so a full device can

@@ -119,9 +119,9 @@ struct BufferedPage {
     physical: u64,
     zone: u32,
     page: u32,
-    /// Data then OOB; empty where the backend took them at the program
+    /// Data then OOB; `None` where the backend took them at the program
     /// (`Backend::stage_page`) and its slot holds them.
-    bytes: Box<[u8]>,
+    bytes: Option<Box<[u8]>>,
     programmed_ns: u64,
 }
 
@@ -718,10 +718,10 @@ impl<B: Backend> FlashEmulator<B> {
         let page = self.geometry.page_size_bytes as usize;
         let mut data = vec![0; page];
         let mut oob = vec![0; self.geometry.oob_size_bytes as usize];
-        match self.buffer.get(physical) {
-            Some(buffered) if !buffered.bytes.is_empty() => {
-                data.copy_from_slice(&buffered.bytes[..page]);
-                oob.copy_from_slice(&buffered.bytes[page..]);
+        match self.buffer.get(physical).and_then(|buffered| buffered.bytes.as_deref()) {
+            Some(bytes) => {
+                data.copy_from_slice(&bytes[..page]);
+                oob.copy_from_slice(&bytes[page..]);
             }
             // Durable, or buffered with its bytes in the backend's slot.
             _ => self.backend.read_page(physical, &mut data, &mut oob)?,
@@ -817,17 +817,16 @@ impl<B: Backend> FlashEmulator<B> {
         // A page still in the write buffer is served from the controller's
         // DRAM: no medium, so no medium faults, no read disturb.
         if let Some(entry) = self.buffer.get(physical) {
-            if entry.bytes.is_empty() {
+            match (&entry.bytes, data) {
+                (Some(bytes), data) => {
+                    if let Some(data) = data {
+                        data.copy_from_slice(&bytes[..page]);
+                    }
+                    oob.copy_from_slice(&bytes[page..]);
+                }
                 // Staged in the backend's slot at its program.
-                match data {
-                    Some(data) => self.backend.read_page(physical, data, oob)?,
-                    None => self.backend.read_oob(physical, oob)?,
-                }
-            } else {
-                if let Some(data) = data {
-                    data.copy_from_slice(&entry.bytes[..page]);
-                }
-                oob.copy_from_slice(&entry.bytes[page..]);
+                (None, Some(data)) => self.backend.read_page(physical, data, oob)?,
+                (None, None) => self.backend.read_oob(physical, oob)?,
             }
             self.clock.read_buffered(bytes);
             return Ok(PageState::Programmed);
@@ -937,8 +936,8 @@ impl<B: Backend> FlashEmulator<B> {
                 self.record_drained()?;
             }
         }
-        if !entry.bytes.is_empty() {
-            self.buffer.recycle(entry.bytes);
+        if let Some(bytes) = entry.bytes {
+            self.buffer.recycle(bytes);
         }
         Ok(())
     }
@@ -982,8 +981,8 @@ impl<B: Backend> FlashEmulator<B> {
     /// the bytes at the drain, a misdirected write or a fault on the slot,
     /// pay the copy).
     fn entry_bytes<'a>(&mut self, entry: &'a BufferedPage) -> Result<std::borrow::Cow<'a, [u8]>> {
-        if !entry.bytes.is_empty() {
-            return Ok(std::borrow::Cow::Borrowed(&entry.bytes));
+        if let Some(bytes) = &entry.bytes {
+            return Ok(std::borrow::Cow::Borrowed(bytes));
         }
         let page = self.geometry.page_size_bytes as usize;
         let mut bytes = vec![0u8; page + self.geometry.oob_size_bytes as usize];
@@ -1004,7 +1003,6 @@ impl<B: Backend> FlashEmulator<B> {
             "zone {}: durability must be a prefix",
             entry.zone
         );
-        let staged = entry.bytes.is_empty();
         let misdirected_probability = self.options.faults.misdirected_write_probability;
         let landing = if misdirected_probability > 0.0 && self.rng.random_bool(misdirected_probability) {
             let bytes = self.entry_bytes(entry)?;
@@ -1019,8 +1017,8 @@ impl<B: Backend> FlashEmulator<B> {
         } else {
             None
         };
-        if !staged {
-            self.backend.write_page(entry.physical, &entry.bytes[..page], &entry.bytes[page..])?;
+        if let Some(bytes) = &entry.bytes {
+            self.backend.write_page(entry.physical, &bytes[..page], &bytes[page..])?;
         }
         match self.overlay.remove(&entry.physical) {
             Some(PageFault::Stored { media }) => {
@@ -1227,11 +1225,8 @@ impl<B: Backend> FlashEmulator<B> {
             }
             return Err(DeviceError::ProgramFailed { address, block, erase_count });
         }
-        let bytes = if self.backend.stage_page(physical, data, oob)? {
-            Box::default()
-        } else {
-            self.buffer.page_bytes(data, oob)
-        };
+        let bytes =
+            if self.backend.stage_page(physical, data, oob)? { None } else { Some(self.buffer.page_bytes(data, oob)) };
         let page_bytes = (data.len() + oob.len()) as u64;
         // Programs reach a block in page order, so its first page starts the
         // retention clock.
@@ -1812,7 +1807,7 @@ mod write_buffer_tests {
     use super::{BufferedPage, WriteBuffer, FREE_PAGE_BUFFERS_MAX};
 
     fn page(physical: u64, bytes: Box<[u8]>) -> BufferedPage {
-        BufferedPage { physical, zone: 0, page: physical as u32, bytes, programmed_ns: 0 }
+        BufferedPage { physical, zone: 0, page: physical as u32, bytes: Some(bytes), programmed_ns: 0 }
     }
 
     #[test]
@@ -1821,8 +1816,9 @@ mod write_buffer_tests {
         let first = buffer.page_bytes(&[7u8; 32], &[8u8; 8]);
         buffer.push(page(0, first));
         let drained = buffer.pop_front().expect("buffered");
-        let address = drained.bytes.as_ptr();
-        buffer.recycle(drained.bytes);
+        let drained = drained.bytes.expect("buffered bytes");
+        let address = drained.as_ptr();
+        buffer.recycle(drained);
         let second = buffer.page_bytes(&[1u8; 32], &[2u8; 8]);
         assert_eq!(second.as_ptr(), address, "the free buffer was taken");
         assert!(second[..32].iter().all(|&byte| byte == 1) && second[32..].iter().all(|&byte| byte == 2));
