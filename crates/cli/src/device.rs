@@ -193,6 +193,14 @@ impl FlashDevice for Device {
         each!(self, device => device.flush())
     }
 
+    fn flush_ordered(&mut self) -> Result<()> {
+        each!(self, device => device.flush_ordered())
+    }
+
+    fn flush_owed(&self) -> bool {
+        each!(self, device => device.flush_owed())
+    }
+
     fn nvm_read(&mut self, offset: u64, buffer: &mut [u8]) -> Result<()> {
         each!(self, device => device.nvm_read(offset, buffer))
     }

@@ -1629,10 +1629,49 @@ impl<D: FlashDevice> Protected<D> {
 
     /// The device's flush; every die is idle after it.
     fn flush_inner(&mut self) -> Result<()> {
-        self.inner.flush()?;
-        self.unflushed = false;
+        self.flush_inner_with(false)
+    }
+
+    /// The device's flush, or one that only orders (`ordered`), after
+    /// which a flush may still be owed to any caller who waits for
+    /// durability (an image's syncs still queued): `unflushed` stays set
+    /// then, so an fsync that finds nothing else to write still flushes.
+    fn flush_inner_with(&mut self, ordered: bool) -> Result<()> {
+        if ordered {
+            self.inner.flush_ordered()?;
+        } else {
+            self.inner.flush()?;
+        }
+        self.unflushed = ordered && self.inner.flush_owed();
         self.die_pages_programmed.fill(0);
         self.die_pages_programmed_max = 0;
+        Ok(())
+    }
+
+    /// The flush of [`FlashDevice::flush`], or of
+    /// [`FlashDevice::flush_ordered`] (`ordered`).
+    fn flush_with(&mut self, ordered: bool) -> Result<()> {
+        if self.read_only {
+            // Nothing was written: nothing to make durable.
+            return Ok(());
+        }
+        let pages = self.zone_parity_pages_to_pay()?;
+        self.pay_zone_parity(pages)?;
+        self.flush_inner_with(ordered)?;
+        // The pages are durable now; their running parity goes to NVM
+        // before the flush returns (and so before any fsync does). NVM that
+        // fails to take it does not undo a flush that made the pages
+        // durable (a caller told otherwise would take a checkpoint that
+        // landed for one that did not): the stripes wait for their parity
+        // on flash from then on, as without NVM, and the window counts it.
+        if let Err(error) = self.record_open_stripes() {
+            tracing::warn!(
+                "the open stripes' parity could not be written to NVM ({error}): blocks being written wait for their \
+                 parity on flash, as without NVM"
+            );
+            self.nvm_stripes = None;
+        }
+        self.note_unprotected_durable();
         Ok(())
     }
 
@@ -2131,28 +2170,15 @@ impl<D: FlashDevice> FlashDevice for Protected<D> {
     }
 
     fn flush(&mut self) -> Result<()> {
-        if self.read_only {
-            // Nothing was written: nothing to make durable.
-            return Ok(());
-        }
-        let pages = self.zone_parity_pages_to_pay()?;
-        self.pay_zone_parity(pages)?;
-        self.flush_inner()?;
-        // The pages are durable now; their running parity goes to NVM
-        // before the flush returns (and so before any fsync does). NVM that
-        // fails to take it does not undo a flush that made the pages
-        // durable (a caller told otherwise would take a checkpoint that
-        // landed for one that did not): the stripes wait for their parity
-        // on flash from then on, as without NVM, and the window counts it.
-        if let Err(error) = self.record_open_stripes() {
-            tracing::warn!(
-                "the open stripes' parity could not be written to NVM ({error}): blocks being written wait for their \
-                 parity on flash, as without NVM"
-            );
-            self.nvm_stripes = None;
-        }
-        self.note_unprotected_durable();
-        Ok(())
+        self.flush_with(false)
+    }
+
+    fn flush_ordered(&mut self) -> Result<()> {
+        self.flush_with(true)
+    }
+
+    fn flush_owed(&self) -> bool {
+        self.inner.flush_owed()
     }
 
     fn nvm_read(&mut self, offset: u64, buffer: &mut [u8]) -> Result<()> {

@@ -179,6 +179,11 @@ pub struct Volume<D: FlashDevice> {
     /// Set by unmount: the next checkpoint record ends at an erase block's
     /// end (filler pages before it), so its block's parity is on flash.
     pub(crate) align_checkpoint: bool,
+    /// Set around a checkpoint no caller waits on (one an operation takes
+    /// for room, or the cleaner's): its flushes only order
+    /// ([`FlashDevice::flush_ordered`]), and the device is left owing a
+    /// flush, which the next fsync or sync pays.
+    pub(crate) checkpoint_ordered: bool,
     /// Set by unmount: the next checkpoint declares empty zones before
     /// zones holding pages of an earlier use. Mount reads the first page of
     /// each declared zone that holds pages, to learn whether they were
@@ -715,6 +720,7 @@ impl<D: FlashDevice> Volume<D> {
             erased_ahead: Vec::new(),
             reserve_allowed: false,
             align_checkpoint: false,
+            checkpoint_ordered: false,
             declare_empty_first: false,
             valid_bytes_total: 0,
         };
@@ -790,7 +796,9 @@ impl<D: FlashDevice> Volume<D> {
     /// durable.
     pub fn write_checkpoint(&mut self) -> Result<u64> {
         let geometry = self.device.geometry();
-        self.device.flush()?;
+        // Order is all this one owes: the flush after the record makes it
+        // durable, and everything before with it.
+        self.device.flush_ordered()?;
         let mut next = self.checkpoint.clone();
         next.number += 1;
         // A zone nothing references any more is free from this checkpoint
@@ -826,7 +834,11 @@ impl<D: FlashDevice> Volume<D> {
                 Err(error) => return Err(error),
             }
         };
-        self.device.flush()?;
+        if self.checkpoint_ordered {
+            self.device.flush_ordered()?;
+        } else {
+            self.device.flush()?;
+        }
         self.checkpoint = next;
         self.recount_valid_bytes();
         self.checkpoint_zone = zone;

@@ -195,9 +195,26 @@ pub trait Backend {
     fn write_overlay(&mut self, overlay: &Overlay, generation_of: &dyn Fn(u64) -> u32) -> Result<()>;
     /// Lifetime counters and the simulated clock.
     fn write_summary(&mut self, counters: &Counters, clock_ns: u64) -> Result<()>;
-    /// Makes everything written so far survive a host crash, where the
-    /// backend can (the memory backend cannot and need not).
+    /// Makes everything written so far survive a host crash before
+    /// anything written after it does, where the backend can (the memory
+    /// backend cannot and need not). It may return before it has: a
+    /// backend that runs its writes and syncs in order off the caller's
+    /// thread (the image's) only queues it, and [`Backend::settle`] waits.
     fn sync(&mut self) -> Result<()>;
+    /// Returns once every write and sync asked for so far has been done:
+    /// what a killed process keeps then is all of it. A backend that does
+    /// each as it is asked has nothing to wait for.
+    fn settle(&mut self) -> Result<()> {
+        Ok(())
+    }
+    /// Lets what is queued start without waiting for it (after a flush
+    /// that only orders).
+    fn start(&mut self) {}
+    /// Whether a write or sync asked for has not been done yet (what
+    /// [`Backend::settle`] would wait for).
+    fn unsettled(&self) -> bool {
+        false
+    }
     /// Whether open finds the pages a zone record counts that a host crash
     /// lost (and lowers the write pointer to them), so a record need not
     /// wait for a sync of its pages: a flush is then one sync, not two.

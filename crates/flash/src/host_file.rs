@@ -18,6 +18,7 @@ use std::collections::BTreeMap;
 use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
+use std::sync::{Mutex, MutexGuard};
 
 /// Bytes of the chunks a scratch view copies.
 pub const SCRATCH_CHUNK_BYTES: u64 = 4096;
@@ -27,11 +28,15 @@ pub const SCRATCH_CHUNK_BYTES: u64 = 4096;
 pub const SCRATCH_BYTES_MAX: u64 = 256 << 20;
 const _: () = assert!(SCRATCH_BYTES_MAX.is_multiple_of(SCRATCH_CHUNK_BYTES));
 
-/// A host file, written through, or under a scratch view.
+/// A host file, written through, or under a scratch view. Reads and
+/// writes take it shared, so that the image backend's writer thread and
+/// the reads of the thread that owns the device may use it at once (a
+/// scratch view is behind a lock, taken only by a check, which has one
+/// thread).
 pub(crate) struct HostFile {
     file: File,
     /// Chunk index to the chunk's bytes as written, for a scratch view.
-    scratch: Option<BTreeMap<u64, Box<[u8]>>>,
+    scratch: Option<Mutex<BTreeMap<u64, Box<[u8]>>>>,
     /// Bytes the scratch view may hold.
     scratch_bytes_max: u64,
 }
@@ -48,7 +53,7 @@ impl HostFile {
     }
 
     fn scratch_bounded(file: File, scratch_bytes_max: u64) -> HostFile {
-        HostFile { file, scratch: Some(BTreeMap::new()), scratch_bytes_max }
+        HostFile { file, scratch: Some(Mutex::new(BTreeMap::new())), scratch_bytes_max }
     }
 
     /// The file, for what only asks about it (its host file system, its
@@ -56,6 +61,11 @@ impl HostFile {
     /// [`HostFile::write_all_at`] and [`HostFile::punch_hole`].
     pub(crate) fn file(&self) -> &File {
         &self.file
+    }
+
+    /// Whether writes land in a scratch view rather than the file.
+    pub(crate) fn is_scratch(&self) -> bool {
+        self.scratch.is_some()
     }
 
     /// Gives `[start, start + length)` back to the host (a hole), best
@@ -76,8 +86,15 @@ impl HostFile {
         }
     }
 
+    /// The scratch view's chunks; a check that panicked while holding
+    /// them left bytes as good as any (each copy is whole or not made).
+    fn chunks(scratch: &Mutex<BTreeMap<u64, Box<[u8]>>>) -> MutexGuard<'_, BTreeMap<u64, Box<[u8]>>> {
+        scratch.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
     pub(crate) fn read_exact_at(&self, buffer: &mut [u8], offset: u64) -> std::io::Result<()> {
-        let Some(chunks) = &self.scratch else { return self.file.read_exact_at(buffer, offset) };
+        let Some(scratch) = &self.scratch else { return self.file.read_exact_at(buffer, offset) };
+        let chunks = HostFile::chunks(scratch);
         if chunks.is_empty() {
             return self.file.read_exact_at(buffer, offset);
         }
@@ -102,8 +119,9 @@ impl HostFile {
         Ok(())
     }
 
-    pub(crate) fn write_all_at(&mut self, bytes: &[u8], offset: u64) -> std::io::Result<()> {
-        let Some(chunks) = &mut self.scratch else { return self.file.write_all_at(bytes, offset) };
+    pub(crate) fn write_all_at(&self, bytes: &[u8], offset: u64) -> std::io::Result<()> {
+        let Some(scratch) = &self.scratch else { return self.file.write_all_at(bytes, offset) };
+        let mut chunks = HostFile::chunks(scratch);
         let mut done = 0;
         while done < bytes.len() {
             let position = offset + done as u64;
@@ -161,7 +179,7 @@ mod tests {
         let path = directory.path().join("image");
         let original: Vec<u8> = (0..6 * SCRATCH_CHUNK_BYTES as usize + 100).map(|index| (index % 251) as u8).collect();
         std::fs::write(&path, &original).unwrap();
-        let mut view = HostFile::scratch(std::fs::OpenOptions::new().read(true).open(&path).unwrap());
+        let view = HostFile::scratch(std::fs::OpenOptions::new().read(true).open(&path).unwrap());
         let mut untouched = vec![0u8; 3 * SCRATCH_CHUNK_BYTES as usize];
         view.read_exact_at(&mut untouched, 100).unwrap();
         assert_eq!(untouched, original[100..][..untouched.len()], "an empty view reads the file");
@@ -199,7 +217,7 @@ mod tests {
         let path = directory.path().join("image");
         std::fs::write(&path, vec![5u8; 8 * SCRATCH_CHUNK_BYTES as usize]).unwrap();
         let file = std::fs::OpenOptions::new().read(true).open(&path).unwrap();
-        let mut view = HostFile::scratch_bounded(file, 2 * SCRATCH_CHUNK_BYTES);
+        let view = HostFile::scratch_bounded(file, 2 * SCRATCH_CHUNK_BYTES);
         view.write_all_at(&[1u8; 2 * SCRATCH_CHUNK_BYTES as usize], 0).unwrap();
         let refused = view.write_all_at(&[2u8; 4], 3 * SCRATCH_CHUNK_BYTES).unwrap_err();
         assert!(refused.to_string().contains("scratch view"), "{refused}");

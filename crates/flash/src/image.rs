@@ -42,6 +42,7 @@ use std::fs::{File, OpenOptions};
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use crate::backend::{
     Backend, BlockRecord, DurableCondition, DurableState, Overlay, OverlayRecord, PageFault, ZoneRecord,
@@ -80,14 +81,7 @@ const _: () = assert!(IMAGE_UNSYNCED_PAGES_MAX >= PENDING_SLOTS_MAX as u64);
 /// image's host blocks exist (written zeros, not holes) after a sync, so
 /// the flushes that follow do not allocate (see the module's comment).
 pub const IMAGE_ALLOCATE_AHEAD_BYTES: u64 = 1 << 20;
-/// Free bytes the host file system must have for the backend to allocate
-/// ahead at all.
-pub const IMAGE_ALLOCATE_AHEAD_ROOM_BYTES: u64 = 64 << 20;
-const _: () = assert!(IMAGE_ALLOCATE_AHEAD_ROOM_BYTES >= 16 * IMAGE_ALLOCATE_AHEAD_BYTES);
-/// The zeros are written in pieces of this many bytes.
-const ZERO_PIECE_BYTES: usize = 64 * 1024;
-const _: () = assert!(IMAGE_ALLOCATE_AHEAD_BYTES >= 2 * ZERO_PIECE_BYTES as u64);
-static ZERO_PIECE: [u8; ZERO_PIECE_BYTES] = [0; ZERO_PIECE_BYTES];
+const _: () = assert!(crate::image_writer::IMAGE_ALLOCATE_AHEAD_ROOM_BYTES >= 16 * IMAGE_ALLOCATE_AHEAD_BYTES);
 const TRAILER_MAGIC: [u8; 4] = *b"FIS3";
 const TRAILER_CRC: usize = SLOT_TRAILER_BYTES as usize - 4;
 /// Bytes of an overlay entry before any stored page.
@@ -588,22 +582,16 @@ pub fn decode_overlay(
     Ok(overlay)
 }
 
-/// Sees every write an image backend makes to its file and every sync that
-/// returned: a test builds from them what a host crash could leave.
-pub trait HostWriteObserver: Send {
-    fn written(&mut self, offset: u64, bytes: &[u8]);
-    /// Called before each fdatasync: an error stands for the fdatasync
-    /// failing (a test of what follows one), and the call is not made.
-    fn before_sync(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-    fn synced(&mut self);
-}
+pub use crate::image_writer::HostWriteObserver;
+use crate::image_writer::{Command, Failure, ImageWriter};
 
 /// Durable state in an image file.
 pub struct ImageBackend {
     path: PathBuf,
-    file: HostFile,
+    /// The file, and the queue of writes and syncs on their way to it
+    /// (`image_writer`: in order, off this thread, every queued write
+    /// readable).
+    writer: ImageWriter,
     header: ImageHeader,
     slot_bytes: u64,
     /// Sync between an overlay and the header that points at it, keep
@@ -638,17 +626,13 @@ pub struct ImageBackend {
     allocated_through: Vec<u64>,
     written_ends: Vec<u64>,
     /// Whether to allocate ahead: not on a host file system where it gains
-    /// nothing, and not after it failed once or the host disk ran low.
+    /// nothing (nor after it failed once or the host disk ran low, which
+    /// the writer says).
     allocates_ahead: bool,
     /// Slots open checked for a host crash's losses, and zones whose write
     /// pointer it lowered for them.
     slots_checked_at_open: u64,
     zones_lowered_at_open: u32,
-    /// An fdatasync failed: what the host's cache holds is then unknown
-    /// (the kernel may have dropped the pages it could not write), so
-    /// nothing more is written or synced until the image is opened again.
-    sync_failed: bool,
-    observer: Option<Box<dyn HostWriteObserver>>,
 }
 
 /// The device on an image file.
@@ -659,8 +643,19 @@ impl ImageBackend {
         move |source| DeviceError::Io { path: self.path.display().to_string(), operation, source }
     }
 
+    fn failed(&self) -> impl FnOnce(Failure) -> DeviceError + '_ {
+        move |Failure { operation, source }| DeviceError::Io {
+            path: self.path.display().to_string(),
+            operation,
+            source,
+        }
+    }
+
+    /// An fdatasync failed: what the host's cache holds is then unknown
+    /// (the kernel may have dropped the pages it could not write), so
+    /// nothing more is written or synced until the image is opened again.
     fn refuse_after_failed_sync(&self) -> Result<()> {
-        if self.sync_failed {
+        if self.writer.sync_failed() {
             return Err(DeviceError::Io {
                 path: self.path.display().to_string(),
                 operation: "write after a failed fdatasync (open the image again)",
@@ -670,14 +665,14 @@ impl ImageBackend {
         Ok(())
     }
 
-    /// Every write to the file goes through here, so an observer sees it.
+    /// Every write to the file goes through here, after the gathered
+    /// slots (the order `Backend` promises a killed process), and into the
+    /// writer's queue, where an observer sees it when it runs.
     fn write_at(&mut self, bytes: &[u8], offset: u64, operation: &'static str) -> Result<()> {
-        self.refuse_after_failed_sync()?;
-        if let Some(observer) = &mut self.observer {
-            observer.written(offset, bytes);
-        }
-        let written = self.file.write_all_at(bytes, offset);
-        written.map_err(self.io(operation))
+        self.write_pending()?;
+        let mut buffer = self.writer.spare_buffer();
+        buffer.extend_from_slice(bytes);
+        self.writer.push(Command::Write { offset, bytes: Arc::new(buffer), operation }).map_err(self.failed())
     }
 
     /// Writes `header` as the next generation; only once it is written does
@@ -716,7 +711,7 @@ impl ImageBackend {
     /// Lets `observer` see every write and sync from now on (tests of what
     /// a host crash leaves).
     pub fn observe_host_writes(&mut self, observer: Box<dyn HostWriteObserver>) {
-        self.observer = Some(observer);
+        self.writer.observe(observer);
     }
 
     /// Slots the last open read to find pages a host crash lost.
@@ -727,7 +722,7 @@ impl ImageBackend {
     /// Whether the backend still allocates host blocks ahead of its writes
     /// ([`IMAGE_ALLOCATE_AHEAD_BYTES`]).
     pub fn allocates_ahead(&self) -> bool {
-        self.allocates_ahead
+        self.allocates_ahead && self.writer.allocates_ahead()
     }
 
     /// Zones whose write pointer the last open lowered past lost pages.
@@ -750,68 +745,27 @@ impl ImageBackend {
 
     /// Makes sure the image has host blocks (zeros where it had holes) for
     /// [`IMAGE_ALLOCATE_AHEAD_BYTES`] past the zone's last written slot,
-    /// when less than half of that is left. Best effort: the sync before
-    /// it returned, and a hole left here only costs a later sync an
+    /// when less than half of that is left: queued, to run after the sync
+    /// before it. Best effort: a hole left here only costs a later sync an
     /// allocation. An error, or a host disk with less than
-    /// [`IMAGE_ALLOCATE_AHEAD_ROOM_BYTES`] free, stops it for the session:
-    /// zeros must not be what fills the host's disk (a file system that
-    /// finds no room only at write-back would fail the next fdatasync).
-    fn allocate_ahead(&mut self, zone: u32) {
+    /// [`IMAGE_ALLOCATE_AHEAD_ROOM_BYTES`] free, stops it for the session
+    /// (the writer's `FillHoles`): zeros must not be what fills the host's
+    /// disk (a file system that finds no room only at write-back would
+    /// fail the next fdatasync).
+    fn allocate_ahead(&mut self, zone: u32) -> Result<()> {
         let written_end = self.written_ends[zone as usize];
-        if !self.allocates_ahead || written_end == 0 {
-            return;
+        if !self.allocates_ahead() || written_end == 0 {
+            return Ok(());
         }
         let zone_pages = self.header.geometry.zone_pages();
         let zone_end = self.page_offset((u64::from(zone) + 1) * zone_pages);
         let target = zone_end.min(written_end + IMAGE_ALLOCATE_AHEAD_BYTES);
         let known = self.allocated_through[zone as usize].max(written_end);
         if known >= zone_end.min(written_end + IMAGE_ALLOCATE_AHEAD_BYTES / 2) {
-            return;
+            return Ok(());
         }
-        if host_free_bytes(self.file.file()).is_none_or(|free| free < IMAGE_ALLOCATE_AHEAD_ROOM_BYTES)
-            || self.fill_holes(known, target).is_err()
-        {
-            self.allocates_ahead = false;
-            return;
-        }
+        self.writer.push(Command::FillHoles { start: known, end: target }).map_err(self.failed())?;
         self.allocated_through[zone as usize] = target;
-    }
-
-    /// Writes zeros into every hole of the file in `[start, end)`. Written
-    /// bytes, data or zeros, are left alone; where the file system cannot
-    /// say where its data is, nothing is written and the error returned.
-    fn fill_holes(&mut self, start: u64, end: u64) -> Result<()> {
-        let descriptor = self.file.file().as_raw_fd();
-        let seek = |position: u64, whence: libc::c_int| -> std::io::Result<u64> {
-            let position =
-                libc::off_t::try_from(position).map_err(|_| std::io::Error::from_raw_os_error(libc::EOVERFLOW))?;
-            // SAFETY: lseek on a descriptor this backend owns; it moves
-            // only the file offset, which nothing here uses (every read and
-            // write is positioned).
-            let found = unsafe { libc::lseek(descriptor, position, whence) };
-            u64::try_from(found).map_err(|_| std::io::Error::last_os_error())
-        };
-        let mut position = start;
-        while position < end {
-            let hole = seek(position, libc::SEEK_HOLE).map_err(self.io("find a hole"))?;
-            if hole >= end {
-                return Ok(());
-            }
-            // ENXIO: no data after the hole, a hole to the end of the file.
-            // Any other error must not be taken for a hole.
-            let data = match seek(hole, libc::SEEK_DATA) {
-                Ok(data) => data.min(end),
-                Err(error) if error.raw_os_error() == Some(libc::ENXIO) => end,
-                Err(error) => return Err(self.io("find data")(error)),
-            };
-            let mut offset = hole;
-            while offset < data {
-                let length = (data - offset).min(ZERO_PIECE_BYTES as u64) as usize;
-                self.write_at(&ZERO_PIECE[..length], offset, "allocate ahead")?;
-                offset += length as u64;
-            }
-            position = data;
-        }
         Ok(())
     }
 
@@ -825,17 +779,16 @@ impl ImageBackend {
             return Ok(());
         }
         self.refuse_after_failed_sync()?;
-        let (path, offset) = (&self.path, self.pending_offset);
-        if let Some(observer) = &mut self.observer {
-            observer.written(offset, &self.pending);
-        }
-        self.file.write_all_at(&self.pending, offset).map_err(|source| DeviceError::Io {
-            path: path.display().to_string(),
-            operation: "write page",
-            source,
-        })?;
-        self.pending.clear();
-        Ok(())
+        let bytes = std::mem::replace(&mut self.pending, self.writer.spare_buffer());
+        // Queued whatever follows: a failure past the queue's bound is a
+        // write before these, and these are written when it is.
+        let command = Command::Write { offset: self.pending_offset, bytes: Arc::new(bytes), operation: "write page" };
+        self.writer.push(command).map_err(self.failed())
+    }
+
+    /// Reads from the file as it will be once every queued write ran.
+    fn read_at(&self, buffer: &mut [u8], offset: u64, operation: &'static str) -> Result<()> {
+        self.writer.read_exact_at(buffer, offset).map_err(self.io(operation))
     }
 
     /// The geometry an image was made with, without opening it as a device
@@ -917,17 +870,6 @@ fn host_allocates_in_place(file: &File) -> bool {
     !COPY_ON_WRITE_OR_MEMORY.contains(&(status.f_type as u32))
 }
 
-/// Bytes an unprivileged writer may still use on the host file system.
-fn host_free_bytes(file: &File) -> Option<u64> {
-    // SAFETY: an all-zero statvfs is a valid value, filled in by fstatvfs.
-    let mut status: libc::statvfs = unsafe { std::mem::zeroed() };
-    // SAFETY: fstatvfs on a descriptor this backend owns, into `status`.
-    if unsafe { libc::fstatvfs(file.as_raw_fd(), &mut status) } != 0 {
-        return None;
-    }
-    Some(status.f_bavail.saturating_mul(status.f_frsize))
-}
-
 impl FlashEmulator<ImageBackend> {
     /// Creates a new image file for a fresh device; refuses a path that
     /// already exists. The file is sparse: untouched pages take no space.
@@ -952,7 +894,7 @@ impl FlashEmulator<ImageBackend> {
         let allocates_ahead = host_allocates_in_place(&file);
         let mut backend = ImageBackend {
             path: path.to_path_buf(),
-            file: HostFile::through(file),
+            writer: ImageWriter::new(HostFile::through(file)),
             header: ImageHeader {
                 generation: 0,
                 geometry,
@@ -979,8 +921,6 @@ impl FlashEmulator<ImageBackend> {
             allocates_ahead,
             slots_checked_at_open: 0,
             zones_lowered_at_open: 0,
-            sync_failed: false,
-            observer: None,
         };
         let zone_table: Vec<u8> = state
             .zones
@@ -988,22 +928,22 @@ impl FlashEmulator<ImageBackend> {
             .enumerate()
             .flat_map(|(zone, record)| encode_zone_record(zone as u32, &backend.stored_record(zone as u32, record)))
             .collect();
-        let written = backend.file.write_all_at(&zone_table, layout.zone_table_offset);
-        written.map_err(backend.io("write zone table"))?;
+        backend.write_at(&zone_table, layout.zone_table_offset, "write zone table")?;
         let block_table: Vec<u8> = state
             .blocks
             .iter()
             .enumerate()
             .flat_map(|(block, record)| encode_block_record(block as u64, record))
             .collect();
-        let written = backend.file.write_all_at(&block_table, layout.block_table_offset);
-        written.map_err(backend.io("write block table"))?;
+        backend.write_at(&block_table, layout.block_table_offset, "write block table")?;
         // Both header copies, so neither slot holds garbage.
         backend.write_header(backend.header.clone())?;
         backend.write_header(backend.header.clone())?;
         if options.host_sync {
             backend.sync()?;
         }
+        backend.settle()?;
+        backend.writer.run_in_background().map_err(backend.io("start the image's writer thread"))?;
         FlashEmulator::from_parts(geometry, options, backend, state)
     }
 
@@ -1200,7 +1140,7 @@ impl FlashEmulator<ImageBackend> {
         let allocates_ahead = !scratch && host_allocates_in_place(&file);
         let mut backend = ImageBackend {
             path: path.to_path_buf(),
-            file: if scratch { HostFile::scratch(file) } else { HostFile::through(file) },
+            writer: ImageWriter::new(if scratch { HostFile::scratch(file) } else { HostFile::through(file) }),
             slot_bytes: ImageLayout::slot_bytes(&geometry),
             header,
             host_sync: options.host_sync,
@@ -1216,8 +1156,6 @@ impl FlashEmulator<ImageBackend> {
             allocates_ahead,
             slots_checked_at_open,
             zones_lowered_at_open,
-            sync_failed: false,
-            observer: None,
         };
         // A new epoch before anything is written in it, and the zones it
         // checked recorded as they are now. With
@@ -1246,6 +1184,10 @@ impl FlashEmulator<ImageBackend> {
         // to a later session, whose records would then count this one's
         // stale slots.
         backend.sync()?;
+        // Open wrote and synced by itself, in order; from here on a command
+        // returns before it has run (not in a scratch view).
+        backend.settle()?;
+        backend.writer.run_in_background().map_err(backend.io("start the image's writer thread"))?;
         let state = DurableState { zones, blocks, overlay, counters: header_counters, clock_ns, nvm };
         FlashEmulator::from_parts(geometry, options, backend, state)
     }
@@ -1299,6 +1241,7 @@ impl Drop for ImageBackend {
     /// them yet, so a process killed before this loses nothing it promised.
     fn drop(&mut self) {
         let _ = self.write_pending();
+        let _ = self.writer.settle();
     }
 }
 
@@ -1310,8 +1253,8 @@ impl Backend for ImageBackend {
             return Ok(());
         }
         let offset = self.page_offset(physical);
-        self.file.read_exact_at(data, offset).map_err(self.io("read page"))?;
-        self.file.read_exact_at(oob, offset + data.len() as u64).map_err(self.io("read page OOB"))
+        self.read_at(data, offset, "read page")?;
+        self.read_at(oob, offset + data.len() as u64, "read page OOB")
     }
 
     fn read_oob(&mut self, physical: u64, oob: &mut [u8]) -> Result<()> {
@@ -1321,7 +1264,7 @@ impl Backend for ImageBackend {
             return Ok(());
         }
         let offset = self.page_offset(physical) + u64::from(self.header.geometry.page_size_bytes);
-        self.file.read_exact_at(oob, offset).map_err(self.io("read OOB"))
+        self.read_at(oob, offset, "read OOB")
     }
 
     /// Gathers the slot with the ones before it when it follows them in
@@ -1362,7 +1305,6 @@ impl Backend for ImageBackend {
     }
 
     fn write_nvm(&mut self, offset: u64, bytes: &[u8]) -> Result<()> {
-        self.write_pending()?;
         let position = self.header.layout.nvm_offset + offset;
         self.write_at(bytes, position, "write NVM")
     }
@@ -1450,28 +1392,27 @@ impl Backend for ImageBackend {
         self.write_header(header)
     }
 
+    /// Queues an fdatasync: nothing queued after it is written before it
+    /// has returned, so the pages before it are on the disk before any
+    /// record written after it names them. Returns before it has run;
+    /// [`Backend::settle`] waits.
     fn sync(&mut self) -> Result<()> {
         self.write_pending()?;
         self.refuse_after_failed_sync()?;
-        let injected = self.observer.as_mut().map_or(Ok(()), |observer| observer.before_sync());
-        if let Err(source) = injected.and_then(|()| self.file.sync_data()) {
-            self.sync_failed = true;
-            return Err(DeviceError::Io { path: self.path.display().to_string(), operation: "sync", source });
-        }
+        self.writer.push(Command::Sync).map_err(self.failed())?;
         // Only where allocating ahead is on: a sync is on every fsync's
         // path, and the list walks every zone.
-        let written_since: Vec<u32> = if self.allocates_ahead {
+        let written_since: Vec<u32> = if self.allocates_ahead() {
             (0..self.written_pages.len() as u32)
                 .filter(|&zone| self.written_pages[zone as usize] != self.synced_write_pointers[zone as usize])
                 .collect()
         } else {
             Vec::new()
         };
+        // Synced once the sync queued above has run, which is before any
+        // record written from here on reaches the file.
         self.synced_write_pointers.copy_from_slice(&self.written_pages);
         self.unsynced_pages = 0;
-        if let Some(observer) = &mut self.observer {
-            observer.synced();
-        }
         // Durable at the next sync; until then (or if a write fails here)
         // the record on the disk has the lower synced write pointer, which
         // only makes open check more slots.
@@ -1484,8 +1425,27 @@ impl Backend for ImageBackend {
             }
         }
         for zone in written_since {
-            self.allocate_ahead(zone);
+            if self.allocate_ahead(zone).is_err() {
+                break;
+            }
         }
         Ok(())
+    }
+
+    fn settle(&mut self) -> Result<()> {
+        self.write_pending()?;
+        self.writer.settle().map_err(self.failed())
+    }
+
+    fn unsettled(&self) -> bool {
+        !self.pending.is_empty() || self.writer.unsettled()
+    }
+
+    fn start(&mut self) {
+        // Best effort: an error here is the queue's, which the next wait
+        // reports.
+        if self.write_pending().is_ok() {
+            self.writer.start();
+        }
     }
 }

@@ -131,6 +131,7 @@ mod faults;
 mod geometry;
 mod host_file;
 mod image;
+mod image_writer;
 mod timing;
 
 pub use backend::{
@@ -159,6 +160,7 @@ pub use image::{
     BLOCK_RECORD_BYTES, HEADER_SLOT_BYTES, HOST_SECTOR_BYTES, IMAGE_ALLOCATE_AHEAD_BYTES, IMAGE_FORMAT_VERSION,
     IMAGE_MAGIC, IMAGE_UNSYNCED_PAGES_MAX, PENDING_SLOTS_MAX, SLOT_TRAILER_BYTES, ZONE_RECORD_BYTES,
 };
+pub use image_writer::{IMAGE_ALLOCATE_AHEAD_ROOM_BYTES, IMAGE_QUEUED_BYTES_MAX, IMAGE_WRITER_START_BYTES};
 pub use timing::{TimingConfig, CHANNELS_MAX, DIES_PER_CHANNEL_MAX};
 
 /// What a read found.
@@ -247,6 +249,25 @@ pub trait FlashDevice {
     /// Makes every accepted program durable.
     fn flush(&mut self) -> Result<()>;
 
+    /// A flush that may return before it is durable on the host: every
+    /// accepted program is durable against a power cut in the device's
+    /// model, as after [`FlashDevice::flush`], but a killed process or a
+    /// crashed host may leave the device as it was at an earlier moment
+    /// (never a later state with an earlier write missing). For what only
+    /// needs order (a checkpoint no caller waits on); what is promised to
+    /// a caller takes a [`FlashDevice::flush`] after it.
+    fn flush_ordered(&mut self) -> Result<()> {
+        self.flush()
+    }
+
+    /// Whether a [`FlashDevice::flush_ordered`] left work that only a
+    /// [`FlashDevice::flush`] waits for: a caller owed durability must
+    /// flush even with nothing new programmed. Never on a device whose
+    /// ordered flush is a flush.
+    fn flush_owed(&self) -> bool {
+        false
+    }
+
     fn nvm_read(&mut self, offset: u64, buffer: &mut [u8]) -> Result<()>;
 
     fn nvm_write(&mut self, offset: u64, data: &[u8]) -> Result<()>;
@@ -323,6 +344,14 @@ impl<T: FlashDevice + ?Sized> FlashDevice for &mut T {
 
     fn flush(&mut self) -> Result<()> {
         (**self).flush()
+    }
+
+    fn flush_ordered(&mut self) -> Result<()> {
+        (**self).flush_ordered()
+    }
+
+    fn flush_owed(&self) -> bool {
+        (**self).flush_owed()
     }
 
     fn nvm_read(&mut self, offset: u64, buffer: &mut [u8]) -> Result<()> {

@@ -12,11 +12,19 @@
 //! keeps the synced file apart from the writes since (pristine, and the
 //! overlay a crash draws from), and after a crash opens the result and
 //! holds it to what the device promised:
-//! - each zone keeps at least the pages it had when a flush or a reset
-//!   last returned, and no more than it had accepted;
+//! - each zone keeps at least the pages it had when a flush last
+//!   returned, and no more than it had accepted;
 //! - every page it keeps reads back as written, in the zone's current life
 //!   (a page of an earlier life or an earlier session never counts);
-//! - a finished zone stays full.
+//! - a zone finished before the last flush stays full.
+//!
+//! A reset or finish since the last flush may or may not have happened:
+//! the image runs its writes and syncs in order behind the device
+//! (`image_writer`), so a crash can find the file as it was at any moment
+//! after that flush, the reset's records not yet written. The zone then
+//! holds its life before the reset, which must keep what was promised of
+//! it; the model keeps that life until a flush returns (and flushes before
+//! a second reset of the zone, so that one life is ever in doubt).
 //!
 //! The run then goes on with the crashed image, so later crashes meet slots
 //! an earlier crash left past a lowered write pointer. Some fdatasyncs are
@@ -163,14 +171,15 @@ struct ZoneModel {
     /// Pages a crash must keep.
     promised: u32,
     finished: bool,
-    /// A reset whose sync failed after the device took it: the life
-    /// before it, which a crash may bring back.
+    /// A reset since the last flush, or one whose sync failed after the
+    /// device took it: the life before it, which a crash may bring back.
     before_doubtful_reset: Option<DoubtfulLife>,
-    /// A finish whose sync failed: the zone may or may not stay full.
+    /// A finish since the last flush, or one whose sync failed: the zone
+    /// may or may not stay full.
     finish_in_doubt: bool,
 }
 
-/// A zone's life before a reset whose sync failed.
+/// A zone's life before a reset in doubt.
 #[derive(Clone, Debug)]
 struct DoubtfulLife {
     tags: Vec<u8>,
@@ -242,33 +251,32 @@ impl Run {
                 eprintln!("programmed zone {zone} page {page} tag {tag}");
             }
         } else if roll < 77 {
-            device.flush()?;
-            for model in &mut self.zones {
-                model.promised = model.tags.len() as u32;
-            }
+            self.flush(device)?;
         } else if roll < 82 {
             let used: Vec<u32> =
                 reports.iter().filter(|report| report.write_pointer > 0).map(|report| report.zone).collect();
             if let Some(&zone) = used.get(rng.random_range(0..used.len().max(1))) {
+                if self.zones[zone as usize].before_doubtful_reset.is_some() {
+                    self.flush(device)?;
+                }
                 let reset = device.reset_zone(zone);
                 if trace() {
                     eprintln!("reset zone {zone}: {:?}", reset.as_ref().err());
                 }
                 if reset.is_ok() || device.report_zone(zone).unwrap().write_pointer == 0 {
                     // Taken, at least in the session.
+                    // In doubt until a flush returns (or for good after a
+                    // failed sync, after which nothing more reaches the
+                    // disk): an earlier doubtful life stays the one a
+                    // crash may bring back.
                     let model = std::mem::take(&mut self.zones[zone as usize]);
-                    if reset.is_err() {
-                        // After a failed sync nothing more reaches the
-                        // disk: an earlier doubtful life stays the one a
-                        // crash may bring back.
-                        let life = DoubtfulLife {
-                            tags: model.tags,
-                            promised: model.promised,
-                            finished: model.finished,
-                            erase_count_max: reports[zone as usize].erase_count_max,
-                        };
-                        self.zones[zone as usize].before_doubtful_reset = model.before_doubtful_reset.or(Some(life));
-                    }
+                    let life = DoubtfulLife {
+                        tags: model.tags,
+                        promised: model.promised,
+                        finished: model.finished && !model.finish_in_doubt,
+                        erase_count_max: reports[zone as usize].erase_count_max,
+                    };
+                    self.zones[zone as usize].before_doubtful_reset = model.before_doubtful_reset.or(Some(life));
                 }
                 reset?;
             }
@@ -283,9 +291,11 @@ impl Run {
                     self.zones[zone as usize].finish_in_doubt = true;
                     return Err(error);
                 }
-                // Full from now on, whatever a crash drops; its buffered
-                // pages wait for a flush, as at a power cut.
+                // Full once a flush returns, whatever a crash drops then;
+                // its buffered pages wait for that flush, as at a power
+                // cut.
                 self.zones[zone as usize].finished = true;
+                self.zones[zone as usize].finish_in_doubt = true;
             }
         } else {
             let used: Vec<u32> =
@@ -294,6 +304,18 @@ impl Run {
                 let page = rng.random_range(0..reports[zone as usize].write_pointer);
                 self.check_page(device, zone, page, "in session");
             }
+        }
+        Ok(())
+    }
+
+    /// A flush: every page accepted is promised, and every reset and
+    /// finish before it has happened.
+    fn flush(&mut self, device: &mut ImageFlash) -> flintfs_flash::Result<()> {
+        device.flush()?;
+        for model in &mut self.zones {
+            model.promised = model.tags.len() as u32;
+            model.before_doubtful_reset = None;
+            model.finish_in_doubt = false;
         }
         Ok(())
     }
@@ -315,12 +337,12 @@ impl Run {
                 );
             }
             if let Some(life) = self.zones[zone as usize].before_doubtful_reset.take() {
-                // Pages of the new life are never durable (the device
-                // refused every write after the failed sync), so any page
-                // kept is the old life's; an empty zone is the reset, which
-                // raised the erase counts, unless the old life had nothing
-                // to lose.
-                if kept > 0 || report.erase_count_max == life.erase_count_max {
+                // A reset that reached the disk raised the erase counts
+                // (its block records go before its zone record, and open
+                // completes a reset whose block records it finds): the
+                // same counts are the old life, raised ones the new, whose
+                // pages kept may be any it accepted (drained, unflushed).
+                if report.erase_count_max == life.erase_count_max {
                     let DoubtfulLife { tags, promised, finished, .. } = life;
                     self.zones[zone as usize] = ZoneModel { tags, promised, finished, ..ZoneModel::default() };
                 }

@@ -21,8 +21,30 @@ type KeySet<T> = HashSet<T, BuildHasherDefault<KeyHasher>>;
 
 impl<D: FlashDevice> Fs<D> {
     /// Makes everything durable with a checkpoint. Skipped when nothing
-    /// changed since the last one.
+    /// changed since the last one (but for the flush a checkpoint that only
+    /// ordered left owing).
     pub fn checkpoint(&mut self) -> Result<()> {
+        self.checkpoint_now_or_skip()?;
+        if self.volume.device.unflushed() && !self.options.read_only {
+            self.volume.device.flush()?;
+        }
+        Ok(())
+    }
+
+    /// A checkpoint no caller waits on (one an operation takes for room, or
+    /// the cleaner's): the same record, in the same order, but its flushes
+    /// only order, so on an image the host's syncs run behind it rather
+    /// than inside the operation. Durable at the next fsync, sync or
+    /// unmount, each of which flushes; a killed process or a crashed host
+    /// before then finds the file system as it was at an earlier moment.
+    pub(crate) fn checkpoint_ordered(&mut self) -> Result<()> {
+        let ordered = std::mem::replace(&mut self.volume.checkpoint_ordered, true);
+        let result = self.checkpoint_now_or_skip();
+        self.volume.checkpoint_ordered = ordered;
+        result
+    }
+
+    fn checkpoint_now_or_skip(&mut self) -> Result<()> {
         // Read-only, nothing is written back (`drain` holds it all), so a
         // checkpoint could never finish: `Fs::sync` is what succeeds.
         self.refuse_if_read_only("a checkpoint")?;
@@ -180,6 +202,9 @@ impl<D: FlashDevice> Fs<D> {
         // gone since.
         self.to_flash.clear();
         self.log_truncated();
+        // A checkpoint that only ordered leaves a flush owed: the next
+        // fsync commits (and flushes) even with no record of its own.
+        self.log.unflushed = self.volume.device.unflushed();
         self.counters.checkpoints += 1;
         self.checkpoint_just_taken = true;
         self.mark_checkpointed();

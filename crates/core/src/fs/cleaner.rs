@@ -426,14 +426,14 @@ impl<D: FlashDevice> Fs<D> {
             // write asked for cleaning.
             if partial && self.has_buffered_work() {
                 self.changed = true;
-                self.checkpoint()?;
+                self.checkpoint_ordered()?;
             }
             return Ok(0);
         }
         // The moves become durable, and the victims, which nothing
         // references any more, are released by this checkpoint.
         self.changed = true;
-        self.checkpoint()?;
+        self.checkpoint_ordered()?;
         for zone in &cleaned {
             if self.volume.checkpoint.zones[*zone as usize].valid_bytes > 0 {
                 self.cleaner.zones_stuck += 1;
@@ -571,7 +571,7 @@ impl<D: FlashDevice> Fs<D> {
             // checkpoint (little is buffered then), nor under the mark
             // without what is buffered, where only cleaning gives back.
             self.changed = true;
-            match self.checkpoint() {
+            match self.checkpoint_ordered() {
                 Ok(()) => {
                     self.cleaner.checkpoints_for_buffered += 1;
                     (free, _) = self.zone_scan();

@@ -924,7 +924,7 @@ impl<D: FlashDevice> Fs<D> {
         if self.log_wants_checkpoint(1) {
             // The operation's record needs the log room only a checkpoint
             // makes: without it, the operation cannot start.
-            return self.checkpoint();
+            return self.checkpoint_ordered();
         }
         // One refused for space lets the operation go on, the work below
         // included: on a full device the cleaning step is what may make
@@ -971,7 +971,7 @@ impl<D: FlashDevice> Fs<D> {
     /// rest buffered: a state the write-backs leave every day.
     /// Returns whether it was taken.
     pub(crate) fn optional_checkpoint(&mut self) -> Result<bool> {
-        match self.checkpoint() {
+        match self.checkpoint_ordered() {
             Ok(()) => Ok(true),
             Err(error) if error.errno == errno::ENOSPC => {
                 tracing::debug!("a checkpoint ahead of an operation found no room: {}", error.message);
@@ -1295,7 +1295,7 @@ impl<D: FlashDevice> Fs<D> {
             if !released && self.volume.releasable_zones() > 0 {
                 released = true;
                 self.changed = true;
-                self.checkpoint()?;
+                self.checkpoint_ordered()?;
                 continue;
             }
             // What is buffered is counted at its bound (each dirty node
@@ -1303,7 +1303,7 @@ impl<D: FlashDevice> Fs<D> {
             // less. Cleaning would end with a checkpoint anyway.
             if !checkpointed && self.has_buffered_work() {
                 checkpointed = true;
-                self.checkpoint()?;
+                self.checkpoint_ordered()?;
                 continue;
             }
             // The zones this operation may still clean, in one go: one
