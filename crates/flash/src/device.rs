@@ -629,7 +629,7 @@ impl<B: Backend> FlashEmulator<B> {
     /// image's totals. A device without power has nothing to write.
     pub fn close(mut self) -> Result<()> {
         match self.power {
-            Power::On => self.commit_metadata(),
+            Power::On => self.commit_metadata().and_then(|()| self.backend.settle()),
             Power::Off => Ok(()),
         }
     }

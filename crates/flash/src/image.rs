@@ -780,10 +780,17 @@ impl ImageBackend {
         }
         self.refuse_after_failed_sync()?;
         let bytes = std::mem::replace(&mut self.pending, self.writer.spare_buffer());
-        // Queued whatever follows: a failure past the queue's bound is a
-        // write before these, and these are written when it is.
         let command = Command::Write { offset: self.pending_offset, bytes: Arc::new(bytes), operation: "write page" };
-        self.writer.push(command).map_err(self.failed())
+        match self.writer.try_push(command) {
+            Ok(()) => Ok(()),
+            // Not queued: the slots stay gathered, to be tried again.
+            Err((failure, command)) => {
+                if let Command::Write { bytes, .. } = command {
+                    self.pending = Arc::try_unwrap(bytes).unwrap_or_else(|shared| shared.as_ref().clone());
+                }
+                Err(self.failed()(failure))
+            }
+        }
     }
 
     /// Reads from the file as it will be once every queued write ran.

@@ -160,6 +160,9 @@ impl Shared {
             Command::Sync => Kind::Sync,
             Command::FillHoles { .. } => Kind::FillHoles,
         };
+        // Before the pop, which gives the buffer back only if no one else
+        // holds it.
+        drop(command);
         let mut state = lock(&self.state);
         state.busy = false;
         match outcome {
@@ -309,6 +312,12 @@ fn writer_thread(shared: Arc<Shared>) {
             }
             continue;
         }
+        // Nothing it may run: a caller ran the queue first, or a failure
+        // waits to be reported. The next `start`, or the next push past
+        // the start mark, asks again.
+        if !state.busy {
+            state.started = false;
+        }
         state = shared.changed.wait(state).unwrap_or_else(std::sync::PoisonError::into_inner);
     }
 }
@@ -366,40 +375,61 @@ impl ImageWriter {
         lock(&self.shared.state).spare.pop().unwrap_or_default()
     }
 
-    /// Queues `command`. Without the writer thread it runs at once; with
-    /// it, past [`IMAGE_QUEUED_BYTES_MAX`] the caller runs the queue until
-    /// it is back under. An error is a sync that failed (nothing is
-    /// queued then) or a write that failed (queued or run before this).
+    /// Queues `command`; an error means it was not queued (nor run). With
+    /// the writer thread, a caller whose command would take the queue past
+    /// [`IMAGE_QUEUED_BYTES_MAX`] first runs it until there is room: an
+    /// earlier write that fails then is the error, and stays queued, to be
+    /// tried again. Without the thread the command runs at once, and one
+    /// that fails leaves the queue as it was.
     pub(crate) fn push(&self, command: Command) -> Result<(), Failure> {
+        self.try_push(command).map_err(|(failure, _)| failure)
+    }
+
+    /// [`ImageWriter::push`], giving the command back when it failed.
+    pub(crate) fn try_push(&self, command: Command) -> Result<(), (Failure, Command)> {
         let mut state = lock(&self.shared.state);
         if state.sync_failed {
-            return Err(refusal(&mut state));
+            return Err((refusal(&mut state), command));
         }
-        state.queued_bytes += command.queued_bytes();
+        let bytes = command.queued_bytes();
+        if self.thread.is_some() && state.queued_bytes + bytes > IMAGE_QUEUED_BYTES_MAX {
+            state = match self.run_until(state, IMAGE_QUEUED_BYTES_MAX.saturating_sub(bytes).max(1)) {
+                Ok(state) => state,
+                Err(failure) => return Err((failure, command)),
+            };
+        }
+        state.queued_bytes += bytes;
         state.queue.push_back(command);
         if self.thread.is_none() {
-            return self.run_until(state, 0);
+            assert_eq!(state.queue.len(), 1, "without the writer thread a command runs as it is queued");
+            return match self.run_until(state, 0) {
+                Ok(_) => Ok(()),
+                Err(failure) => {
+                    let mut state = lock(&self.shared.state);
+                    let failed = state.queue.pop_front().expect("the failed command is still queued");
+                    state.queued_bytes -= failed.queued_bytes();
+                    Err((failure, failed))
+                }
+            };
         }
         if state.queued_bytes >= IMAGE_WRITER_START_BYTES && !state.started {
             state.started = true;
             self.shared.changed.notify_all();
         }
-        if state.queued_bytes > IMAGE_QUEUED_BYTES_MAX {
-            return self.run_until(state, IMAGE_QUEUED_BYTES_MAX);
-        }
         Ok(())
     }
 
-    /// Whether a command is queued or running.
+    /// Whether a command is queued or running, or a failure waits to be
+    /// reported: what a settle would wait for or report.
     pub(crate) fn unsettled(&self) -> bool {
         let state = lock(&self.shared.state);
-        state.busy || !state.queue.is_empty()
+        state.busy || !state.queue.is_empty() || state.write_error.is_some() || state.sync_failed
     }
 
     /// Lets the writer thread start on what is queued, without waiting.
     pub(crate) fn start(&self) {
         let mut state = lock(&self.shared.state);
-        if !state.queue.is_empty() && !state.started {
+        if !state.queue.is_empty() {
             state.started = true;
             self.shared.changed.notify_all();
         }
@@ -409,12 +439,16 @@ impl ImageWriter {
     /// the writer thread is not running one.
     pub(crate) fn settle(&self) -> Result<(), Failure> {
         let state = lock(&self.shared.state);
-        self.run_until(state, 0)
+        self.run_until(state, 0).map(drop)
     }
 
     /// Runs (or waits for) commands until at most `bound` bytes are queued
     /// and, for a bound of 0, nothing is queued or running.
-    fn run_until<'a>(&'a self, mut state: MutexGuard<'a, State>, bound: usize) -> Result<(), Failure> {
+    fn run_until<'a>(
+        &'a self,
+        mut state: MutexGuard<'a, State>,
+        bound: usize,
+    ) -> Result<MutexGuard<'a, State>, Failure> {
         loop {
             if let Some(failure) = state.write_error.take() {
                 return Err(failure);
@@ -424,7 +458,7 @@ impl ImageWriter {
             }
             let done = if bound == 0 { state.queue.is_empty() && !state.busy } else { state.queued_bytes <= bound };
             if done {
-                return Ok(());
+                return Ok(state);
             }
             if state.runnable() {
                 state.busy = true;
@@ -479,9 +513,17 @@ impl ImageWriter {
     }
 }
 
+/// The error of everything after a failed sync: the sync's own, each time
+/// (a caller that drops one, `start`, must not hide it from the next).
 fn refusal(state: &mut State) -> Failure {
-    match state.sync_error.take() {
-        Some(source) => Failure { operation: "sync", source },
+    match &state.sync_error {
+        Some(source) => Failure {
+            operation: "sync (failed: open the image again)",
+            source: match source.raw_os_error() {
+                Some(code) => std::io::Error::from_raw_os_error(code),
+                None => std::io::Error::new(source.kind(), source.to_string()),
+            },
+        },
         None => Failure {
             operation: "write after a failed fdatasync (open the image again)",
             source: std::io::Error::from_raw_os_error(libc::EIO),
