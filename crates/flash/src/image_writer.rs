@@ -120,6 +120,8 @@ struct State {
     /// Filling holes failed once, or the host disk ran low: no more.
     allocates_ahead: bool,
     spare: Vec<Vec<u8>>,
+    /// Callers waiting for a command to finish (`done`).
+    waiting: u32,
     shutdown: bool,
 }
 
@@ -132,7 +134,12 @@ impl State {
 struct Shared {
     file: HostFile,
     state: Mutex<State>,
-    changed: Condvar,
+    /// The writer thread waits here for `started`. Only what starts it
+    /// wakes it: a wake-up a command would cost two context switches, and
+    /// an fsync's handful of commands run on its own thread.
+    work: Condvar,
+    /// Callers wait here for the running command to finish.
+    done: Condvar,
     observer: Mutex<Option<Box<dyn HostWriteObserver>>>,
 }
 
@@ -180,7 +187,14 @@ impl Shared {
                 }
             },
         }
-        self.changed.notify_all();
+        if state.waiting > 0 {
+            self.done.notify_all();
+        }
+        // A caller that made room and went back to its work leaves the
+        // rest to the thread, if it was started.
+        if state.started && state.runnable() {
+            self.work.notify_one();
+        }
         state
     }
 
@@ -318,7 +332,7 @@ fn writer_thread(shared: Arc<Shared>) {
         if !state.busy {
             state.started = false;
         }
-        state = shared.changed.wait(state).unwrap_or_else(std::sync::PoisonError::into_inner);
+        state = shared.work.wait(state).unwrap_or_else(std::sync::PoisonError::into_inner);
     }
 }
 
@@ -336,9 +350,16 @@ impl ImageWriter {
             sync_error: None,
             allocates_ahead: true,
             spare: Vec::new(),
+            waiting: 0,
             shutdown: false,
         };
-        let shared = Shared { file, state: Mutex::new(state), changed: Condvar::new(), observer: Mutex::new(None) };
+        let shared = Shared {
+            file,
+            state: Mutex::new(state),
+            work: Condvar::new(),
+            done: Condvar::new(),
+            observer: Mutex::new(None),
+        };
         ImageWriter { shared: Arc::new(shared), thread: None }
     }
 
@@ -414,7 +435,7 @@ impl ImageWriter {
         }
         if state.queued_bytes >= IMAGE_WRITER_START_BYTES && !state.started {
             state.started = true;
-            self.shared.changed.notify_all();
+            self.shared.work.notify_one();
         }
         Ok(())
     }
@@ -431,7 +452,7 @@ impl ImageWriter {
         let mut state = lock(&self.shared.state);
         if !state.queue.is_empty() {
             state.started = true;
-            self.shared.changed.notify_all();
+            self.shared.work.notify_one();
         }
     }
 
@@ -464,7 +485,10 @@ impl ImageWriter {
                 state.busy = true;
                 state = self.shared.run_front(state);
             } else {
-                state = self.shared.changed.wait(state).unwrap_or_else(std::sync::PoisonError::into_inner);
+                // Only while the thread runs a command: it signals `done`.
+                state.waiting += 1;
+                state = self.shared.done.wait(state).unwrap_or_else(std::sync::PoisonError::into_inner);
+                state.waiting -= 1;
             }
         }
     }
@@ -537,7 +561,7 @@ impl Drop for ImageWriter {
     fn drop(&mut self) {
         let _ = self.settle();
         lock(&self.shared.state).shutdown = true;
-        self.shared.changed.notify_all();
+        self.shared.work.notify_all();
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
         }
