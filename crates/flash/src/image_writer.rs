@@ -162,11 +162,7 @@ impl Shared {
         let command = state.queue.front().expect("a runnable queue has a front").share();
         drop(state);
         let outcome = self.execute(&command);
-        let kind = match command {
-            Command::Write { .. } => Kind::Write,
-            Command::Sync => Kind::Sync,
-            Command::FillHoles { .. } => Kind::FillHoles,
-        };
+        let (was_write, was_sync) = (matches!(command, Command::Write { .. }), matches!(command, Command::Sync));
         // Before the pop, which gives the buffer back only if no one else
         // holds it.
         drop(command);
@@ -174,18 +170,18 @@ impl Shared {
         state.busy = false;
         match outcome {
             Ok(()) => self.pop_front(&mut state),
-            Err(failure) => match kind {
-                Kind::Write => state.write_error = Some(failure),
-                Kind::Sync => {
-                    state.sync_failed = true;
-                    state.sync_error = Some(failure.source);
-                    self.pop_front(&mut state);
-                }
-                Kind::FillHoles => {
-                    state.allocates_ahead = false;
-                    self.pop_front(&mut state);
-                }
-            },
+            // A write stays at the front, to be tried again.
+            Err(failure) if was_write => state.write_error = Some(failure),
+            Err(failure) if was_sync => {
+                state.sync_failed = true;
+                state.sync_error = Some(failure.source);
+                self.pop_front(&mut state);
+            }
+            // Filling holes is best effort: it stops for the session.
+            Err(_) => {
+                state.allocates_ahead = false;
+                self.pop_front(&mut state);
+            }
         }
         if state.waiting > 0 {
             self.done.notify_all();
@@ -293,12 +289,6 @@ impl Shared {
             .write_all_at(&ZERO_PIECE[..length], offset)
             .map_err(|source| Failure { operation: "allocate ahead", source })
     }
-}
-
-enum Kind {
-    Write,
-    Sync,
-    FillHoles,
 }
 
 /// Bytes an unprivileged writer may still use on the host file system.
