@@ -1480,9 +1480,15 @@ fn run_fuse_mounted(workload: &str, target: &str, size: Size, seed: u64, directo
     let mountpoint = directory.join("mnt");
     std::fs::create_dir_all(&mountpoint)?;
     let nvm_bytes = if target == "flintfs-nvm-fuse" { BENCH_NVM_BYTES } else { 0 };
+    // Preallocated, as each kernel peer's loop device has its backing file
+    // written in full (`write_backing`): otherwise each first write into
+    // the sparse image allocates the host's page cache and blocks, at 0.6
+    // to 1.0 GB/s against 2.2 for an overwrite, and that was the writer
+    // thread's whole cost in large_rand_write (1.8 s of CPU on 1.2 GB of
+    // zeros and pages), which a disk's host never pays.
     let status = Command::new(&flintfs)
         .args(["mkfs", &image.to_string_lossy(), "--size", &device_bytes(size, workload).to_string(), "--force"])
-        .args(["--nvm-size", &nvm_bytes.to_string()])
+        .args(["--nvm-size", &nvm_bytes.to_string(), "--preallocate"])
         .stdout(Stdio::null())
         .status()?;
     if !status.success() {
@@ -2256,7 +2262,10 @@ fn scratch_storage() -> String {
         Some(_) => "on a disk's file system (set TMPDIR=/dev/shm to keep them in memory)",
         None => "on a file system statfs cannot name",
     };
-    format!("FUSE images and loop devices' backing files under {} {place}", directory.display())
+    format!(
+        "FUSE images (mkfs --preallocate) and loop devices' backing files (written in full) under {} {place}",
+        directory.display()
+    )
 }
 
 /// A child's scratch directory (images, mount points, loop backing files).

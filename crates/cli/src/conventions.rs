@@ -283,6 +283,7 @@ fn mkfs_helper(arguments: &[String]) -> Result<u8, Stop> {
             Err("--force") => force = true,
             Err("--dry-run") => dry_run = true,
             Err("--quiet") => quiet = true,
+            Err("--preallocate") => passed.push("--preallocate".into()),
             Err(word) if word.starts_with("--size") => {
                 size = Some(match word.split_once('=') {
                     Some((_, value)) => value.to_string(),

@@ -93,6 +93,12 @@ pub struct MkfsArguments {
     /// The seed of every fault --faults injects.
     #[arg(long, default_value_t = crate::faults::FAULT_SEED_DEFAULT)]
     pub fault_seed: u64,
+    /// Write zeros over the whole image now (a disk has every block from
+    /// the start): no later write allocates the host's blocks or page
+    /// cache. The image is then as large on the host as --size; without
+    /// it, the image is sparse and grows as it is written.
+    #[arg(long)]
+    pub preallocate: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -216,6 +222,13 @@ pub fn mkfs(arguments: MkfsArguments) -> Outcome<ExitCode> {
         geometry,
         DeviceOptions { faults, host_sync: true, ..DeviceOptions::default() },
     )?;
+    let mut device = device;
+    if arguments.preallocate {
+        preallocate(&mut device, arguments.quiet).inspect_err(|_| {
+            // No image that is neither formatted nor ours to keep.
+            let _ = std::fs::remove_file(path);
+        })?;
+    }
     let options = mkfs_options(&arguments)?;
     let clock = Box::new(flintfs_fuse::SystemClock);
     let device = Fs::format(device, &options, clock).map_err(|error| format!("mkfs: {}", error.message))?;
@@ -226,12 +239,34 @@ pub fn mkfs(arguments: MkfsArguments) -> Outcome<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// `mkfs --preallocate`: zeros into every hole of the new image, with a
+/// progress bar on a terminal.
+fn preallocate(device: &mut ImageFlash, quiet: bool) -> Outcome<()> {
+    let bar = if quiet { indicatif::ProgressBar::hidden() } else { indicatif::ProgressBar::new(0) };
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("  preallocating [{bar:32}] {bytes}/{total_bytes} {elapsed}")
+            .expect("a valid template")
+            .progress_chars("=> "),
+    );
+    let outcome = device.allocate_every_hole(&mut |done, total| {
+        bar.set_length(total);
+        bar.set_position(done);
+    });
+    bar.finish_and_clear();
+    outcome.map_err(|error| format!("mkfs --preallocate: {error}").into())
+}
+
 /// The block backend's mkfs: a block device, or a regular file (made, or
 /// formatted at its own size). What holds a file system is refused unless
 /// --force, naming what it holds, as mkfs.ext4 does; a mounted device is
 /// refused by the kernel (an exclusive open).
 fn mkfs_block(arguments: MkfsArguments) -> Outcome<ExitCode> {
     use std::os::unix::fs::FileTypeExt;
+    if arguments.preallocate {
+        // A device has every block already; a regular file under the block
+        // backend is written where it is, not gathered into an image.
+        fail!("--preallocate is for emulator images; the block backend writes a device's own blocks");
+    }
     let path = &arguments.image;
     let existing = std::fs::metadata(path).ok();
     if let Some(metadata) = &existing {

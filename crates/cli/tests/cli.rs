@@ -6,6 +6,7 @@
 //! The mount tests need /dev/fuse and the right to mount (root here);
 //! where either is missing they say so and pass without running.
 
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
@@ -156,12 +157,43 @@ fn mkfs_inspect_fsck_and_stat_on_an_image() {
 }
 
 #[test]
+fn mkfs_preallocate_writes_the_whole_image_and_it_checks_clean() {
+    use std::os::unix::fs::MetadataExt;
+    let directory = tempfile::tempdir().expect("temporary directory");
+    let sparse = directory.path().join("sparse.img");
+    let full = directory.path().join("full.img");
+    ok(&["mkfs", path_text(&sparse), "--size", "96M", "--quiet"]);
+    ok(&["mkfs", path_text(&full), "--size", "96M", "--quiet", "--preallocate"]);
+    let allocated = |path: &Path| std::fs::metadata(path).unwrap().blocks() * 512;
+    let length = std::fs::metadata(&full).unwrap().len();
+    assert_eq!(length, std::fs::metadata(&sparse).unwrap().len(), "the same size either way");
+    // Copy-on-write hosts may share or compress the zeros; every other
+    // one gives the file all of its blocks.
+    assert!(allocated(&full) >= length, "{} of {length} bytes allocated", allocated(&full));
+    if allocated(&sparse) < length / 2 {
+        assert!(allocated(&sparse) < allocated(&full), "the default image stays sparse");
+    }
+    let fsck = json(&ok(&["fsck", path_text(&full), "--json"]));
+    assert_eq!(fsck["clean"], true, "{fsck}");
+    // mkfs.flintfs passes it on.
+    let helper = directory.path().join("helper.img");
+    let output = Command::new(FLINTFS)
+        .arg0("mkfs.flintfs")
+        .args(["--preallocate", "-q", path_text(&helper), "96M"])
+        .output()
+        .expect("run mkfs.flintfs");
+    assert!(output.status.success(), "{}{}", text(&output.stdout), text(&output.stderr));
+    assert!(allocated(&helper) >= length, "mkfs.flintfs --preallocate: {} bytes allocated", allocated(&helper));
+}
+
+#[test]
 fn the_block_backend_on_a_regular_file() {
     let directory = tempfile::tempdir().expect("temporary directory");
     let device = directory.path().join("disk");
     let device = path_text(&device);
     refused(&["mkfs", device, "--backend", "block"], "give a size");
     refused(&["mkfs", device, "--backend", "block", "--size", "4M"], "flintfs needs at least");
+    refused(&["mkfs", device, "--backend", "block", "--size", "96M", "--preallocate"], "for emulator images");
     let made = ok(&["mkfs", device, "--backend", "block", "--size", "96M"]);
     assert!(made.contains("block backend"), "{made}");
     let geometry = json(&ok(&["inspect", device, "geometry", "--json"]));

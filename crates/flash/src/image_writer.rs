@@ -453,6 +453,27 @@ impl ImageWriter {
         self.run_until(state, 0).map(drop)
     }
 
+    /// Writes zeros into every hole of `[start, end)` now, on the caller's
+    /// thread, once everything queued has run; unlike a queued
+    /// [`Command::FillHoles`] an error is the caller's, not a reason to
+    /// stop allocating ahead. The owner queues nothing meanwhile (it holds
+    /// the backend mutably).
+    pub(crate) fn fill_holes_now(&self, start: u64, end: u64) -> Result<(), Failure> {
+        self.settle()?;
+        self.shared.fill_holes(start, end)
+    }
+
+    /// The bytes the host has given the file (`st_blocks`), holes apart.
+    pub(crate) fn allocated_bytes(&self) -> std::io::Result<u64> {
+        use std::os::unix::fs::MetadataExt;
+        Ok(self.shared.file.file().metadata()?.blocks().saturating_mul(512))
+    }
+
+    /// What the host's file system has free for the file.
+    pub(crate) fn host_free_bytes(&self) -> Option<u64> {
+        host_free_bytes(self.shared.file.file())
+    }
+
     /// Runs (or waits for) commands until at most `bound` bytes are queued
     /// and, for a bound of 0, nothing is queued or running.
     fn run_until<'a>(

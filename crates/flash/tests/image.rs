@@ -533,3 +533,52 @@ fn a_sync_allocates_host_blocks_ahead_of_the_written_pages_and_nowhere_else() {
         assert_eq!(read(&mut reopened, address.zone, address.page).1, data, "page {address:?}");
     }
 }
+
+#[test]
+fn preallocating_fills_every_hole_and_changes_nothing_written() {
+    let directory = tempfile::tempdir().unwrap();
+    let path = directory.path().join("device.img");
+    let geometry = Geometry { zone_count: 4, zone_blocks: 4, block_pages: 16, ..Geometry::default() };
+    let mut device = ImageFlash::create_image(&path, geometry, image_options(FaultConfig::none(0))).unwrap();
+    let probe = std::fs::File::open(&path).unwrap();
+    let length = probe.metadata().unwrap().len();
+    let mut written = Vec::new();
+    for page in 0..5 {
+        let address = PageAddress::new(2, page);
+        let (data, oob) = page_bytes(&geometry, address, 11);
+        device.program_page(address, &data, &oob).unwrap();
+        written.push((address, data));
+    }
+    device.flush().unwrap();
+    let mut reports = Vec::new();
+    device
+        .allocate_every_hole(&mut |done, total| {
+            assert!(done <= total, "{done} of {total}");
+            reports.push(done);
+        })
+        .unwrap();
+    assert_eq!(reports.last().copied(), Some(length), "the last report is the whole image");
+    assert!(reports.windows(2).all(|pair| pair[0] < pair[1]), "progress only rises: {reports:?}");
+    match next_hole(&probe, 0) {
+        // Where the host reports holes, none is left (the end of the file
+        // is the implicit hole SEEK_HOLE always finds).
+        Some(hole) => assert_eq!(hole, length, "a hole at {hole} of {length}"),
+        None => eprintln!("SKIPPED the hole check: the host file system does not report holes"),
+    }
+    assert_eq!(probe.metadata().unwrap().len(), length, "the image keeps its size");
+    // Pages written after it go on as before, and all of it reopens.
+    let address = PageAddress::new(2, 5);
+    let (data, oob) = page_bytes(&geometry, address, 11);
+    device.program_page(address, &data, &oob).unwrap();
+    written.push((address, data));
+    device.flush().unwrap();
+    drop(device);
+    let mut reopened = ImageFlash::open_image(&path, image_options(FaultConfig::none(0))).unwrap();
+    assert_eq!(reopened.report_zone(2).unwrap().write_pointer, 6);
+    for zone in [0, 1, 3] {
+        assert_eq!(reopened.report_zone(zone).unwrap().write_pointer, 0, "zone {zone} is still empty");
+    }
+    for (address, data) in written {
+        assert_eq!(read(&mut reopened, address.zone, address.page).1, data, "page {address:?}");
+    }
+}
