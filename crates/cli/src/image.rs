@@ -217,12 +217,11 @@ pub fn mkfs(arguments: MkfsArguments) -> Outcome<ExitCode> {
         None => flintfs_flash::FaultConfig::none(arguments.fault_seed),
     };
     // Synced to the host: a new image is on the disk when mkfs returns.
-    let device = ImageFlash::create_image(
+    let mut device = ImageFlash::create_image(
         path,
         geometry,
         DeviceOptions { faults, host_sync: true, ..DeviceOptions::default() },
     )?;
-    let mut device = device;
     if arguments.preallocate {
         preallocate(&mut device, arguments.quiet).inspect_err(|_| {
             // No image that is neither formatted nor ours to keep.
