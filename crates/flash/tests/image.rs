@@ -459,6 +459,25 @@ fn next_hole(file: &std::fs::File, offset: u64) -> Option<u64> {
     u64::try_from(found).ok()
 }
 
+/// Programs `pages` of `zone` with `page_bytes(seed)`, and gives back what
+/// each page holds, to be read back after a reopen.
+fn program_pages(
+    device: &mut ImageFlash,
+    geometry: &Geometry,
+    zone: u32,
+    pages: std::ops::Range<u32>,
+    seed: u8,
+) -> Vec<(PageAddress, Vec<u8>)> {
+    pages
+        .map(|page| {
+            let address = PageAddress::new(zone, page);
+            let (data, oob) = page_bytes(geometry, address, seed);
+            device.program_page(address, &data, &oob).unwrap();
+            (address, data)
+        })
+        .collect()
+}
+
 #[test]
 fn a_sync_allocates_host_blocks_ahead_of_the_written_pages_and_nowhere_else() {
     let directory = tempfile::tempdir().unwrap();
@@ -496,13 +515,7 @@ fn a_sync_allocates_host_blocks_ahead_of_the_written_pages_and_nowhere_else() {
         eprintln!("SKIPPED: the file system under {} does not report holes", directory.path().display());
         return;
     }
-    let mut written = Vec::new();
-    for page in 0..3 {
-        let address = PageAddress::new(1, page);
-        let (data, oob) = page_bytes(&geometry, address, 7);
-        device.program_page(address, &data, &oob).unwrap();
-        written.push((address, data));
-    }
+    let mut written = program_pages(&mut device, &geometry, 1, 0..3, 7);
     device.flush().unwrap();
     let written_end = zone_start(1) + 3 * slot_bytes;
     let hole = next_hole(&probe, zone_start(1)).unwrap();
@@ -516,12 +529,7 @@ fn a_sync_allocates_host_blocks_ahead_of_the_written_pages_and_nowhere_else() {
     }
     // Once the pages pass half the stretch, the next sync allocates further.
     let pages_in_half = (IMAGE_ALLOCATE_AHEAD_BYTES / 2).div_ceil(slot_bytes) as u32;
-    for page in 3..3 + pages_in_half + 1 {
-        let address = PageAddress::new(1, page);
-        let (data, oob) = page_bytes(&geometry, address, 7);
-        device.program_page(address, &data, &oob).unwrap();
-        written.push((address, data));
-    }
+    written.extend(program_pages(&mut device, &geometry, 1, 3..3 + pages_in_half + 1, 7));
     device.flush().unwrap();
     let written_end = zone_start(1) + u64::from(3 + pages_in_half + 1) * slot_bytes;
     assert!(next_hole(&probe, zone_start(1)).unwrap() >= written_end + IMAGE_ALLOCATE_AHEAD_BYTES);
@@ -542,13 +550,7 @@ fn preallocating_fills_every_hole_and_changes_nothing_written() {
     let mut device = ImageFlash::create_image(&path, geometry, image_options(FaultConfig::none(0))).unwrap();
     let probe = std::fs::File::open(&path).unwrap();
     let length = probe.metadata().unwrap().len();
-    let mut written = Vec::new();
-    for page in 0..5 {
-        let address = PageAddress::new(2, page);
-        let (data, oob) = page_bytes(&geometry, address, 11);
-        device.program_page(address, &data, &oob).unwrap();
-        written.push((address, data));
-    }
+    let mut written = program_pages(&mut device, &geometry, 2, 0..5, 11);
     device.flush().unwrap();
     let mut reports = Vec::new();
     device
@@ -567,10 +569,7 @@ fn preallocating_fills_every_hole_and_changes_nothing_written() {
     }
     assert_eq!(probe.metadata().unwrap().len(), length, "the image keeps its size");
     // Pages written after it go on as before, and all of it reopens.
-    let address = PageAddress::new(2, 5);
-    let (data, oob) = page_bytes(&geometry, address, 11);
-    device.program_page(address, &data, &oob).unwrap();
-    written.push((address, data));
+    written.extend(program_pages(&mut device, &geometry, 2, 5..6, 11));
     device.flush().unwrap();
     drop(device);
     let mut reopened = ImageFlash::open_image(&path, image_options(FaultConfig::none(0))).unwrap();
