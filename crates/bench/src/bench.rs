@@ -2056,6 +2056,12 @@ pub fn bench(arguments: BenchArguments) -> Outcome<ExitCode> {
         format!("{configuration}; in-process devices have their memory touched before the run (no page faults in it)")
     };
     let configuration = format!("{configuration}; {}", scratch_storage());
+    // Readahead is the mount's default unless the options above say;
+    // the kernel peers keep their loop devices' own (2,560 KiB here).
+    let configuration = format!(
+        "{configuration}; FUSE mounts (flintfs and fuse-floor) read ahead {} KiB, the kernel peers' devices their own",
+        flintfs_fuse::READAHEAD_BYTES_DEFAULT >> 10
+    );
     let configuration = match extra_mount_options() {
         Some(options) => format!("{configuration}, FUSE mounts with -o {options}"),
         None => configuration,

@@ -691,6 +691,12 @@ impl FloorMount {
         let filesystem = FloorFs::new(tree.clone(), requests.clone(), writeback_cache);
         let config = flintfs_fuse::config("fuse-floor", true, &[]);
         let session = fuser::Session::new(filesystem, mountpoint, &config)?.spawn()?;
+        // flintfs's readahead window too, so that reads meet the same
+        // kernel; where it cannot be set (not root), flintfs's mount keeps
+        // the kernel's default as well.
+        if let Err(error) = flintfs_fuse::set_readahead(mountpoint, flintfs_fuse::READAHEAD_BYTES_DEFAULT) {
+            eprintln!("fuse-floor: readahead stays at the kernel's default: {error}");
+        }
         Ok(FloorMount { session: Some(session), tree, requests })
     }
 

@@ -53,6 +53,8 @@ pub struct MountArguments {
     /// fsync=wp-check|ordered|unchecked,
     /// nobarrier, nvm_keep (a clean unmount leaves the node pages kept in
     /// NVM there, for the next mount; without it they go home to flash),
+    /// readahead=SIZE (the kernel's readahead window for the mount, 4M
+    /// unless given, root only; 0 turns readahead off),
     /// nohost_sync (an image's flushes stay in the host's page cache: an
     /// fsync survives the daemon killed, not the host crashing),
     /// allow_other (the default for root), private or
@@ -96,6 +98,9 @@ struct MountOptions {
     /// unless `nohost_sync`, which leaves them in the host's page cache
     /// (safe against a killed daemon only).
     host_sync: bool,
+    /// The kernel's readahead window for the mount
+    /// ([`flintfs_fuse::set_readahead`]).
+    readahead_bytes: u64,
 }
 
 /// Options of fstab and mount(8) that mean something to them (or to
@@ -137,6 +142,7 @@ fn parse_options(options: &[String]) -> Outcome<MountOptions> {
         writeback_cache: true,
         io_uring: None,
         host_sync: true,
+        readahead_bytes: flintfs_fuse::READAHEAD_BYTES_DEFAULT,
     };
     for option in options.iter().filter(|option| !option.is_empty()) {
         let (name, value) = match option.split_once('=') {
@@ -152,6 +158,13 @@ fn parse_options(options: &[String]) -> Outcome<MountOptions> {
             "node_cache" => parsed.fs.node_cache_bytes = size(value)?,
             "data_buffer" => parsed.fs.data_buffer_bytes = size(value)?,
             "read_cache" => parsed.fs.read_cache_bytes = size(value)?,
+            "readahead" => {
+                let bytes = size(value)? as u64;
+                if bytes > flintfs_fuse::READAHEAD_BYTES_MAX {
+                    fail!("option readahead={}: at most {} MiB", value.unwrap_or(""), flintfs_fuse::READAHEAD_BYTES_MAX >> 20);
+                }
+                parsed.readahead_bytes = bytes;
+            }
             "faults" => {
                 let spec = value.ok_or_else(|| Failure("option faults needs a preset or a TOML file".to_string()))?;
                 // Checked now, so a bad name fails the mount command itself.
@@ -230,7 +243,7 @@ fn parse_options(options: &[String]) -> Outcome<MountOptions> {
             "nohost_sync" if value.is_none() => parsed.host_sync = false,
             _ => fail!(
                 "unknown mount option {option:?} (known: node_cache=SIZE, data_buffer=SIZE, read_cache=SIZE, \
-                 checkpoint_interval=SECONDS, scrub_rate=PAGES, compress=none|lz4|zstd[:LEVEL], faults=PRESET|FILE, fault_seed=N, fsync=wp-check|ordered|unchecked, nobarrier, nvm_keep, nowriteback_cache, io_uring, nohost_sync, allow_other, private, \
+                 checkpoint_interval=SECONDS, readahead=SIZE, scrub_rate=PAGES, compress=none|lz4|zstd[:LEVEL], faults=PRESET|FILE, fault_seed=N, fsync=wp-check|ordered|unchecked, nobarrier, nvm_keep, nowriteback_cache, io_uring, nohost_sync, allow_other, private, \
                  noallow_other, and the kernel's {})",
                 flintfs_fuse::KERNEL_FLAGS.join(", ")
             ),
@@ -494,6 +507,12 @@ fn run_daemon(arguments: MountArguments) -> Outcome<ExitCode> {
     let name = fs_name(&image);
     let session = flintfs_fuse::spawn(filesystem, &canonical, &name, options.allow_other, &options.kernel_flags)
         .map_err(|error| format!("{}: FUSE mount failed: {error}", arguments.mountpoint.display()))?;
+    // The mount serves now, so the stat that finds its device is answered.
+    // A window the kernel keeps at its default costs speed, not data: say
+    // so and carry on.
+    if let Err(error) = flintfs_fuse::set_readahead(&canonical, options.readahead_bytes) {
+        tracing::warn!("readahead stays at the kernel's default: {error}");
+    }
 
     let cut = Arc::new(AtomicBool::new(false));
     let mount_pages_read = report.pages_read;

@@ -257,6 +257,7 @@ fn bad_input_gets_one_clear_line() {
     refused(&["mount", image, path_text(&mountpoint), "-o", "node_cache=lots"], "option node_cache");
     refused(&["mount", image, path_text(&mountpoint), "-o", "fsync=sometimes"], "wp-check, ordered or unchecked");
     refused(&["mount", image, path_text(&mountpoint), "-o", "nobarrier=1"], "unknown mount option");
+    refused(&["mount", image, path_text(&mountpoint), "-o", "readahead=1G"], "option readahead=1G: at most 64 MiB");
     refused(&["mount", image, path_text(&text_file)], "not a directory");
     std::fs::write(mountpoint.join("file"), b"x").unwrap();
     refused(&["mount", image, path_text(&mountpoint)], "not empty");
@@ -287,6 +288,14 @@ impl Drop for Mounted {
     }
 }
 
+/// The kernel's readahead window for the mount at `mountpoint`, in KiB.
+fn readahead_kb(mountpoint: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    let device = std::fs::metadata(mountpoint).expect("stat the mount").dev();
+    let path = format!("/sys/class/bdi/{}:{}/read_ahead_kb", libc::major(device), libc::minor(device));
+    std::fs::read_to_string(&path).expect("the mount's read_ahead_kb").trim().parse().expect("a number")
+}
+
 fn umount(mountpoint: &Path) {
     let status = Command::new("umount").arg(mountpoint).status().expect("umount");
     assert!(status.success(), "umount {}", mountpoint.display());
@@ -305,7 +314,8 @@ fn a_live_mount_through_stat_powercut_recovery_and_fsck() {
     let _guard = Mounted { mountpoint: mountpoint.clone() };
     let mnt = path_text(&mountpoint);
     ok(&["mkfs", image, "--size", "256M"]);
-    ok(&["mount", image, mnt, "-o", "node_cache=4M,read_cache=2M,fsync=wp-check"]);
+    ok(&["mount", image, mnt, "-o", "node_cache=4M,read_cache=2M,fsync=wp-check,readahead=1M"]);
+    assert_eq!(readahead_kb(&mountpoint), 1024, "-o readahead=1M");
     refused(&["mount", image, mnt], "already a mount point");
     let other = directory.path().join("other");
     std::fs::create_dir(&other).unwrap();
@@ -351,6 +361,7 @@ fn a_live_mount_through_stat_powercut_recovery_and_fsck() {
 
     // Recovery is the next mount.
     ok(&["mount", image, mnt]);
+    assert_eq!(readahead_kb(&mountpoint), flintfs_fuse::READAHEAD_BYTES_DEFAULT / 1024, "the default readahead");
     for index in 0..50 {
         let found = std::fs::read(durable.join(format!("f{index}"))).unwrap();
         assert_eq!(found, vec![index as u8; 1000 + index * 300], "synced file f{index} after the cut");
