@@ -429,22 +429,15 @@ pub fn decode_zone_record(
 }
 
 /// The trailer of the slot at `physical`, written in `epoch` while its zone
-/// was at `generation`. The CRC covers the data and OOB too, so a slot the
-/// host wrote back in part does not count.
-fn slot_trailer(
-    physical: u64,
-    generation: u32,
-    epoch: u32,
-    data: &[u8],
-    oob: &[u8],
-) -> [u8; SLOT_TRAILER_BYTES as usize] {
+/// was at `generation`, but for its CRC (the last four bytes, zero here),
+/// which the writer fills in ([`slot_crc`]). The CRC covers the data and
+/// OOB too, so a slot the host wrote back in part does not count.
+fn slot_trailer_without_crc(physical: u64, generation: u32, epoch: u32) -> [u8; SLOT_TRAILER_BYTES as usize] {
     let mut trailer = [0u8; SLOT_TRAILER_BYTES as usize];
     trailer[0..4].copy_from_slice(&TRAILER_MAGIC);
     put_u32(&mut trailer, 4, generation);
     put_u64(&mut trailer, 8, physical);
     put_u32(&mut trailer, 16, epoch);
-    let crc = crc32c::crc32c_append(crc32c::crc32c_append(crc32c::crc32c(data), oob), &trailer[..TRAILER_CRC]);
-    put_u32(&mut trailer, TRAILER_CRC, crc);
     trailer
 }
 
@@ -457,9 +450,9 @@ pub fn slot_is_valid(slot: &[u8], page_size_bytes: usize, physical: u64, generat
     if page_size_bytes > trailer_start {
         return false;
     }
-    let (data, rest) = slot.split_at(page_size_bytes);
-    let (oob, trailer) = rest.split_at(trailer_start - page_size_bytes);
-    trailer == slot_trailer(physical, generation, epoch, data, oob)
+    let trailer = &slot[trailer_start..];
+    let expected = slot_trailer_without_crc(physical, generation, epoch);
+    trailer[..TRAILER_CRC] == expected[..TRAILER_CRC] && u32_at(trailer, TRAILER_CRC) == slot_crc(slot)
 }
 
 const BLOCK_RECORD_CRC: usize = BLOCK_RECORD_BYTES as usize - 4;
@@ -587,7 +580,7 @@ pub fn decode_overlay(
 }
 
 pub use crate::image_writer::HostWriteObserver;
-use crate::image_writer::{Command, Failure, ImageWriter};
+use crate::image_writer::{slot_crc, Command, Failure, ImageWriter};
 
 /// Durable state in an image file.
 pub struct ImageBackend {
@@ -676,7 +669,9 @@ impl ImageBackend {
         self.write_pending()?;
         let mut buffer = self.writer.spare_buffer();
         buffer.extend_from_slice(bytes);
-        self.writer.push(Command::Write { offset, bytes: Arc::new(buffer), operation }).map_err(self.failed())
+        self.writer
+            .push(Command::Write { offset, bytes: Arc::new(buffer), operation, crc_per_slot_bytes: None })
+            .map_err(self.failed())
     }
 
     /// Writes `header` as the next generation; only once it is written does
@@ -784,7 +779,12 @@ impl ImageBackend {
         }
         self.refuse_after_failed_sync()?;
         let bytes = std::mem::replace(&mut self.pending, self.writer.spare_buffer());
-        let command = Command::Write { offset: self.pending_offset, bytes: Arc::new(bytes), operation: "write page" };
+        let command = Command::Write {
+            offset: self.pending_offset,
+            bytes: Arc::new(bytes),
+            operation: "write page",
+            crc_per_slot_bytes: Some(self.slot_bytes as usize),
+        };
         match self.writer.try_push(command) {
             Ok(()) => Ok(()),
             // Not queued: the slots stay gathered, to be tried again.
@@ -1337,7 +1337,7 @@ impl Backend for ImageBackend {
             self.sync()?;
         }
         let zone = (physical / self.header.geometry.zone_pages()) as usize;
-        let trailer = slot_trailer(physical, self.zone_generations[zone], self.header.epoch, data, oob);
+        let trailer = slot_trailer_without_crc(physical, self.zone_generations[zone], self.header.epoch);
         let offset = self.page_offset(physical);
         let follows = offset == self.pending_offset + self.pending.len() as u64;
         if !self.pending.is_empty()
