@@ -2056,12 +2056,18 @@ pub fn bench(arguments: BenchArguments) -> Outcome<ExitCode> {
         format!("{configuration}; in-process devices have their memory touched before the run (no page faults in it)")
     };
     let configuration = format!("{configuration}; {}", scratch_storage());
-    // Readahead is the mount's default unless the options above say;
+    // Root sets the FUSE mounts' readahead (flintfs's may be changed by
+    // the mount options that follow; fuse-floor's is the default always);
     // the kernel peers keep their loop devices' own (2,560 KiB here).
-    let configuration = format!(
-        "{configuration}; FUSE mounts (flintfs and fuse-floor) read ahead {} KiB, the kernel peers' devices their own",
-        flintfs_fuse::READAHEAD_BYTES_DEFAULT >> 10
-    );
+    // SAFETY: geteuid has no preconditions.
+    let configuration = if unsafe { libc::geteuid() } == 0 {
+        format!(
+            "{configuration}; FUSE mounts read ahead {} KiB unless the options say, the kernel peers' devices their own",
+            flintfs_fuse::READAHEAD_BYTES_DEFAULT >> 10
+        )
+    } else {
+        format!("{configuration}; FUSE mounts keep the kernel's 128 KiB readahead (not root)")
+    };
     let configuration = match extra_mount_options() {
         Some(options) => format!("{configuration}, FUSE mounts with -o {options}"),
         None => configuration,

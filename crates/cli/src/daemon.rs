@@ -160,8 +160,14 @@ fn parse_options(options: &[String]) -> Outcome<MountOptions> {
             "read_cache" => parsed.fs.read_cache_bytes = size(value)?,
             "readahead" => {
                 let bytes = size(value)? as u64;
+                let given = value.unwrap_or("");
                 if bytes > flintfs_fuse::READAHEAD_BYTES_MAX {
-                    fail!("option readahead={}: at most {} MiB", value.unwrap_or(""), flintfs_fuse::READAHEAD_BYTES_MAX >> 20);
+                    fail!("option readahead={given}: at most {} MiB", flintfs_fuse::READAHEAD_BYTES_MAX >> 20);
+                }
+                // The kernel counts whole pages: a smaller window would be
+                // none, which only 0 may ask for.
+                if bytes != 0 && bytes < flintfs_fuse::READAHEAD_BYTES_MIN {
+                    fail!("option readahead={given}: 0 (off) or at least 4K (a bare number is bytes)");
                 }
                 parsed.readahead_bytes = bytes;
             }
@@ -508,11 +514,9 @@ fn run_daemon(arguments: MountArguments) -> Outcome<ExitCode> {
     let session = flintfs_fuse::spawn(filesystem, &canonical, &name, options.allow_other, &options.kernel_flags)
         .map_err(|error| format!("{}: FUSE mount failed: {error}", arguments.mountpoint.display()))?;
     // The mount serves now, so the stat that finds its device is answered.
-    // A window the kernel keeps at its default costs speed, not data: say
-    // so and carry on.
-    if let Err(error) = flintfs_fuse::set_readahead(&canonical, options.readahead_bytes) {
-        tracing::warn!("readahead stays at the kernel's default: {error}");
-    }
+    // A window the kernel keeps at its default costs speed, not data: the
+    // mount carries on, and says so once its log is the log file.
+    let readahead = flintfs_fuse::set_readahead(&canonical, options.readahead_bytes);
 
     let cut = Arc::new(AtomicBool::new(false));
     let mount_pages_read = report.pages_read;
@@ -533,6 +537,9 @@ fn run_daemon(arguments: MountArguments) -> Outcome<ExitCode> {
         detach_output(&socket)?;
     }
     tracing::info!("mounted {} on {} ({} pages read)", name, canonical.display(), report.pages_read);
+    if let Err(error) = readahead {
+        tracing::warn!("readahead stays at the kernel's default: {error}");
+    }
 
     while !session.guard.is_finished() && !cut.load(Ordering::SeqCst) && !STOP.load(Ordering::SeqCst) {
         std::thread::sleep(Duration::from_millis(20));
@@ -943,6 +950,25 @@ mod tests {
 
     fn parsed(options: &[&str]) -> Outcome<MountOptions> {
         parse_options(&options.iter().map(|option| option.to_string()).collect::<Vec<_>>())
+    }
+
+    #[test]
+    fn readahead_is_the_default_zero_or_a_size_of_whole_pages_within_the_limit() {
+        assert_eq!(parsed(&[]).unwrap().readahead_bytes, flintfs_fuse::READAHEAD_BYTES_DEFAULT);
+        assert_eq!(parsed(&["readahead=0"]).unwrap().readahead_bytes, 0);
+        assert_eq!(parsed(&["readahead=4K"]).unwrap().readahead_bytes, 4096);
+        assert_eq!(parsed(&["readahead=64M"]).unwrap().readahead_bytes, 64 << 20);
+        for (option, says) in [
+            ("readahead", "needs a size"),
+            ("readahead=512", "at least 4K"),
+            ("readahead=65M", "at most 64 MiB"),
+            ("readahead=fast", "option readahead"),
+        ] {
+            match parsed(&[option]) {
+                Err(Failure(message)) => assert!(message.contains(says), "{option}: {message}"),
+                Ok(_) => panic!("{option} was taken"),
+            }
+        }
     }
 
     #[test]

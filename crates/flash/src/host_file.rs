@@ -60,7 +60,8 @@ impl HostFile {
 
     /// The file, for what only asks about it (its host file system, its
     /// holes). Nothing may write through it: writes go through
-    /// [`HostFile::write_all_at`] and [`HostFile::punch_hole`].
+    /// [`HostFile::write_all_at`], [`HostFile::write_pieces_at`] and
+    /// [`HostFile::punch_hole`].
     pub(crate) fn file(&self) -> &File {
         &self.file
     }
@@ -160,6 +161,9 @@ impl HostFile {
         let mut slices: Vec<std::io::IoSlice<'_>> = pieces.iter().map(|piece| std::io::IoSlice::new(piece)).collect();
         let mut slices = &mut slices[..];
         let mut at = offset;
+        // Empty pieces first: a pwritev of nothing but them writes 0 bytes,
+        // which is no failure.
+        std::io::IoSlice::advance_slices(&mut slices, 0);
         while !slices.is_empty() {
             let count = slices.len().min(IO_VECTORS_MAX);
             let position = libc::off_t::try_from(at).map_err(|_| std::io::Error::from_raw_os_error(libc::EOVERFLOW))?;
@@ -224,14 +228,15 @@ mod tests {
     fn pieces_are_written_as_one_write_of_them_joined() {
         let directory = tempfile::tempdir().unwrap();
         let path = directory.path().join("image");
-        std::fs::write(&path, vec![0x11u8; 8 * SCRATCH_CHUNK_BYTES as usize]).unwrap();
+        let original = vec![0x11u8; 8 * SCRATCH_CHUNK_BYTES as usize];
         let lengths: Vec<usize> = (0..IO_VECTORS_MAX + 300).map(|index| [0, 1, 4, 7, 28][index % 5]).collect();
         let owned: Vec<Vec<u8>> =
             lengths.iter().enumerate().map(|(index, &length)| vec![(index % 250) as u8 + 1; length]).collect();
         let pieces: Vec<&[u8]> = owned.iter().map(Vec::as_slice).collect();
         let joined = pieces.concat();
         let offset = SCRATCH_CHUNK_BYTES - 3;
-        for scratch in [false, true] {
+        for scratch in [true, false] {
+            std::fs::write(&path, &original).unwrap();
             let file = std::fs::OpenOptions::new().read(true).write(!scratch).open(&path).unwrap();
             let host = if scratch { HostFile::scratch(file) } else { HostFile::through(file) };
             let mut expected = vec![0u8; joined.len() + 20];
@@ -241,6 +246,10 @@ mod tests {
             let mut seen = vec![0u8; expected.len()];
             host.read_exact_at(&mut seen, offset - 10).unwrap();
             assert_eq!(seen, expected, "scratch view: {scratch}");
+            host.write_pieces_at(&[&[], &[], &[]], offset).unwrap();
+            if scratch {
+                assert_eq!(std::fs::read(&path).unwrap(), original, "a scratch view leaves the file alone");
+            }
         }
     }
 

@@ -91,7 +91,7 @@ const TRAILER_CRC: usize = SLOT_TRAILER_BYTES as usize - 4;
 /// Bytes of an overlay entry before any stored page.
 pub const OVERLAY_ENTRY_BYTES: u64 = 32;
 /// Most page slots the image backend gathers before it writes them in one
-/// `pwrite` (see [`ImageBackend::write_page`]).
+/// `pwritev` (see [`ImageBackend::write_page`]).
 pub const PENDING_SLOTS_MAX: usize = 64;
 const _: () = assert!(PENDING_SLOTS_MAX >= 1);
 /// Regions start on this alignment.
@@ -735,7 +735,8 @@ impl ImageBackend {
 
     /// The gathered copy of a page slot, if it is one. Reads are served
     /// from it, so a write that keeps failing (a full host disk) leaves
-    /// every page readable.
+    /// every page readable. Its trailer's CRC is still zero (the writer
+    /// fills it in): only its data and OOB are read.
     fn pending_slot(&self, physical: u64) -> Option<&[u8]> {
         let start = self.page_offset(physical).checked_sub(self.pending_offset)? as usize;
         let slot_bytes = self.slot_bytes as usize;

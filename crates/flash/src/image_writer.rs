@@ -22,6 +22,9 @@
 //!   would have left it. Only a wait owes more, and the emulator waits
 //!   where the device promises durability (a flush, an NVM persist).
 //! - A read sees every queued write: the queue is searched before the file.
+//!   The one exception is a queued page slot's trailer CRC, zero until the
+//!   writer fills it in as it writes ([`Command::Write`]); only an open
+//!   reads trailers, and it reads the file.
 //! - A write that fails stays at the queue's front, to be tried again by
 //!   the next caller that runs the queue; the next wait reports it. A
 //!   failed sync stops everything (the kernel may have dropped pages it
@@ -541,7 +544,8 @@ impl ImageWriter {
     }
 
     /// Reads `buffer.len()` bytes at `offset`, as the file will hold them
-    /// once every queued write has run.
+    /// once every queued write has run (but a queued slot's trailer CRC,
+    /// zero until written: see the module's contract).
     pub(crate) fn read_exact_at(&self, buffer: &mut [u8], offset: u64) -> std::io::Result<()> {
         let end = offset + buffer.len() as u64;
         let state = lock(&self.shared.state);

@@ -76,10 +76,15 @@
 //!   128 KiB at a time, and the two workers sit idle between them. The
 //!   mount's backing device (`/sys/class/bdi/MAJOR:MINOR`) takes a larger
 //!   window from root after the mount ([`set_readahead`]). The kernel
-//!   grows the window only for a stream it sees is sequential (a random
-//!   4 KiB read still asks for 4 KiB), and never past a file's end, so
-//!   random and small-file reads ask for what they did. What it reads
-//!   ahead is the engine's, as any read is, so nothing stale is cached.
+//!   grows the window only for a stream of read(2)s it sees is sequential
+//!   (a random 4 KiB read still asks for 4 KiB), and never past a file's
+//!   end. A page fault in a mapped file is different: the kernel reads
+//!   the whole window around it (up to the file's end) until a hundred
+//!   such faults have missed, as on any device, so a program that maps a
+//!   large file and touches it at random (a database) reads up to 4 MiB a
+//!   fault where it read 128 KiB; `-o readahead=128K` or `madvise(
+//!   MADV_RANDOM)` keeps it as it was. What the kernel reads ahead is the
+//!   engine's, as any read is, so nothing stale is cached.
 
 pub mod ring;
 
@@ -114,10 +119,12 @@ pub const MAX_WRITE_BYTES: u32 = 1 << 20;
 /// of a 1 GiB incompressible file here, against 310-445 at the kernel's
 /// 128 KiB; 8 and 16 MiB gave no more.
 pub const READAHEAD_BYTES_DEFAULT: u64 = 4 << 20;
+/// The smallest window but none: the kernel counts whole pages.
+pub const READAHEAD_BYTES_MIN: u64 = 4096;
 /// The largest readahead window `-o readahead=` takes: the kernel holds a
 /// window's pages in its cache before the reader gets to them.
 pub const READAHEAD_BYTES_MAX: u64 = 64 << 20;
-const _: () = assert!(READAHEAD_BYTES_DEFAULT <= READAHEAD_BYTES_MAX);
+const _: () = assert!(READAHEAD_BYTES_MIN <= READAHEAD_BYTES_DEFAULT && READAHEAD_BYTES_DEFAULT <= READAHEAD_BYTES_MAX);
 const _: () = assert!(READAHEAD_BYTES_DEFAULT >= MAX_WRITE_BYTES as u64);
 /// Session worker threads.
 pub const WORKER_THREADS: usize = 2;
