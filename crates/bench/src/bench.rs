@@ -1143,6 +1143,41 @@ pub(crate) struct Phase {
     /// workload does, never calls it, and its row has no count).
     pub heap_allocations_at_start: u64,
     pub heap_allocations_at_end: Option<u64>,
+    /// The host's CPU time (all CPUs, in its ticks) and of it the time
+    /// the hypervisor stole, at the phase's start.
+    cpu_ticks_at_start: Option<CpuTicks>,
+}
+
+/// The whole machine's CPU time and the part of it stolen, in ticks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct CpuTicks {
+    total: u64,
+    steal: u64,
+}
+
+/// The first line of /proc/stat ("cpu  user nice system idle iowait irq
+/// softirq steal guest guest_nice"); None where it cannot be read. Guest
+/// time is counted within user time already, so it is left out.
+fn parse_cpu_ticks(stat: &str) -> Option<CpuTicks> {
+    let line = stat.lines().next()?;
+    let mut fields = line.split_whitespace();
+    if fields.next()? != "cpu" {
+        return None;
+    }
+    let ticks: Vec<u64> = fields.take(8).map(|field| field.parse().ok()).collect::<Option<_>>()?;
+    (ticks.len() == 8).then(|| CpuTicks { total: ticks.iter().sum(), steal: ticks[7] })
+}
+
+fn cpu_ticks() -> Option<CpuTicks> {
+    parse_cpu_ticks(&std::fs::read_to_string("/proc/stat").ok()?)
+}
+
+/// Percent of the machine's CPU time the hypervisor took between two
+/// readings: on a shared host, the noise under every rate measured then.
+fn steal_percent(start: CpuTicks, end: CpuTicks) -> Option<f64> {
+    let total = end.total.checked_sub(start.total)?;
+    let steal = end.steal.checked_sub(start.steal)?;
+    (total > 0).then(|| steal as f64 * 100.0 / total as f64)
 }
 
 impl Phase {
@@ -1152,6 +1187,7 @@ impl Phase {
         self.log_pages_at_start = files.log_pages();
         self.fuse_requests_at_start = files.fuse_requests();
         self.heap_allocations_at_start = heap_allocations();
+        self.cpu_ticks_at_start = cpu_ticks();
         // Recording starts before the clock, and stops after it (`end`), so
         // the writes to perf's FIFO are not timed.
         perf_control("enable");
@@ -1163,6 +1199,11 @@ impl Phase {
         self.heap_allocations_at_end = Some(heap_allocations());
         if let Some(started) = self.started {
             self.seconds = started.elapsed().as_secs_f64();
+        }
+        if let Some(percent) =
+            self.cpu_ticks_at_start.zip(cpu_ticks()).and_then(|(start, end)| steal_percent(start, end))
+        {
+            self.fields.push(("host_steal_percent".into(), json!(percent)));
         }
         perf_control("disable");
     }
@@ -2348,13 +2389,13 @@ fn today() -> String {
 
 fn print_table(rows: &[Value]) {
     println!(
-        "{:<17} {:<15} {:>8} {:>11} {:>11} {:>9} {:>7} {:>10} {:>6} {:>9}",
-        "workload", "target", "ops", "ops/s", "bytes/op", "pages", "erases", "dev ns/op", "mount", "rss MiB"
+        "{:<17} {:<15} {:>8} {:>11} {:>11} {:>9} {:>7} {:>10} {:>6} {:>9} {:>6}",
+        "workload", "target", "ops", "ops/s", "bytes/op", "pages", "erases", "dev ns/op", "mount", "rss MiB", "steal%"
     );
     let number = |value: &Value| value.as_f64().map_or("-".to_string(), |number| format!("{number:.0}"));
     for row in rows {
         println!(
-            "{:<17} {:<15} {:>8} {:>11} {:>11} {:>9} {:>7} {:>10} {:>6} {:>9}",
+            "{:<17} {:<15} {:>8} {:>11} {:>11} {:>9} {:>7} {:>10} {:>6} {:>9} {:>6}",
             row["workload"].as_str().unwrap_or("?"),
             row["target"].as_str().unwrap_or("?"),
             number(&row["ops"]),
@@ -2365,6 +2406,29 @@ fn print_table(rows: &[Value]) {
             number(&row["device_time_ns_per_op"]),
             number(&row["mount_pages_read"]),
             row["peak_rss_bytes"].as_f64().map_or("-".to_string(), |bytes| format!("{:.1}", bytes / 1048576.0)),
+            // The host's stolen CPU time in the phase: a rate taken with
+            // much of it is noise (docs/BENCHMARKS.md, seventeenth).
+            row["host_steal_percent"].as_f64().map_or("-".to_string(), |percent| format!("{percent:.1}")),
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn steal_is_the_stolen_share_of_all_cpu_time_between_two_readings() {
+        let start = parse_cpu_ticks("cpu  100 0 50 800 10 0 0 40 7 0\ncpu0 1 2 3\n").expect("a cpu line");
+        assert_eq!(start, CpuTicks { total: 1000, steal: 40 });
+        let end = parse_cpu_ticks("cpu  150 0 80 900 10 0 0 100 9 0\n").expect("a cpu line");
+        assert_eq!(steal_percent(start, end), Some(60.0 * 100.0 / 240.0));
+        assert_eq!(steal_percent(start, start), None, "no time passed");
+        assert_eq!(steal_percent(end, start), None, "a counter that went back");
+        for bad in ["", "cpu0 1 2 3 4 5 6 7 8", "cpu 1 2 3", "cpu 1 2 3 4 5 6 7 x", "intr 5"] {
+            assert_eq!(parse_cpu_ticks(bad), None, "{bad:?}");
+        }
+        let now = cpu_ticks().expect("this machine's /proc/stat");
+        assert!(now.total >= now.steal);
     }
 }
