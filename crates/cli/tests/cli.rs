@@ -292,9 +292,7 @@ impl Drop for Mounted {
 /// or None where sysfs cannot be written (a container's read-only /sys:
 /// the mount keeps the kernel's window, and says so in its log).
 fn readahead_kb(mountpoint: &Path) -> Option<u64> {
-    use std::os::unix::fs::MetadataExt;
-    let device = std::fs::metadata(mountpoint).expect("stat the mount").dev();
-    let path = format!("/sys/class/bdi/{}:{}/read_ahead_kb", libc::major(device), libc::minor(device));
+    let path = flintfs_fuse::readahead_path(mountpoint).expect("stat the mount");
     if std::fs::OpenOptions::new().write(true).open(&path).is_err() {
         eprintln!("readahead not checked: {path} cannot be written here");
         return None;

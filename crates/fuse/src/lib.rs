@@ -1183,11 +1183,17 @@ pub use fuser::BackgroundSession;
 /// session serves: finding the device stats the mountpoint, which the
 /// kernel may ask the session about. `bytes` is rounded down to whole KiB.
 pub fn set_readahead(mountpoint: &Path, bytes: u64) -> std::io::Result<()> {
-    use std::os::unix::fs::MetadataExt;
-    let device = std::fs::metadata(mountpoint)?.dev();
-    let path = format!("/sys/class/bdi/{}:{}/read_ahead_kb", libc::major(device), libc::minor(device));
+    let path = readahead_path(mountpoint)?;
     std::fs::write(&path, format!("{}\n", bytes / 1024))
         .map_err(|error| std::io::Error::new(error.kind(), format!("{path}: {error}")))
+}
+
+/// The sysfs file holding the readahead window, in KiB, of the mount at
+/// `mountpoint` (its backing device's; stats the mountpoint).
+pub fn readahead_path(mountpoint: &Path) -> std::io::Result<String> {
+    use std::os::unix::fs::MetadataExt;
+    let device = std::fs::metadata(mountpoint)?.dev();
+    Ok(format!("/sys/class/bdi/{}:{}/read_ahead_kb", libc::major(device), libc::minor(device)))
 }
 
 /// Mounts `filesystem` at `mountpoint` and serves it on worker threads
