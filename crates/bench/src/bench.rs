@@ -2153,21 +2153,48 @@ pub fn bench(arguments: BenchArguments) -> Outcome<ExitCode> {
                 progress.inc(1);
                 continue;
             }
-            let mut command = Command::new(std::env::current_exe()?);
-            command.args([workload, "--target", target, "--seed", &arguments.seed.to_string()]);
-            if arguments.quick {
-                command.arg("--quick");
+            // A row taken while the hypervisor stole much of the host's CPU
+            // is taken again (a fresh child, device and mount), and the
+            // take that lost the least is kept, with the others' rates
+            // beside it: which take is kept depends on the steal only,
+            // never on the rate.
+            let mut takes: Vec<Value> = Vec::new();
+            let mut failed = false;
+            while takes.len() <= STEAL_RETAKES_MAX {
+                let mut command = Command::new(std::env::current_exe()?);
+                command.args([workload, "--target", target, "--seed", &arguments.seed.to_string()]);
+                if arguments.quick {
+                    command.arg("--quick");
+                }
+                match run_child(command, time_limit(arguments.quick, workload, target))? {
+                    Child::Finished(text) => match serde_json::from_str::<Value>(text.trim()) {
+                        Ok(value) => takes.push(value),
+                        Err(_) => {
+                            notes.push(format!("{workload} on {target} failed: {}", text.trim()));
+                            failed = true;
+                        }
+                    },
+                    Child::Failed(text) => {
+                        notes.push(format!("{workload} on {target} failed: {}", text.trim()));
+                        failed = true;
+                    }
+                    Child::TimedOut(limit) => {
+                        notes.push(format!(
+                            "{workload} on {target} did not finish within {} s and was stopped: no row",
+                            limit.as_secs()
+                        ));
+                        failed = true;
+                    }
+                }
+                if failed || takes.last().is_none_or(|row| !stolen_too_much(row)) {
+                    break;
+                }
             }
-            match run_child(command, time_limit(arguments.quick, workload, target))? {
-                Child::Finished(text) => match serde_json::from_str::<Value>(text.trim()) {
-                    Ok(value) => rows.push(value),
-                    Err(_) => notes.push(format!("{workload} on {target} failed: {}", text.trim())),
-                },
-                Child::Failed(text) => notes.push(format!("{workload} on {target} failed: {}", text.trim())),
-                Child::TimedOut(limit) => notes.push(format!(
-                    "{workload} on {target} did not finish within {} s and was stopped: no row",
-                    limit.as_secs()
-                )),
+            if !failed {
+                if let Some((row, note)) = keep_least_stolen(takes) {
+                    notes.extend(note.map(|note| format!("{workload} on {target}: {note}")));
+                    rows.push(row);
+                }
             }
             progress.inc(1);
         }
@@ -2241,6 +2268,64 @@ fn fsync_free(workload: &str) -> bool {
     ["delete", "mount_", "ram_", "dir_", "large_seq_read", "large_rand_read", "large_reread", "space_"]
         .iter()
         .any(|prefix| workload.starts_with(prefix))
+}
+
+/// A row whose measured phase lost more than this share of the machine's
+/// CPU time to the hypervisor is taken again: the FUSE metadata rows
+/// halved under 8% to 36% steal, with the same requests and pages.
+const STEAL_PERCENT_RETAKE: f64 = 5.0;
+/// Takes of one row beyond the first, at most (a host stolen from all
+/// along would otherwise triple the run for nothing).
+const STEAL_RETAKES_MAX: usize = 2;
+const _: () = assert!(STEAL_RETAKES_MAX >= 1 && STEAL_RETAKES_MAX <= 4);
+
+/// Whether `row` was taken under more steal than a judged row may be. A
+/// row without the figure (a workload that times pieces itself, or a host
+/// without /proc/stat) is taken once.
+fn stolen_too_much(row: &Value) -> bool {
+    row["host_steal_percent"].as_f64().is_some_and(|percent| percent > STEAL_PERCENT_RETAKE)
+}
+
+/// Of the takes of one row, the one whose phase lost the least CPU time
+/// to steal (the first among equals), with `steal_takes` holding every
+/// take's rate and steal in the order taken, and a note for the report
+/// when there was more than one take. None for no takes.
+fn keep_least_stolen(takes: Vec<Value>) -> Option<(Value, Option<String>)> {
+    let steal = |row: &Value| row["host_steal_percent"].as_f64().unwrap_or(0.0);
+    let kept = (0..takes.len()).min_by(|&a, &b| steal(&takes[a]).total_cmp(&steal(&takes[b])))?;
+    if takes.len() == 1 {
+        return takes.into_iter().next().map(|row| (row, None));
+    }
+    let summary: Vec<Value> = takes
+        .iter()
+        .map(|row| json!({ "ops_per_s": row["ops_per_s"], "host_steal_percent": row["host_steal_percent"] }))
+        .collect();
+    let described: Vec<String> = takes
+        .iter()
+        .enumerate()
+        .map(|(index, row)| {
+            format!(
+                "{}{} ops/s at {:.1}% steal",
+                if index == kept { "kept " } else { "" },
+                row["ops_per_s"].as_f64().map_or("-".to_string(), |rate| format!("{rate:.0}")),
+                steal(row)
+            )
+        })
+        .collect();
+    let note = if steal(&takes[kept]) > STEAL_PERCENT_RETAKE {
+        format!(
+            "taken {} times, every take above {STEAL_PERCENT_RETAKE}% steal ({}): not to be judged",
+            takes.len(),
+            described.join(", ")
+        )
+    } else {
+        format!("taken {} times for the host's CPU steal ({})", takes.len(), described.join(", "))
+    };
+    let mut row = takes.into_iter().nth(kept)?;
+    if let Some(object) = row.as_object_mut() {
+        object.insert("steal_takes".into(), Value::Array(summary));
+    }
+    Some((row, Some(note)))
 }
 
 enum Child {
@@ -2416,6 +2501,37 @@ fn print_table(rows: &[Value]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_take_kept_is_the_least_stolen_whatever_its_rate() {
+        let take = |rate: f64, steal: Option<f64>| match steal {
+            Some(steal) => json!({ "ops_per_s": rate, "host_steal_percent": steal }),
+            None => json!({ "ops_per_s": rate }),
+        };
+        assert!(keep_least_stolen(Vec::new()).is_none());
+        let (row, note) = keep_least_stolen(vec![take(10.0, Some(1.0))]).expect("one take");
+        assert_eq!(row, take(10.0, Some(1.0)), "one take is kept as it is");
+        assert!(note.is_none());
+        assert!(stolen_too_much(&take(10.0, Some(STEAL_PERCENT_RETAKE + 0.1))));
+        assert!(!stolen_too_much(&take(10.0, Some(STEAL_PERCENT_RETAKE))));
+        assert!(!stolen_too_much(&take(10.0, None)), "no figure: taken once");
+        // The fastest take had the most steal: the slower, cleaner one is kept.
+        let (row, note) =
+            keep_least_stolen(vec![take(900.0, Some(30.0)), take(500.0, Some(2.0)), take(700.0, Some(9.0))])
+                .expect("three takes");
+        assert_eq!(row["ops_per_s"], json!(500.0));
+        assert_eq!(row["steal_takes"].as_array().map(Vec::len), Some(3));
+        assert_eq!(row["steal_takes"][0]["ops_per_s"], json!(900.0));
+        let note = note.expect("a note for retakes");
+        assert!(note.contains("taken 3 times") && note.contains("kept 500 ops/s at 2.0% steal"), "{note}");
+        assert!(!note.contains("not to be judged"), "{note}");
+        // Every take over the bound: the least stolen, flagged.
+        let (row, note) =
+            keep_least_stolen(vec![take(100.0, Some(20.0)), take(200.0, Some(12.0)), take(300.0, Some(12.0))])
+                .expect("three takes");
+        assert_eq!(row["ops_per_s"], json!(200.0), "the first among equals");
+        assert!(note.expect("a note").contains("not to be judged"));
+    }
 
     #[test]
     fn steal_is_the_stolen_share_of_all_cpu_time_between_two_readings() {
