@@ -76,11 +76,14 @@ use crate::wear::NvmWear;
 
 /// Pages in a run below which [`Protected::seal_pages`] seals on the
 /// calling thread alone: handing half to the helper thread costs a
-/// wake-up and a wait, and sealing a page costs about 1.5 µs (4 KiB with
-/// the default ECC, header CRC included). 8 and 32 measured the same on
-/// fileserver, webserver and large_rand_write when each run started a
-/// thread of its own.
-pub const SEAL_PARALLEL_PAGES_MIN: usize = 8;
+/// wake-up and a wait, and sealing a page costs about 1.5 to 2.5 µs
+/// (4 KiB with the default ECC, header CRC included). The helper sleeps
+/// between fsyncs, and waking it from its sleep cost about 55 µs on a
+/// 2-core virtual machine: in-process append_fsync10 (a 10-page run at
+/// each fsync) took 96 µs a cycle with 8 here and 41 µs with 32. Half a
+/// run's sealing outweighs that wake-up only past some 50 pages; a large
+/// flush's runs (up to `DATA_RUN_PAGES_MAX`) still use both cores.
+pub const SEAL_PARALLEL_PAGES_MIN: usize = 64;
 
 /// What the protection layer did, since the volume was opened.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
