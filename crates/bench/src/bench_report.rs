@@ -13,8 +13,15 @@ use crate::Outcome;
 const FONT_PATHS: [&str; 2] =
     ["/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf", "/usr/share/fonts/dejavu/DejaVuSans.ttf"];
 
+/// A row's figure; none from a row every take of which lost more than
+/// the bound to the host's CPU steal (`steal_over_bound`): its rates are
+/// the hypervisor's as much as the target's, and nothing is judged by
+/// them.
 fn value(rows: &[Value], workload: &str, target: &str, field: &str) -> Option<f64> {
-    rows.iter().find(|row| row["workload"] == workload && row["target"] == target).and_then(|row| row[field].as_f64())
+    rows.iter()
+        .find(|row| row["workload"] == workload && row["target"] == target)
+        .filter(|row| row["steal_over_bound"] != Value::Bool(true))
+        .and_then(|row| row[field].as_f64())
 }
 
 /// One judged target: its text, the measured ratio, the bound, and
@@ -29,7 +36,7 @@ struct Judged {
 impl Judged {
     fn line(&self) -> String {
         match self.ratio {
-            None => format!("| {} | not measured in this run | - |", self.what),
+            None => format!("| {} | not measured in this run, or taken under steal (see the notes) | - |", self.what),
             Some(ratio) if self.bound.is_infinite() => {
                 format!("| {} | {:.3} | shown for comparison |", self.what, ratio)
             }
@@ -910,10 +917,24 @@ fn chart(path: &Path, rows: &[Value], field: &str, title: &str) -> Outcome {
 
 #[cfg(test)]
 mod tests {
-    use super::Judged;
+    use super::{ratio, value, Judged};
 
     fn judged(ratio: f64, bound: f64, at_most: bool) -> String {
         Judged { what: "x".to_string(), ratio: Some(ratio), bound, at_most }.line()
+    }
+
+    #[test]
+    fn a_row_taken_under_steal_gives_no_figure() {
+        let rows = vec![
+            serde_json::json!({ "workload": "webproxy", "target": "ext4", "ops_per_s": 10.0 }),
+            serde_json::json!({ "workload": "webproxy", "target": "flintfs-fuse", "ops_per_s": 5.0,
+                                "steal_over_bound": true }),
+        ];
+        assert_eq!(value(&rows, "webproxy", "ext4", "ops_per_s"), Some(10.0));
+        assert_eq!(value(&rows, "webproxy", "flintfs-fuse", "ops_per_s"), None);
+        assert_eq!(ratio(&rows, "webproxy", "ops_per_s", "flintfs-fuse", "ext4"), None);
+        let line = Judged { what: "x".to_string(), ratio: None, bound: 0.5, at_most: false }.line();
+        assert!(line.contains("taken under steal"), "{line}");
     }
 
     #[test]

@@ -80,9 +80,13 @@ use crate::wear::NvmWear;
 /// (4 KiB with the default ECC, header CRC included). The helper sleeps
 /// between fsyncs, and waking it from its sleep cost about 55 µs on a
 /// 2-core virtual machine: in-process append_fsync10 (a 10-page run at
-/// each fsync) took 96 µs a cycle with 8 here and 41 µs with 32. Half a
-/// run's sealing outweighs that wake-up only past some 50 pages; a large
-/// flush's runs (up to `DATA_RUN_PAGES_MAX`) still use both cores.
+/// each fsync) took about 96 µs a cycle with 8 here, against 41 µs with
+/// 32 and with 64 (both seal that run on one thread). Half a run's
+/// sealing outweighs a 55 µs wake-up only past 44 to 73 pages (at 2.5
+/// and 1.5 µs a page), hence 64; a large flush's runs (up to
+/// `DATA_RUN_PAGES_MAX`) still use both cores. (8 and 32 had measured
+/// the same on fileserver, webserver and large_rand_write when each run
+/// started a thread of its own, whose cost every run paid alike.)
 pub const SEAL_PARALLEL_PAGES_MIN: usize = 64;
 
 /// What the protection layer did, since the volume was opened.
