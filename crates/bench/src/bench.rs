@@ -2162,34 +2162,30 @@ pub fn bench(arguments: BenchArguments) -> Outcome<ExitCode> {
             // once.
             let retakes_max = if arguments.quick { 0 } else { STEAL_RETAKES_MAX };
             let mut takes: Vec<Value> = Vec::new();
-            let mut failed = false;
-            while !failed && takes.len() <= retakes_max {
+            while takes.len() <= retakes_max {
                 let mut command = Command::new(std::env::current_exe()?);
                 command.args([workload, "--target", target, "--seed", &arguments.seed.to_string()]);
                 if arguments.quick {
                     command.arg("--quick");
                 }
-                match run_child(command, time_limit(arguments.quick, workload, target))? {
+                let failure = match run_child(command, time_limit(arguments.quick, workload, target))? {
                     Child::Finished(text) => match serde_json::from_str::<Value>(text.trim()) {
-                        Ok(value) => takes.push(value),
-                        Err(_) => {
-                            notes.push(format!("{workload} on {target} failed: {}", text.trim()));
-                            failed = true;
+                        Ok(value) => {
+                            takes.push(value);
+                            None
                         }
+                        Err(_) => Some(format!("failed: {}", text.trim())),
                     },
-                    Child::Failed(text) => {
-                        notes.push(format!("{workload} on {target} failed: {}", text.trim()));
-                        failed = true;
-                    }
+                    Child::Failed(text) => Some(format!("failed: {}", text.trim())),
                     Child::TimedOut(limit) => {
-                        notes.push(format!(
-                            "{workload} on {target} did not finish within {} s and was stopped: no row",
-                            limit.as_secs()
-                        ));
-                        failed = true;
+                        Some(format!("did not finish within {} s and was stopped: no row", limit.as_secs()))
                     }
+                };
+                if let Some(failure) = failure {
+                    notes.push(format!("{workload} on {target} {failure}"));
+                    break;
                 }
-                if failed || takes.last().is_none_or(|row| !stolen_too_much(row)) {
+                if takes.last().is_none_or(|row| !stolen_too_much(row)) {
                     break;
                 }
             }
